@@ -1,0 +1,40 @@
+//! Link set-up that tch's own build script cannot do for our binaries.
+//!
+//! * torch-sys prints `cargo:libtorch_lib=DIR`; because `torch-sys` is a *direct* dependency we see it
+//!   as `DEP_TCH_LIBTORCH_LIB`. We add it as an rpath so both binaries start without `LD_LIBRARY_PATH`.
+//! * The linker's `--as-needed` would drop `libtorch_cuda.so` (nothing references it by symbol), and
+//!   then CUDA never registers with ATen on a GPU machine. We force-link it with `--no-as-needed`.
+//!   The PyPI wheel ships `libtorch_cuda.so` even in its CPU-only use, so this links everywhere.
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=LIBTORCH");
+    let lib = std::env::var("DEP_TCH_LIBTORCH_LIB").ok().or_else(|| {
+        std::env::var("LIBTORCH").ok().map(|d| format!("{d}/lib"))
+    });
+    if let Some(lib) = lib {
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
+        println!("cargo:rustc-link-search=native={lib}");
+        let has_cuda = std::path::Path::new(&lib).join("libtorch_cuda.so").exists();
+        if has_cuda {
+            println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
+            println!("cargo:rustc-link-arg=-ltorch");
+            println!("cargo:rustc-link-arg=-ltorch_cuda");
+            println!("cargo:rustc-link-arg=-Wl,--as-needed");
+        }
+        println!("cargo:rustc-env=BATCHFIT_LIBTORCH_LIB={lib}");
+        // libtorch's version, from the wheel's torch/version.py (…/torch/lib → …/torch/version.py).
+        let version_py = std::path::Path::new(&lib).join("../version.py");
+        println!("cargo:rerun-if-changed={}", version_py.display());
+        if let Ok(text) = std::fs::read_to_string(&version_py) {
+            if let Some(v) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("__version__ = "))
+                .map(|v| v.trim().trim_matches(|c| c == '\'' || c == '"').to_string())
+            {
+                println!("cargo:rustc-env=BATCHFIT_LIBTORCH_VERSION={v}");
+            }
+        }
+    } else {
+        println!("cargo:warning=DEP_TCH_LIBTORCH_LIB not set: binaries will need LD_LIBRARY_PATH");
+    }
+}

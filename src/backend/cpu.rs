@@ -1,0 +1,74 @@
+//! The CPU backend: real libtorch training steps in a fresh child process per trial, under a real
+//! `RLIMIT_DATA` equal to the limit, so an over-limit step fails inside libtorch's allocator exactly as a
+//! memory-capped training job would.
+//!
+//! Default budget: [`DEFAULT_BUDGET_FRACTION`] of the lower of `MemAvailable` and the cgroup memory limit,
+//! leaving room for the page cache and whatever else runs on the machine.
+
+use super::child::run_trial_child;
+use super::{Backend, BackendError, DeviceInfo, TrialOutcome, TrialRequest};
+use crate::trial::TrialSpec;
+use crate::sysmem;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+/// Share of available memory used as the budget when `--memory-budget` is not given.
+pub const DEFAULT_BUDGET_FRACTION: f64 = 0.8;
+
+pub struct CpuBackend {
+    exe: PathBuf,
+    template: TrialSpec,
+    timeout: Duration,
+    limit: u64,
+    device: DeviceInfo,
+    available: u64,
+}
+
+impl CpuBackend {
+    /// `exe` is the batchfit binary (its hidden `__trial` subcommand runs the trial); `template` holds the
+    /// model, threads, seed (batch and steps are filled per trial).
+    pub fn new(exe: PathBuf, template: TrialSpec, timeout: Duration) -> Result<Self, BackendError> {
+        let (total, avail) = sysmem::meminfo()
+            .map_err(|e| BackendError::Environment(format!("cannot read /proc/meminfo: {e}")))?;
+        let cg = sysmem::cgroup_limit();
+        let total = cg.map_or(total, |c| c.min(total));
+        let available = cg.map_or(avail, |c| c.min(avail));
+        if total == 0 || available == 0 {
+            return Err(BackendError::Environment("the machine reports 0 bytes of memory".into()));
+        }
+        let device = DeviceInfo {
+            kind: "cpu".into(),
+            name: sysmem::cpu_name(),
+            total_bytes: total,
+            free_bytes_at_start: available,
+        };
+        Ok(CpuBackend { exe, template, timeout, limit: available, device, available })
+    }
+}
+
+impl Backend for CpuBackend {
+    fn device(&self) -> &DeviceInfo {
+        &self.device
+    }
+    fn default_budget(&self) -> u64 {
+        (self.available as f64 * DEFAULT_BUDGET_FRACTION) as u64
+    }
+    fn set_limit(&mut self, limit_bytes: u64) {
+        self.limit = limit_bytes;
+    }
+    fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
+        let spec = TrialSpec { batch: req.batch, steps: req.steps, ..self.template.clone() };
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("__trial").arg(serde_json::to_string(&spec).expect("spec serialises"));
+        let out = run_trial_child(cmd, Some(self.limit), self.timeout)?;
+        // A fit whose measured footprint exceeds the limit is impossible under RLIMIT_DATA unless the
+        // measurement is wrong: fail loudly rather than record it.
+        if let TrialOutcome::Fits { peak_bytes, .. } = &out {
+            if *peak_bytes == 0 {
+                return Ok(TrialOutcome::Error { message: "the trial reported a peak of 0 bytes".into() });
+            }
+        }
+        Ok(out)
+    }
+}

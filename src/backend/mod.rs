@@ -1,0 +1,130 @@
+//! Backends turn "run N training steps at batch b" into a measured [`TrialOutcome`].
+//!
+//! The search ([`crate::search`]) sees only this trait. Three implementations:
+//! * [`sim`]: a deterministic memory curve, so the search and the binaries are testable in milliseconds;
+//! * [`cpu`]: a fresh child process per trial under a real `RLIMIT_DATA`, running real libtorch steps;
+//! * [`cuda`]: compiled everywhere; it says clearly that it cannot run here instead of panicking.
+//!
+//! Nothing in this module (but the child-process runner in `cpu`) knows about tch or clap.
+
+pub mod child;
+pub mod cpu;
+pub mod cuda;
+pub mod sim;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// One trial: `steps` full training steps (forward, backward, optimizer step) at `batch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrialRequest {
+    pub batch: u64,
+    pub steps: u32,
+}
+
+/// What a trial measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "kebab-case")]
+pub enum TrialOutcome {
+    /// All steps completed under the limit.
+    Fits {
+        /// The footprint the limit acts on (cpu: peak data segment; sim: the curve's value).
+        peak_bytes: u64,
+        /// Peak resident set size of the trial process (cpu only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rss_peak_bytes: Option<u64>,
+        /// Median seconds per training step (the first step, which allocates optimizer state, excluded
+        /// when there are at least two).
+        step_seconds: f64,
+    },
+    /// The device ran out of memory: proof that this batch does not fit.
+    Oom {
+        message: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peak_bytes: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rss_peak_bytes: Option<u64>,
+    },
+    /// Killed after the trial timeout: neither a fit nor proof of a limit.
+    Timeout { seconds: f64 },
+    /// Anything else (crash, bad loss, no result): neither a fit nor proof of a limit.
+    Error { message: String },
+}
+
+impl TrialOutcome {
+    pub fn fits(&self) -> bool {
+        matches!(self, TrialOutcome::Fits { .. })
+    }
+    pub fn is_oom(&self) -> bool {
+        matches!(self, TrialOutcome::Oom { .. })
+    }
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TrialOutcome::Fits { .. } => "fits",
+            TrialOutcome::Oom { .. } => "oom",
+            TrialOutcome::Timeout { .. } => "timeout",
+            TrialOutcome::Error { .. } => "error",
+        }
+    }
+    pub fn peak_bytes(&self) -> Option<u64> {
+        match self {
+            TrialOutcome::Fits { peak_bytes, .. } => Some(*peak_bytes),
+            TrialOutcome::Oom { peak_bytes, .. } => *peak_bytes,
+            _ => None,
+        }
+    }
+    pub fn rss_peak_bytes(&self) -> Option<u64> {
+        match self {
+            TrialOutcome::Fits { rss_peak_bytes, .. } | TrialOutcome::Oom { rss_peak_bytes, .. } => {
+                *rss_peak_bytes
+            }
+            _ => None,
+        }
+    }
+    pub fn step_seconds(&self) -> Option<f64> {
+        match self {
+            TrialOutcome::Fits { step_seconds, .. } => Some(*step_seconds),
+            _ => None,
+        }
+    }
+    pub fn message(&self) -> Option<&str> {
+        match self {
+            TrialOutcome::Oom { message, .. } | TrialOutcome::Error { message } => Some(message),
+            TrialOutcome::Timeout { .. } => Some("killed after the trial timeout"),
+            TrialOutcome::Fits { .. } => None,
+        }
+    }
+}
+
+/// Facts about the device a plan was made on. `batchfit-train` compares kind, name and total memory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    /// `cpu`, `cuda` or `sim`.
+    pub kind: String,
+    pub name: String,
+    pub total_bytes: u64,
+    pub free_bytes_at_start: u64,
+}
+
+/// Failures that stop the whole probe (as opposed to one trial's outcome).
+#[derive(Debug, Error)]
+pub enum BackendError {
+    /// The device or environment cannot run trials at all (no GPU, cannot spawn, ...).
+    #[error("{0}")]
+    Environment(String),
+    /// SIGINT / SIGTERM arrived; the running trial was killed.
+    #[error("interrupted by signal {0}")]
+    Interrupted(i32),
+}
+
+/// A device that can run trials.
+pub trait Backend {
+    /// Device facts for the plan.
+    fn device(&self) -> &DeviceInfo;
+    /// The budget when the user gives none (cpu: a fraction of available RAM; sim: its capacity).
+    fn default_budget(&self) -> u64;
+    /// Sets the limit ((budget − reserve) × (1 − margin)) that a trial must fit under.
+    fn set_limit(&mut self, limit_bytes: u64);
+    /// Runs one trial. `Err` only for failures that make further trials pointless.
+    fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError>;
+}

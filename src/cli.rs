@@ -1,0 +1,179 @@
+//! Command-line definitions (clap). Parsing only: validation into a [`crate::config::ProbeConfig`]
+//! happens in one place, [`crate::config`].
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+pub const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0    success: the plan is complete (written to --out)
+  1    nothing fits: even the smallest size runs out of memory
+  2    bad usage or input (nothing ran)
+  3    device or environment error (no GPU, cannot start trials, ...)
+  4    trials failed with errors or timeouts, so no answer could be proven (partial plan written)
+  5    stopped by --max-trials or --time-limit before the proof was complete (partial plan written)
+  130  interrupted by SIGINT (partial plan written)
+  143  interrupted by SIGTERM (partial plan written)";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "batchfit",
+    version,
+    about = "Finds the largest micro-batch that really fits, by running real training steps, and the \
+             gradient accumulation that reaches your global batch",
+    after_help = EXIT_CODES_HELP
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Search for the largest micro-batch that fits and write a plan.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Probe(Box<ProbeArgs>),
+    /// Run one trial in this process (used internally by the cpu backend).
+    #[command(name = "__trial", hide = true)]
+    Trial { spec: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// CUDA when a GPU is usable, else CPU.
+    Auto,
+    Cpu,
+    Cuda,
+    Sim,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StrategyArg {
+    /// Doubling, then bisection of the bracket.
+    Bisect,
+    /// Doubling only (Lightning's `power`): proven only to within a factor of two.
+    Power,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OptimizerArg {
+    Sgd,
+    Momentum,
+    Adam,
+    Adamw,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModelArg {
+    /// Fully connected network (see --mlp-*).
+    Mlp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FormatArg {
+    /// The plan as JSON.
+    Json,
+    /// A human summary.
+    Text,
+}
+
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// Device to probe.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub backend: BackendArg,
+
+    /// Simulated device for --backend sim: base=SIZE,per-sample=SIZE,capacity=SIZE, optionally
+    /// knee=N, jump=N:SIZE (repeatable), late=SIZE (per sample, trials of > 3 steps only),
+    /// noise=F (reported peak ±F), seed=N, fail-at=N (trials at N end in error).
+    #[arg(long, value_name = "SPEC")]
+    pub sim: Option<String>,
+
+    /// Model to train in each trial.
+    #[arg(long, value_enum, default_value = "mlp")]
+    pub model: ModelArg,
+    /// MLP input features.
+    #[arg(long, default_value_t = 1024)]
+    pub mlp_input: u64,
+    /// MLP hidden layer widths, comma-separated.
+    #[arg(long, default_value = "2048,2048", value_delimiter = ',')]
+    pub mlp_hidden: Vec<u64>,
+    /// MLP output classes (cross-entropy).
+    #[arg(long, default_value_t = 10)]
+    pub mlp_classes: u64,
+    /// Optimizer (its state is part of the memory).
+    #[arg(long, value_enum, default_value = "adam")]
+    pub optimizer: OptimizerArg,
+
+    /// Memory budget (e.g. 1.5GiB, 800MiB). Default: cpu 80% of the lower of MemAvailable and the
+    /// cgroup limit; sim its capacity.
+    #[arg(long, value_name = "SIZE")]
+    pub memory_budget: Option<String>,
+    /// Memory kept free for what a trial does not contain (evaluation, data loaders).
+    #[arg(long, value_name = "SIZE", default_value = "0")]
+    pub reserve: String,
+    /// Safety margin: the limit is (budget − reserve) × (1 − margin). In [0, 0.9].
+    #[arg(long, default_value_t = 0.05)]
+    pub margin: f64,
+
+    /// Global batch to reach with micro-batch × accumulation × world size.
+    #[arg(long)]
+    pub global_batch: Option<u64>,
+    /// Data-parallel ranks sharing the global batch.
+    #[arg(long, default_value_t = 1)]
+    pub world_size: u64,
+    /// Split the global batch into micro-batches of unequal size (differing by at most one) instead of
+    /// requiring an exact split.
+    #[arg(long)]
+    pub allow_uneven: bool,
+
+    /// Search strategy.
+    #[arg(long, value_enum, default_value = "bisect")]
+    pub strategy: StrategyArg,
+    /// Training steps per trial (≥ 3 counts Adam's state, which appears at the first step).
+    #[arg(long, default_value_t = 3)]
+    pub steps: u32,
+    /// Training steps of the confirmation trial of the final size.
+    #[arg(long, default_value_t = 5)]
+    pub confirm_steps: u32,
+    /// Only try multiples of this (e.g. 8 for tensor cores).
+    #[arg(long, default_value_t = 1)]
+    pub multiple_of: u64,
+    /// Smallest batch to try.
+    #[arg(long, default_value_t = 1)]
+    pub min_batch: u64,
+    /// Largest batch to try (e.g. the dataset size).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub max_batch: u64,
+    /// Stop after this many trials (the plan is then partial).
+    #[arg(long)]
+    pub max_trials: Option<u32>,
+    /// Stop after this many seconds (the plan is then partial).
+    #[arg(long, value_name = "SECONDS")]
+    pub time_limit: Option<f64>,
+    /// Kill a trial after this many seconds (recorded as `timeout`, never a fit).
+    #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
+    pub trial_timeout: f64,
+
+    /// libtorch threads per trial (the trainer uses the same). Default: all cores.
+    #[arg(long)]
+    pub threads: Option<u32>,
+    /// Seed for weights and synthetic data.
+    #[arg(long, default_value_t = 0)]
+    pub seed: i64,
+
+    /// Write the plan here (atomically). A search that does not complete writes
+    /// NAME.partial.EXT beside it instead and leaves this file as it was.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// What to print on stdout.
+    #[arg(long, value_enum, default_value = "json")]
+    pub format: FormatArg,
+    /// No progress lines on stderr.
+    #[arg(long, short)]
+    pub quiet: bool,
+
+    /// Fault injection for tests of the trial runner: hang|crash|nan|no-result[@MIN_BATCH].
+    #[arg(long, hide = true)]
+    pub inject_fault: Option<String>,
+}

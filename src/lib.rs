@@ -1,0 +1,26 @@
+//! batchfit: the largest micro-batch that really fits, proven by real training steps, and the gradient
+//! accumulation that reaches a global batch.
+//!
+//! Layout (data flows top to bottom):
+//! * [`cli`] → [`config`]: arguments parsed, then validated into a [`config::ProbeConfig`] in one place;
+//! * [`probe`]: orchestration: backend, limit, search, accumulation split, plan writing;
+//! * [`search`]: strategies and the proof invariant — knows only the [`backend::Backend`] trait;
+//! * [`backend`]: `sim` (a formula), `cpu` (child processes under `RLIMIT_DATA`), `cuda`;
+//! * [`trial`] / [`step`] / [`models`]: the only code that runs tch: a trial child and the shared
+//!   training step that `batchfit-train` reuses;
+//! * [`plan`]: the versioned JSON contract with the trainer and job scripts; [`accumulate`]: the split.
+
+pub mod accumulate;
+pub mod backend;
+pub mod cli;
+pub mod config;
+pub mod interrupt;
+pub mod models;
+pub mod oom;
+pub mod plan;
+pub mod probe;
+pub mod search;
+pub mod step;
+pub mod sysmem;
+pub mod trial;
+pub mod units;

@@ -1,0 +1,50 @@
+//! Recognising out-of-memory failures in libtorch's (and the C++ runtime's) messages.
+//!
+//! A trial's outcome hangs on this: an OOM is proof that a size does not fit, anything else is not.
+//! The texts are the ones libtorch prints (the same ones Lightning and Accelerate match on).
+
+/// Message fragments that mean "the device ran out of memory".
+const OOM_MARKERS: &[&str] = &[
+    "DefaultCPUAllocator: can't allocate memory",
+    "can't allocate memory",
+    "CUDA out of memory",
+    "out of memory",
+    "std::bad_alloc",
+    "Cannot allocate memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_NOT_SUPPORTED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+];
+
+/// Whether `msg` reports an out-of-memory condition.
+pub fn is_oom(msg: &str) -> bool {
+    OOM_MARKERS.iter().any(|m| msg.contains(m))
+}
+
+/// The first meaningful line of a libtorch error (they carry a long C++ backtrace after it).
+pub fn first_line(msg: &str) -> String {
+    let line = msg
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("(empty message)");
+    let mut s: String = line.chars().take(400).collect();
+    if line.chars().count() > 400 {
+        s.push('…');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies() {
+        assert!(is_oom("DefaultCPUAllocator: can't allocate memory: you tried to allocate 123 bytes. Error code 12 (Cannot allocate memory)\nException raised from ..."));
+        assert!(is_oom("CUDA out of memory. Tried to allocate 2.00 GiB"));
+        assert!(is_oom("terminate called after throwing an instance of 'std::bad_alloc'"));
+        assert!(!is_oom("shape mismatch: [3, 4] vs [5]"));
+        assert_eq!(first_line("\n  first\nsecond"), "first");
+    }
+}

@@ -1,0 +1,291 @@
+//! The plan: batchfit's contract with everything downstream (`batchfit-train`, job scripts, DeepSpeed
+//! configs). Versioned (`schema_version`), documented in `docs/plan.md`, validated on read, written
+//! atomically (temp file in the same directory + rename), and `partial` until the proof is complete.
+
+use crate::accumulate::Split;
+use crate::backend::DeviceInfo;
+use crate::models::ModelSpec;
+use crate::search::{SearchConfig, StopReason, TrialRecord};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Status {
+    /// The proof is complete (or a stated cap was reached): the recommendation can be used.
+    Complete,
+    /// The search stopped early (interrupted, out of trials or time, errors): not a result.
+    Partial,
+    /// Even the smallest size ran out of memory.
+    NothingFits,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tool {
+    pub name: String,
+    pub version: String,
+    pub libtorch_version: String,
+}
+
+impl Tool {
+    pub fn current() -> Self {
+        Tool {
+            name: "batchfit".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            libtorch_version: option_env!("BATCHFIT_LIBTORCH_VERSION").unwrap_or("unknown-at-build").into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    pub name: String,
+    pub parameter_count: u64,
+    pub input_spec: String,
+    pub dtype: String,
+    pub optimizer: String,
+    /// Everything the trainer needs to rebuild the model.
+    pub config: ModelSpec,
+    /// SHA-256 of the canonical JSON of `config`.
+    pub fingerprint: String,
+}
+
+impl ModelInfo {
+    pub fn of(spec: &ModelSpec) -> Self {
+        ModelInfo {
+            name: spec.name().into(),
+            parameter_count: spec.parameter_count(),
+            input_spec: spec.input_spec(),
+            dtype: spec.precision.dtype().into(),
+            optimizer: spec.optimizer.as_str().into(),
+            config: spec.clone(),
+            fingerprint: spec.fingerprint(),
+        }
+    }
+}
+
+/// Process set-up the trainer must reproduce.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Runtime {
+    pub threads: u32,
+    pub seed: i64,
+    pub malloc_mmap_threshold: i32,
+    pub malloc_arena_max: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Recommendation {
+    pub micro_batch: u64,
+    pub accumulation: u64,
+    pub global_batch: u64,
+    pub world_size: u64,
+    /// The largest size proven to fit.
+    pub max_fitting_batch: u64,
+    /// The smallest size proven not to fit (absent when a cap was reached).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_failing_batch: Option<u64>,
+    /// Measured footprint of the recommended micro-batch (the quantity the limit acts on).
+    pub peak_bytes: u64,
+    pub samples_per_second: f64,
+    #[serde(default)]
+    pub uneven: bool,
+    pub micro_batches: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub better_global_batches: Vec<u64>,
+}
+
+impl Recommendation {
+    pub fn from_split(s: &Split, max_fitting: u64, first_failing: Option<u64>, rec: &TrialRecord) -> Self {
+        let step = rec.outcome.step_seconds().unwrap_or(0.0);
+        Recommendation {
+            micro_batch: s.micro_batch,
+            accumulation: s.accumulation,
+            global_batch: s.global_batch,
+            world_size: s.world_size,
+            max_fitting_batch: max_fitting,
+            first_failing_batch: first_failing,
+            peak_bytes: rec.outcome.peak_bytes().unwrap_or(0),
+            samples_per_second: if step > 0.0 { rec.batch as f64 / step } else { 0.0 },
+            uneven: s.uneven,
+            micro_batches: s.micro_batches.clone(),
+            warning: s.warning.clone(),
+            better_global_batches: s.better_global_batches.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub schema_version: u32,
+    pub status: Status,
+    /// Seconds since the Unix epoch.
+    pub created_unix: u64,
+    pub tool: Tool,
+    pub device: DeviceInfo,
+    pub model: ModelInfo,
+    pub runtime: Runtime,
+    pub budget_bytes: u64,
+    pub reserve_bytes: u64,
+    pub margin: f64,
+    pub limit_bytes: u64,
+    pub search: SearchSettings,
+    pub recommendation: Option<Recommendation>,
+    pub stop_reason: StopReason,
+    pub stop_detail: String,
+    pub trials: Vec<TrialRecord>,
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+/// The search flags as recorded (a copy of [`SearchConfig`] with the time limit in seconds).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SearchSettings {
+    pub strategy: crate::search::StrategyKind,
+    pub steps: u32,
+    pub confirm_steps: u32,
+    pub min_batch: u64,
+    pub max_batch: u64,
+    pub multiple_of: u64,
+    pub max_trials: Option<u32>,
+    pub time_limit_seconds: Option<f64>,
+    pub trial_timeout_seconds: f64,
+}
+
+impl SearchSettings {
+    pub fn of(c: &SearchConfig, trial_timeout_seconds: f64) -> Self {
+        SearchSettings {
+            strategy: c.strategy,
+            steps: c.steps,
+            confirm_steps: c.confirm_steps,
+            min_batch: c.min_batch,
+            max_batch: c.max_batch,
+            multiple_of: c.multiple_of,
+            max_trials: c.max_trials,
+            time_limit_seconds: c.time_limit.map(|d| d.as_secs_f64()),
+            trial_timeout_seconds,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum PlanError {
+    #[error("plan file {0} does not exist; run `batchfit probe --out {0}` first")]
+    Missing(PathBuf),
+    #[error("cannot read plan file {path}: {source}")]
+    Unreadable { path: PathBuf, source: std::io::Error },
+    #[error("plan file {path} is not valid JSON ({detail}); it may be truncated: re-run `batchfit probe`")]
+    NotJson { path: PathBuf, detail: String },
+    #[error("plan file {path} has schema_version {found}, newer than this build understands ({SCHEMA_VERSION}); upgrade batchfit")]
+    Newer { path: PathBuf, found: u64 },
+    #[error("plan file {path} is not a batchfit plan: {detail}")]
+    Invalid { path: PathBuf, detail: String },
+    #[error("cannot write {path}: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+}
+
+impl Plan {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("plan serialises")
+    }
+
+    /// Reads and validates a plan file.
+    pub fn read(path: &Path) -> Result<Plan, PlanError> {
+        let p = path.to_path_buf();
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(PlanError::Missing(p)),
+            Err(e) => return Err(PlanError::Unreadable { path: p, source: e }),
+        };
+        Self::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<Plan, PlanError> {
+        let p = path.to_path_buf();
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| PlanError::NotJson { path: p.clone(), detail: e.to_string() })?;
+        let ver = v
+            .get("schema_version")
+            .and_then(|s| s.as_u64())
+            .ok_or_else(|| PlanError::Invalid { path: p.clone(), detail: "no schema_version".into() })?;
+        if ver > SCHEMA_VERSION as u64 {
+            return Err(PlanError::Newer { path: p, found: ver });
+        }
+        let plan: Plan =
+            serde_json::from_value(v).map_err(|e| PlanError::Invalid { path: p.clone(), detail: e.to_string() })?;
+        if plan.model.config.fingerprint() != plan.model.fingerprint {
+            // Not a refusal of another model (the trainer does that): the file contradicts itself.
+            return Err(PlanError::Invalid {
+                path: p,
+                detail: "model.fingerprint does not match model.config (edited by hand?)".into(),
+            });
+        }
+        Ok(plan)
+    }
+
+    /// Writes the plan atomically: a temporary file in the same directory, then a rename.
+    pub fn write_atomic(&self, path: &Path) -> Result<(), PlanError> {
+        write_atomic(path, self.to_json().as_bytes())
+    }
+}
+
+/// Writes `bytes` to `path` atomically (temp file in the same directory + rename).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PlanError> {
+    let err = |source| PlanError::Write { path: path.to_path_buf(), source };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mut tmp = tempfile::Builder::new().prefix(".batchfit-").suffix(".tmp").tempfile_in(&dir).map_err(err)?;
+    tmp.write_all(bytes).map_err(err)?;
+    tmp.write_all(b"\n").map_err(err)?;
+    tmp.as_file().sync_all().map_err(err)?;
+    tmp.persist(path).map_err(|e| err(e.error))?;
+    Ok(())
+}
+
+/// `plan.json` → `plan.partial.json` (the partial plan is written beside the requested output).
+pub fn partial_path(out: &Path) -> PathBuf {
+    let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "plan".into());
+    let name = match out.extension() {
+        Some(ext) => format!("{stem}.partial.{}", ext.to_string_lossy()),
+        None => format!("{stem}.partial"),
+    };
+    out.with_file_name(name)
+}
+
+/// Checks, before any trial runs, that `out` can be written: not a directory, and its directory exists
+/// and accepts a new file.
+pub fn check_writable(out: &Path) -> Result<(), String> {
+    if out.is_dir() {
+        return Err(format!("--out {} is a directory; give a file path such as {}/plan.json", out.display(), out.display()));
+    }
+    let dir = match out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !dir.is_dir() {
+        return Err(format!("the directory of --out {} does not exist; create it first", out.display()));
+    }
+    tempfile::Builder::new()
+        .prefix(".batchfit-check-")
+        .tempfile_in(&dir)
+        .map(drop)
+        .map_err(|e| format!("cannot write in {} for --out: {e}", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partial_names() {
+        assert_eq!(partial_path(Path::new("plan.json")), PathBuf::from("plan.partial.json"));
+        assert_eq!(partial_path(Path::new("/a/b/p")), PathBuf::from("/a/b/p.partial"));
+    }
+}

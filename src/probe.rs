@@ -1,0 +1,336 @@
+//! `batchfit probe`: from a validated [`ProbeConfig`] to a written plan.
+//!
+//! Picks the backend, turns budget/reserve/margin into the limit, runs the search, solves the
+//! accumulation split (confirming any size the split picks that no trial ran), and writes the plan.
+//! Like hyperfine's exporters, the partial plan is rewritten after every trial, so a crash or an
+//! interruption keeps what was measured; only a complete search writes `--out` (atomically).
+
+use crate::accumulate;
+use crate::backend::cpu::CpuBackend;
+use crate::backend::sim::SimBackend;
+use crate::backend::{cuda, Backend};
+use crate::config::{self, BackendChoice, ProbeConfig};
+use crate::plan::{self, ModelInfo, Plan, Recommendation, Runtime, SearchSettings, Status, Tool};
+use crate::search::{Prober, Purpose, SearchOutcome, Stop, StopReason, TrialRecord};
+use crate::sysmem;
+use crate::trial::TrialSpec;
+use crate::units::format_size;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+use thiserror::Error;
+
+/// The smallest limit under which a libtorch process starts at all on CPU (data segment, measured).
+pub const CPU_MIN_LIMIT: u64 = 600 << 20;
+
+#[derive(Debug, Error)]
+pub enum ProbeError {
+    /// Bad input discovered once the device is known (budget vs device).
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Environment(String),
+    #[error("cannot write the plan: {0}")]
+    Write(#[from] plan::PlanError),
+}
+
+/// How the probe ended, for the exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    Complete,
+    NothingFits,
+    TrialErrors,
+    Capped,
+    Interrupted(i32),
+}
+
+#[derive(Debug)]
+pub struct ProbeReport {
+    pub plan: Plan,
+    pub ending: Ending,
+    /// Where the plan was written (the `--out` file or its `.partial` sibling).
+    pub written: Option<PathBuf>,
+    /// Notices for stderr (backend choice, warnings).
+    pub notices: Vec<String>,
+}
+
+fn make_backend(cfg: &ProbeConfig, exe: &Path, notices: &mut Vec<String>) -> Result<Box<dyn Backend>, ProbeError> {
+    let cpu = || -> Result<Box<dyn Backend>, ProbeError> {
+        let template = TrialSpec {
+            model: cfg.model.clone(),
+            batch: 0,
+            steps: 0,
+            threads: cfg.threads,
+            seed: cfg.seed,
+            fault: cfg.fault,
+        };
+        Ok(Box::new(
+            CpuBackend::new(exe.to_path_buf(), template, cfg.trial_timeout)
+                .map_err(|e| ProbeError::Environment(e.to_string()))?,
+        ))
+    };
+    match &cfg.backend {
+        BackendChoice::Sim(spec) => Ok(Box::new(SimBackend::new(spec.clone()))),
+        BackendChoice::Cpu => cpu(),
+        BackendChoice::Cuda => Err(ProbeError::Environment(cuda::unavailable().to_string())),
+        BackendChoice::Auto => {
+            notices.push("batchfit: --backend auto: using the cpu backend (GPU trials are not available in this build)".into());
+            cpu()
+        }
+    }
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// One progress line for stderr.
+pub fn progress_line(n: usize, t: &TrialRecord, limit: u64) -> String {
+    let peak = t
+        .outcome
+        .peak_bytes()
+        .map(|p| format!("peak {:>10} ({:>3.0}% of limit)", format_size(p), 100.0 * p as f64 / limit.max(1) as f64))
+        .unwrap_or_default();
+    let msg = match (&t.outcome, t.outcome.message()) {
+        (o, Some(m)) if !o.is_oom() => format!("  {m}"),
+        _ => String::new(),
+    };
+    format!(
+        "trial {n:>3}: batch {:>8} × {} steps {:<8} {:<7} {peak} {:>7.2} s{msg}",
+        t.batch,
+        t.steps,
+        format!("{:?}", t.purpose).to_lowercase(),
+        t.outcome.kind(),
+        t.seconds
+    )
+}
+
+pub fn run(cfg: &ProbeConfig, exe: &Path, progress: &mut dyn FnMut(&str)) -> Result<ProbeReport, ProbeError> {
+    let mut notices = vec![];
+    let mut backend = make_backend(cfg, exe, &mut notices)?;
+    let device = backend.device().clone();
+    let budget = cfg.budget.unwrap_or_else(|| backend.default_budget());
+    if budget > device.total_bytes {
+        return Err(ProbeError::Usage(format!(
+            "--memory-budget {} is larger than the device's {} ({}); give at most {}",
+            format_size(budget),
+            format_size(device.total_bytes),
+            device.name,
+            format_size(device.total_bytes)
+        )));
+    }
+    if cfg.reserve >= budget {
+        return Err(ProbeError::Usage(format!(
+            "--reserve {} leaves nothing of the {} budget; lower --reserve",
+            format_size(cfg.reserve),
+            format_size(budget)
+        )));
+    }
+    let limit = config::limit(budget, cfg.reserve, cfg.margin);
+    if device.kind == "cpu" && limit < CPU_MIN_LIMIT {
+        return Err(ProbeError::Usage(format!(
+            "the limit {} (budget {} − reserve {}, less the {:.0}% margin) is below the {} a libtorch process \
+             needs to start on CPU; raise --memory-budget",
+            format_size(limit),
+            format_size(budget),
+            format_size(cfg.reserve),
+            cfg.margin * 100.0,
+            format_size(CPU_MIN_LIMIT)
+        )));
+    }
+    let world = cfg.world_size;
+    let skeleton = Plan {
+        schema_version: plan::SCHEMA_VERSION,
+        status: Status::Partial,
+        created_unix: now_unix(),
+        tool: Tool::current(),
+        device,
+        model: ModelInfo::of(&cfg.model),
+        runtime: Runtime {
+            threads: cfg.threads,
+            seed: cfg.seed,
+            malloc_mmap_threshold: sysmem::MMAP_THRESHOLD,
+            malloc_arena_max: sysmem::ARENA_MAX,
+        },
+        budget_bytes: budget,
+        reserve_bytes: cfg.reserve,
+        margin: cfg.margin,
+        limit_bytes: limit,
+        search: SearchSettings::of(&cfg.search, cfg.trial_timeout.as_secs_f64()),
+        recommendation: None,
+        stop_reason: StopReason::Interrupted,
+        stop_detail: "search in progress".into(),
+        trials: vec![],
+        warnings: vec![],
+    };
+    let partial = cfg.out.as_deref().map(plan::partial_path);
+    progress(&format!(
+        "batchfit: {} on {} ({}): budget {}, limit {} ({} params)",
+        skeleton.model.name,
+        skeleton.device.kind,
+        skeleton.device.name,
+        format_size(budget),
+        format_size(limit),
+        skeleton.model.parameter_count
+    ));
+
+    let mut write_error = None;
+    let (outcome, split_result) = {
+        let sk = &skeleton;
+        let partial = partial.clone();
+        let write_error = &mut write_error;
+        let progress = &mut *progress;
+        let mut prober = Prober::new(backend.as_mut(), cfg.search.clone(), limit).on_trial(move |t, all| {
+            progress(&progress_line(all.len(), t, limit));
+            if let Some(p) = &partial {
+                let mut snap = sk.clone();
+                snap.trials = all.to_vec();
+                if let Err(e) = snap.write_atomic(p) {
+                    *write_error = Some(e);
+                }
+            }
+        });
+        let outcome = prober.search();
+        // Accumulation split, and a confirmation trial for a split size no trial ran.
+        let split_result = match (outcome.max_fitting, outcome.stop_reason.is_complete()) {
+            (Some(max), true) => {
+                let (g, w) = cfg.global.unwrap_or((max * world, world));
+                match accumulate::split(g, w, max, cfg.allow_uneven) {
+                    Ok(s) => {
+                        let sizes: Vec<u64> = {
+                            let mut v = s.micro_batches.clone();
+                            v.sort_unstable();
+                            v.dedup();
+                            v
+                        };
+                        let mut confirmed: Result<(), Stop> = Ok(());
+                        for b in sizes {
+                            match prober.confirm(b, Purpose::Split) {
+                                Ok(true) => {}
+                                Ok(false) => {
+                                    confirmed = Err(Stop::Fatal(format!(
+                                        "micro-batch {b} chosen by the accumulation split did not fit although {max} \
+                                         did: memory is not monotonic in the batch size here; re-run with --global-batch \
+                                         a multiple of {max}"
+                                    )));
+                                    break;
+                                }
+                                Err(e) => {
+                                    confirmed = Err(e);
+                                    break;
+                                }
+                            }
+                        }
+                        Some(confirmed.map(|_| s))
+                    }
+                    Err(e) => Some(Err(Stop::Fatal(e.to_string()))),
+                }
+            }
+            _ => None,
+        };
+        let outcome = SearchOutcome { trials: prober.trials().to_vec(), ..outcome };
+        (outcome, split_result)
+    };
+    if let Some(e) = write_error {
+        return Err(e.into());
+    }
+
+    let mut plan = skeleton.clone();
+    plan.trials = outcome.trials.clone();
+    plan.stop_reason = outcome.stop_reason;
+    plan.stop_detail = outcome.fatal.clone().unwrap_or_else(|| outcome.stop_reason.describe().to_string());
+    let mut ending = match outcome.stop_reason {
+        r if r.is_complete() => Ending::Complete,
+        StopReason::NothingFits => Ending::NothingFits,
+        StopReason::Interrupted => Ending::Interrupted(outcome.interrupted_by.unwrap_or(libc::SIGINT)),
+        StopReason::MaxTrials | StopReason::TimeLimit => Ending::Capped,
+        StopReason::TrialErrors => Ending::TrialErrors,
+        _ => Ending::TrialErrors,
+    };
+    match split_result {
+        Some(Ok(s)) => {
+            let max = outcome.max_fitting.expect("split only with a fit");
+            let rec = outcome
+                .trials
+                .iter()
+                .filter(|t| t.batch == s.micro_batch && t.outcome.fits())
+                .max_by_key(|t| t.steps)
+                .expect("split size confirmed");
+            plan.recommendation = Some(Recommendation::from_split(&s, max, outcome.first_failing, rec));
+            if let Some(w) = &s.warning {
+                plan.warnings.push(w.clone());
+            }
+            plan.status = Status::Complete;
+        }
+        Some(Err(stop)) => {
+            match stop {
+                Stop::Interrupted(sig) => {
+                    plan.stop_reason = StopReason::Interrupted;
+                    plan.stop_detail = StopReason::Interrupted.describe().into();
+                    ending = Ending::Interrupted(sig);
+                }
+                Stop::Reason(r) => {
+                    plan.stop_reason = r;
+                    plan.stop_detail = r.describe().into();
+                    ending = Ending::Capped;
+                }
+                Stop::Fatal(m) => {
+                    plan.stop_reason = StopReason::TrialErrors;
+                    plan.stop_detail = m;
+                    ending = Ending::TrialErrors;
+                }
+            }
+            plan.status = Status::Partial;
+        }
+        None => {
+            plan.status = if ending == Ending::NothingFits { Status::NothingFits } else { Status::Partial };
+        }
+    }
+
+    let written = match (&cfg.out, plan.status) {
+        (Some(out), Status::Complete) => {
+            plan.write_atomic(out)?;
+            if let Some(p) = &partial {
+                let _ = std::fs::remove_file(p);
+            }
+            Some(out.clone())
+        }
+        (Some(_), _) => {
+            let p = partial.expect("partial path with --out");
+            plan.write_atomic(&p)?;
+            Some(p)
+        }
+        (None, _) => None,
+    };
+    Ok(ProbeReport { plan, ending, written, notices })
+}
+
+/// A human summary of a plan.
+pub fn summary(plan: &Plan) -> String {
+    let mut s = String::new();
+    let n = plan.trials.len();
+    let secs: f64 = plan.trials.iter().map(|t| t.seconds).sum();
+    match &plan.recommendation {
+        Some(r) if plan.status == Status::Complete => {
+            s += &format!(
+                "micro-batch {} × accumulation {} × world size {} = global batch {}\n",
+                r.micro_batch, r.accumulation, r.world_size, r.global_batch
+            );
+            s += &format!(
+                "largest fitting micro-batch: {}{} ; peak {} of the {} limit ({:.0}%); {:.0} samples/s\n",
+                r.max_fitting_batch,
+                r.first_failing_batch.map(|f| format!(" ({f} ran out of memory)")).unwrap_or_default(),
+                format_size(r.peak_bytes),
+                format_size(plan.limit_bytes),
+                100.0 * r.peak_bytes as f64 / plan.limit_bytes.max(1) as f64,
+                r.samples_per_second
+            );
+        }
+        _ => s += &format!("no recommendation: status {:?}\n", plan.status),
+    }
+    s += &format!("stopped: {}\n", plan.stop_detail);
+    s += &format!("{n} trials, {secs:.1} s of trials\n");
+    for w in &plan.warnings {
+        s += &format!("warning: {w}\n");
+    }
+    s
+}

@@ -1,0 +1,395 @@
+//! The search for the largest micro-batch that fits, and the proof that it does.
+//!
+//! The engine ([`Prober`]) owns the **proof invariant**: a size is reported only when a trial at it fit
+//! (re-run with `confirm_steps` when those are more than the exploration steps, because some memory only
+//! appears after several steps) and a trial at the next size up (the next multiple of `multiple_of`)
+//! failed with `oom`, or a stated cap (`max_batch`) was reached. An `error` or `timeout` is never
+//! proof of anything. Strategies ([`Strategy`]) only propose which size to try next; whatever they
+//! propose, the engine keeps the bracket `[largest fit, smallest oom]` and decides when the proof is
+//! complete. If a cap on trials or time, or an interruption, stops the search first, the result is
+//! marked partial.
+//!
+//! This module knows nothing of clap, tch or NVML: it talks to a [`Backend`].
+
+pub mod bisect;
+
+use crate::backend::{Backend, BackendError, TrialOutcome, TrialRequest};
+use serde::{Deserialize, Serialize};
+use std::time::{Duration, Instant};
+
+/// Which strategy proposes sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StrategyKind {
+    /// Doubling from the smallest size, then bisection of the bracket.
+    Bisect,
+    /// Doubling only (Lightning's `power`): proves the answer only to within a factor of two.
+    Power,
+}
+
+/// Search settings, validated by the caller.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SearchConfig {
+    pub strategy: StrategyKind,
+    /// Training steps per exploration trial (≥ 1; 3 by default so Adam's state is counted).
+    pub steps: u32,
+    /// Training steps of the confirmation trial of the final size.
+    pub confirm_steps: u32,
+    pub min_batch: u64,
+    pub max_batch: u64,
+    pub multiple_of: u64,
+    pub max_trials: Option<u32>,
+    pub time_limit: Option<Duration>,
+}
+
+impl Default for SearchConfig {
+    fn default() -> Self {
+        SearchConfig {
+            strategy: StrategyKind::Bisect,
+            steps: 3,
+            confirm_steps: 5,
+            min_batch: 1,
+            max_batch: 1_000_000,
+            multiple_of: 1,
+            max_trials: None,
+            time_limit: None,
+        }
+    }
+}
+
+/// Why a trial ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Purpose {
+    Explore,
+    /// Re-run of the final size with `confirm_steps`.
+    Confirm,
+    /// A size chosen by the accumulation split that no trial had run.
+    Split,
+    /// A repeat of a trial that ended in `error` or `timeout`.
+    Retry,
+}
+
+/// One trial as the plan records it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrialRecord {
+    pub batch: u64,
+    pub steps: u32,
+    pub purpose: Purpose,
+    #[serde(flatten)]
+    pub outcome: TrialOutcome,
+    /// Wall seconds of the whole trial, process start included.
+    pub seconds: f64,
+}
+
+/// How the search ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StopReason {
+    /// Fit at b (confirmed) and oom at the next size up.
+    Proven,
+    /// The largest allowed size (`max_batch`) fits.
+    MaxBatch,
+    /// Power strategy: fit at b, oom at the next proposal (up to 2 b); coarser than a full proof.
+    PowerResolution,
+    /// Even the smallest size ran out of memory.
+    NothingFits,
+    MaxTrials,
+    TimeLimit,
+    /// Trials above the best fit ended in `error`/`timeout`, so no limit could be proven.
+    TrialErrors,
+    Interrupted,
+}
+
+impl StopReason {
+    pub fn describe(self) -> &'static str {
+        match self {
+            StopReason::Proven => "proven: the size fits and the next size up runs out of memory",
+            StopReason::MaxBatch => "the largest allowed size (--max-batch) fits",
+            StopReason::PowerResolution => "power strategy: proven only to within a factor of two",
+            StopReason::NothingFits => "even the smallest size runs out of memory",
+            StopReason::MaxTrials => "--max-trials reached before the proof was complete",
+            StopReason::TimeLimit => "--time-limit reached before the proof was complete",
+            StopReason::TrialErrors => "trials failed with errors or timeouts, so no limit could be proven",
+            StopReason::Interrupted => "interrupted",
+        }
+    }
+    /// Whether the answer is a finished result (vs. partial).
+    pub fn is_complete(self) -> bool {
+        matches!(self, StopReason::Proven | StopReason::MaxBatch | StopReason::PowerResolution)
+    }
+}
+
+/// The grid of allowed sizes: multiples of `multiple_of` within `[min_batch, max_batch]`, indexed.
+#[derive(Debug, Clone, Copy)]
+pub struct Grid {
+    pub first: u64,
+    pub step: u64,
+    pub last_index: u64,
+}
+
+impl Grid {
+    pub fn new(min: u64, max: u64, multiple_of: u64) -> Option<Grid> {
+        let step = multiple_of.max(1);
+        let first = min.max(1).div_ceil(step) * step;
+        if first > max {
+            return None;
+        }
+        Some(Grid { first, step, last_index: (max - first) / step })
+    }
+    pub fn batch(&self, i: u64) -> u64 {
+        self.first + i * self.step
+    }
+    /// Largest index whose batch is ≤ b (b ≥ first).
+    pub fn index_at_or_below(&self, b: u64) -> u64 {
+        (b.saturating_sub(self.first) / self.step).min(self.last_index)
+    }
+}
+
+/// What a strategy sees.
+pub struct SearchState<'a> {
+    pub grid: Grid,
+    /// Largest index that fit (exploration steps), if any.
+    pub lo: Option<u64>,
+    /// Smallest index that ran out of memory, if any.
+    pub hi: Option<u64>,
+    /// Smallest index above `lo` that ended in error/timeout twice: an upper bound for exploration.
+    pub ceiling: Option<u64>,
+    pub trials: &'a [TrialRecord],
+    pub limit_bytes: u64,
+}
+
+/// Proposes the next grid index to try. Must return an index strictly between `lo` and
+/// `min(hi, ceiling)` (or index 0 when nothing has been tried).
+pub trait Strategy {
+    fn propose(&mut self, st: &SearchState) -> u64;
+}
+
+pub fn make_strategy(kind: StrategyKind) -> Box<dyn Strategy> {
+    match kind {
+        StrategyKind::Bisect => Box::new(bisect::DoublingBisection::default()),
+        StrategyKind::Power => Box::new(bisect::DoublingBisection::power()),
+    }
+}
+
+/// The search's result: everything the plan needs.
+#[derive(Debug, Clone)]
+pub struct SearchOutcome {
+    pub trials: Vec<TrialRecord>,
+    /// The largest proven-fitting size (fit with confirm steps), if any.
+    pub max_fitting: Option<u64>,
+    /// The smallest size proven not to fit, if any.
+    pub first_failing: Option<u64>,
+    pub stop_reason: StopReason,
+    /// The signal number when interrupted.
+    pub interrupted_by: Option<i32>,
+    /// Environment failure that stopped the search.
+    pub fatal: Option<String>,
+}
+
+impl SearchOutcome {
+    /// The record of the fitting trial at `batch` with the most steps.
+    pub fn best_record(&self, batch: u64) -> Option<&TrialRecord> {
+        self.trials
+            .iter()
+            .filter(|t| t.batch == batch && t.outcome.fits())
+            .max_by_key(|t| t.steps)
+    }
+}
+
+/// Runs the search against a backend. `on_trial` is called after every trial (the CLI writes the
+/// partial plan and prints progress there).
+pub struct Prober<'b> {
+    backend: &'b mut dyn Backend,
+    cfg: SearchConfig,
+    limit_bytes: u64,
+    started: Instant,
+    trials: Vec<TrialRecord>,
+    on_trial: Box<dyn FnMut(&TrialRecord, &[TrialRecord]) + 'b>,
+}
+
+/// Why a run of trials stopped early.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Stop {
+    Reason(StopReason),
+    Interrupted(i32),
+    Fatal(String),
+}
+
+impl<'b> Prober<'b> {
+    pub fn new(backend: &'b mut dyn Backend, cfg: SearchConfig, limit_bytes: u64) -> Self {
+        backend.set_limit(limit_bytes);
+        Prober {
+            backend,
+            cfg,
+            limit_bytes,
+            started: Instant::now(),
+            trials: vec![],
+            on_trial: Box::new(|_, _| {}),
+        }
+    }
+
+    pub fn on_trial(mut self, f: impl FnMut(&TrialRecord, &[TrialRecord]) + 'b) -> Self {
+        self.on_trial = Box::new(f);
+        self
+    }
+
+    pub fn trials(&self) -> &[TrialRecord] {
+        &self.trials
+    }
+
+    fn budget_left(&self) -> Result<(), Stop> {
+        if let Some(m) = self.cfg.max_trials {
+            if self.trials.len() as u32 >= m {
+                return Err(Stop::Reason(StopReason::MaxTrials));
+            }
+        }
+        if let Some(t) = self.cfg.time_limit {
+            if self.started.elapsed() >= t {
+                return Err(Stop::Reason(StopReason::TimeLimit));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one trial (checking the trial and time caps first) and records it.
+    pub fn trial(&mut self, batch: u64, steps: u32, purpose: Purpose) -> Result<TrialOutcome, Stop> {
+        self.budget_left()?;
+        let t0 = Instant::now();
+        let outcome = match self.backend.run_trial(TrialRequest { batch, steps }) {
+            Ok(o) => o,
+            Err(BackendError::Interrupted(sig)) => return Err(Stop::Interrupted(sig)),
+            Err(BackendError::Environment(m)) => return Err(Stop::Fatal(m)),
+        };
+        let rec = TrialRecord { batch, steps, purpose, outcome: outcome.clone(), seconds: t0.elapsed().as_secs_f64() };
+        self.trials.push(rec);
+        (self.on_trial)(self.trials.last().unwrap(), &self.trials);
+        Ok(outcome)
+    }
+
+    /// Runs a trial; an `error`/`timeout` is retried once.
+    fn trial_with_retry(&mut self, batch: u64, steps: u32, purpose: Purpose) -> Result<TrialOutcome, Stop> {
+        let o = self.trial(batch, steps, purpose)?;
+        if matches!(o, TrialOutcome::Error { .. } | TrialOutcome::Timeout { .. }) {
+            return self.trial(batch, steps, Purpose::Retry);
+        }
+        Ok(o)
+    }
+
+    /// Finds the largest fitting size on the grid.
+    pub fn search(&mut self) -> SearchOutcome {
+        let mut found = (None, None);
+        let stop = self.search_inner(&mut found);
+        self.finish(stop, found.0, found.1)
+    }
+
+    /// Turns a stop into an outcome carrying the trials so far.
+    pub fn finish(&self, stop: Stop, max_fitting: Option<u64>, first_failing: Option<u64>) -> SearchOutcome {
+        let (reason, sig, fatal) = match stop {
+            Stop::Reason(r) => (r, None, None),
+            Stop::Interrupted(s) => (StopReason::Interrupted, Some(s), None),
+            Stop::Fatal(m) => (StopReason::TrialErrors, None, Some(m)),
+        };
+        SearchOutcome {
+            trials: self.trials.clone(),
+            max_fitting,
+            first_failing,
+            stop_reason: reason,
+            interrupted_by: sig,
+            fatal,
+        }
+    }
+
+    /// Confirms a size that no fitting trial with `confirm_steps` has covered yet. Returns whether it fits.
+    pub fn confirm(&mut self, batch: u64, purpose: Purpose) -> Result<bool, Stop> {
+        let steps = self.cfg.confirm_steps.max(self.cfg.steps);
+        if self.trials.iter().any(|t| t.batch == batch && t.steps >= steps && t.outcome.fits()) {
+            return Ok(true);
+        }
+        Ok(self.trial_with_retry(batch, steps, purpose)?.fits())
+    }
+
+    fn search_inner(&mut self, found: &mut (Option<u64>, Option<u64>)) -> Stop {
+        let Some(grid) = Grid::new(self.cfg.min_batch, self.cfg.max_batch, self.cfg.multiple_of) else {
+            return Stop::Fatal(format!(
+                "no multiple of {} lies in [{}, {}]",
+                self.cfg.multiple_of, self.cfg.min_batch, self.cfg.max_batch
+            ));
+        };
+        let mut strategy = make_strategy(self.cfg.strategy);
+        let (mut lo, mut hi, mut ceiling): (Option<u64>, Option<u64>, Option<u64>) = (None, None, None);
+        loop {
+            // Is the bracket closed?
+            let upper = match (hi, ceiling) {
+                (Some(h), Some(c)) => Some(h.min(c)),
+                (h, c) => h.or(c),
+            };
+            let closed = match (lo, upper) {
+                (Some(l), Some(u)) => l + 1 >= u,
+                (Some(l), None) => l == grid.last_index,
+                (None, Some(0)) => true,
+                _ => false,
+            };
+            let power_done = self.cfg.strategy == StrategyKind::Power && lo.is_some() && hi.is_some();
+            if closed || power_done {
+                let Some(l) = lo else {
+                    // Nothing fits at index 0.
+                    found.1 = Some(grid.batch(0));
+                    return if hi == Some(0) {
+                        Stop::Reason(StopReason::NothingFits)
+                    } else {
+                        Stop::Reason(StopReason::TrialErrors)
+                    };
+                };
+                let b = grid.batch(l);
+                match self.confirm(b, Purpose::Confirm) {
+                    Err(s) => {
+                        found.0 = None;
+                        return s;
+                    }
+                    Ok(true) => {
+                        found.0 = Some(b);
+                        found.1 = hi.map(|h| grid.batch(h));
+                        let reason = if hi == Some(l + 1) {
+                            StopReason::Proven
+                        } else if l == grid.last_index && hi.is_none() {
+                            StopReason::MaxBatch
+                        } else if power_done && hi.is_some() {
+                            StopReason::PowerResolution
+                        } else {
+                            StopReason::TrialErrors
+                        };
+                        return Stop::Reason(reason);
+                    }
+                    Ok(false) => {
+                        // More memory appears with more steps: the bound moves down; keep searching.
+                        hi = Some(l);
+                        lo = self
+                            .trials
+                            .iter()
+                            .filter(|t| t.outcome.fits() && t.batch < b)
+                            .map(|t| grid.index_at_or_below(t.batch))
+                            .max();
+                        continue;
+                    }
+                }
+            }
+            let state = SearchState { grid, lo, hi, ceiling, trials: &self.trials, limit_bytes: self.limit_bytes };
+            let i = strategy.propose(&state);
+            debug_assert!(lo.is_none_or(|l| i > l) && upper.is_none_or(|u| i < u), "bad proposal {i}");
+            let b = grid.batch(i);
+            match self.trial_with_retry(b, self.cfg.steps, Purpose::Explore) {
+                Err(s) => {
+                    found.0 = None;
+                    return s;
+                }
+                Ok(TrialOutcome::Fits { .. }) => lo = Some(i),
+                Ok(TrialOutcome::Oom { .. }) => hi = Some(hi.map_or(i, |h| h.min(i))),
+                Ok(_) => ceiling = Some(ceiling.map_or(i, |c| c.min(i))),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,145 @@
+use super::*;
+use crate::backend::sim::{SimBackend, SimSpec};
+use proptest::prelude::*;
+
+const MIB: u64 = 1 << 20;
+
+fn run(spec: SimSpec, cfg: SearchConfig) -> (SearchOutcome, u64) {
+    let limit = spec.capacity;
+    let mut be = SimBackend::new(spec);
+    let out = Prober::new(&mut be, cfg, limit).search();
+    let n = be.trials_run;
+    (out, n)
+}
+
+/// Every reported size must have been tested with the confirm steps and fit, and the size above
+/// must have been tested and run out of memory (or the cap reached).
+fn check_invariant(out: &SearchOutcome, cfg: &SearchConfig) {
+    if let Some(b) = out.max_fitting {
+        let rec = out.best_record(b).expect("reported size was tested");
+        assert!(rec.steps >= cfg.confirm_steps, "reported size confirmed");
+        match out.stop_reason {
+            StopReason::Proven => {
+                let f = out.first_failing.unwrap();
+                assert_eq!(f, b + cfg.multiple_of);
+                assert!(out.trials.iter().any(|t| t.batch == f && t.outcome.is_oom()));
+            }
+            StopReason::MaxBatch => assert!(b + cfg.multiple_of > cfg.max_batch),
+            other => panic!("unexpected stop {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn finds_exact_max_on_generated_curves() {
+    let mut n = 0;
+    for base in [0, 300 * MIB, 2 << 30] {
+        for per in [1024, 37 * 1024, MIB, 7 * MIB + 3, 200 * MIB] {
+            for cap in [512 * MIB, 3 << 30, 24 << 30, 80 << 30] {
+                for knee in [0, 64] {
+                    let mut spec = SimSpec::affine(base, per, cap);
+                    spec.knee = knee;
+                    let cfg = SearchConfig::default();
+                    let truth = spec.true_max(cap, cfg.confirm_steps, cfg.max_batch);
+                    let (out, _) = run(spec.clone(), cfg.clone());
+                    if truth == 0 {
+                        assert_eq!(out.stop_reason, StopReason::NothingFits, "{spec:?}");
+                        assert_eq!(out.max_fitting, None);
+                    } else {
+                        assert_eq!(out.max_fitting, Some(truth), "{spec:?}");
+                        check_invariant(&out, &cfg);
+                    }
+                    n += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(n, 120);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+    #[test]
+    fn exact_max_property(base in 0u64..(4u64<<30), per in 1u64..(64*MIB), cap in (64*MIB)..(100u64<<30),
+                          knee in 0u64..200, jump_at in 1u64..100_000, jump in 0u64..(512*MIB),
+                          late in 0u64..(64*1024), mult in prop::sample::select(vec![1u64, 2, 8, 64]),
+                          strategy in prop::sample::select(vec![StrategyKind::Bisect])) {
+        let mut spec = SimSpec::affine(base, per, cap);
+        spec.knee = knee;
+        spec.jumps = vec![(jump_at, jump)];
+        spec.late_per_sample = late;
+        let cfg = SearchConfig { multiple_of: mult, strategy, ..SearchConfig::default() };
+        let (out, _) = run(spec.clone(), cfg.clone());
+        // Ground truth on the grid with the confirm steps (the stricter); the curve is monotonic.
+        let grid = Grid::new(cfg.min_batch, cfg.max_batch, mult).unwrap();
+        let (mut a, mut b, mut exact) = (0u64, grid.last_index + 1, None);
+        while a < b {
+            let m = a + (b - a) / 2;
+            if spec.peak(grid.batch(m), cfg.confirm_steps) <= cap { exact = Some(grid.batch(m)); a = m + 1 } else { b = m }
+        }
+        prop_assert_eq!(out.max_fitting, exact);
+        check_invariant(&out, &cfg);
+    }
+}
+
+#[test]
+fn confirmation_catches_late_memory() {
+    // Fits at 3 steps up to 1000, but extra memory after step 3 lowers the real max.
+    let mut spec = SimSpec::affine(0, MIB, 1000 * MIB);
+    spec.late_per_sample = MIB / 10;
+    let cfg = SearchConfig::default();
+    let (out, _) = run(spec.clone(), cfg.clone());
+    assert_eq!(out.max_fitting, Some(909)); // 909 × 1.1 MiB ≤ 1000 MiB < 910 × 1.1 MiB
+    check_invariant(&out, &cfg);
+    assert!(out.trials.iter().any(|t| t.purpose == Purpose::Confirm && t.outcome.is_oom()));
+}
+
+#[test]
+fn multiple_of_and_caps() {
+    let spec = SimSpec::affine(0, MIB, 1000 * MIB);
+    let cfg = SearchConfig { multiple_of: 8, ..Default::default() };
+    let (out, _) = run(spec.clone(), cfg.clone());
+    assert_eq!(out.max_fitting, Some(1000));
+    assert_eq!(out.first_failing, Some(1008));
+    let cfg = SearchConfig { max_batch: 300, ..Default::default() };
+    let (out, _) = run(spec.clone(), cfg.clone());
+    assert_eq!((out.max_fitting, out.stop_reason), (Some(300), StopReason::MaxBatch));
+    let cfg = SearchConfig { min_batch: 2000, ..Default::default() };
+    let (out, n) = run(spec.clone(), cfg);
+    assert_eq!((out.max_fitting, out.stop_reason, n), (None, StopReason::NothingFits, 1));
+}
+
+#[test]
+fn max_trials_gives_partial() {
+    let spec = SimSpec::affine(0, MIB, 1000 * MIB);
+    let cfg = SearchConfig { max_trials: Some(4), ..Default::default() };
+    let (out, n) = run(spec, cfg);
+    assert_eq!(n, 4);
+    assert_eq!(out.stop_reason, StopReason::MaxTrials);
+    assert!(!out.stop_reason.is_complete());
+    assert_eq!(out.max_fitting, None);
+}
+
+#[test]
+fn errors_are_never_proof() {
+    // The size right above the true max errors: no proof possible, the search says so.
+    let mut spec = SimSpec::affine(0, MIB, 1000 * MIB);
+    spec.fail_at = Some(1001);
+    let (out, _) = run(spec.clone(), SearchConfig::default());
+    assert_ne!(out.stop_reason, StopReason::Proven);
+    // An error elsewhere only costs a retry; the answer is still exact and proven.
+    spec.fail_at = Some(512);
+    let (out, _) = run(spec, SearchConfig::default());
+    assert_eq!(out.stop_reason, StopReason::Proven);
+    assert_eq!(out.max_fitting, Some(1000));
+}
+
+#[test]
+fn power_strategy_stops_at_first_oom() {
+    let spec = SimSpec::affine(0, MIB, 1000 * MIB);
+    let cfg = SearchConfig { strategy: StrategyKind::Power, ..Default::default() };
+    let (out, _) = run(spec, cfg);
+    assert_eq!(out.max_fitting, Some(512));
+    assert_eq!(out.first_failing, Some(1024));
+    assert_eq!(out.stop_reason, StopReason::PowerResolution);
+}

@@ -1,0 +1,198 @@
+//! The trial child: the hidden `batchfit __trial SPEC` subcommand.
+//!
+//! It is the only place (with `batchfit-train`) that runs training steps. It builds the model, runs
+//! `steps` full training steps at `batch`, measures, and prints one result line on stdout. The parent
+//! ([`crate::backend::cpu`]) sets the memory limit before exec and classifies what comes back; a child
+//! that dies without a result line is never counted as a fit.
+//!
+//! Hang-proofing (a tch OOM panic with backtraces on was seen to deadlock a child at 0% CPU for 19
+//! minutes): the parent starts children with `RUST_BACKTRACE=0`, the panic hook installed here does
+//! nothing (so it cannot allocate), the panic payload is read after unwinding has freed the step's
+//! tensors, and the parent kills a child that outlives `--trial-timeout`.
+
+use crate::backend::TrialOutcome;
+use crate::models::ModelSpec;
+use crate::step::{Learner, StepError, Synthetic};
+use crate::sysmem;
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Printed on stdout once the process is set up (before any model work).
+pub const STARTED_MARKER: &str = "BATCHFIT-TRIAL-STARTED";
+/// Prefix of the result line on stdout.
+pub const RESULT_PREFIX: &str = "BATCHFIT-TRIAL-RESULT ";
+
+/// A fault to inject, for testing the parent's handling (hidden flag; never set by users).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fault {
+    /// Sleep forever (the parent's timeout must kill it).
+    Hang,
+    /// Abort with SIGABRT.
+    Crash,
+    /// Report a NaN loss.
+    Nan,
+    /// Exit 0 without printing a result.
+    NoResult,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultAt {
+    pub fault: Fault,
+    /// The fault fires for trials at this batch size or larger.
+    pub min_batch: u64,
+}
+
+impl FaultAt {
+    /// Parses `hang`, `crash@512`, `nan@1`, `no-result@64`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (name, at) = s.split_once('@').unwrap_or((s, "1"));
+        let fault = match name {
+            "hang" => Fault::Hang,
+            "crash" => Fault::Crash,
+            "nan" => Fault::Nan,
+            "no-result" => Fault::NoResult,
+            _ => return Err(format!("unknown fault {name:?} (hang, crash, nan, no-result)")),
+        };
+        let min_batch = at.parse().map_err(|_| format!("bad fault batch {at:?}"))?;
+        Ok(FaultAt { fault, min_batch })
+    }
+}
+
+/// Everything a trial child needs (passed as JSON on its command line).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrialSpec {
+    pub model: ModelSpec,
+    pub batch: u64,
+    pub steps: u32,
+    /// libtorch intra-op threads (the trainer uses the same number).
+    pub threads: u32,
+    pub seed: i64,
+    #[serde(default)]
+    pub fault: Option<FaultAt>,
+}
+
+/// libtorch threads: set identically by trials and the trainer.
+pub fn configure_threads(threads: u32) {
+    tch::set_num_threads(threads.max(1) as i32);
+}
+
+/// Samples the process's data segment every millisecond: the quantity `RLIMIT_DATA` acts on.
+struct DataSampler {
+    stop: Arc<AtomicBool>,
+    peak: Arc<AtomicU64>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DataSampler {
+    fn start() -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let peak = Arc::new(AtomicU64::new(0));
+        let (s, p) = (stop.clone(), peak.clone());
+        let handle = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                if let Ok(st) = sysmem::proc_status() {
+                    p.fetch_max(st.vm_data, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        DataSampler { stop, peak, handle: Some(handle) }
+    }
+    fn finish(mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        0.0
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+/// Runs the trial in this process and returns its outcome. `Err` carries a message for setup failures.
+pub fn run(spec: &TrialSpec) -> TrialOutcome {
+    if let Some(f) = spec.fault.filter(|f| spec.batch >= f.min_batch) {
+        match f.fault {
+            Fault::Hang => loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            },
+            Fault::Crash => std::process::abort(),
+            Fault::NoResult => {
+                let _ = std::io::stdout().flush();
+                // SAFETY: exiting without running destructors is the point of this fault.
+                unsafe { libc::_exit(0) }
+            }
+            Fault::Nan => return TrialOutcome::Error { message: StepError::NonFinite(f64::NAN).to_string() },
+        }
+    }
+    configure_threads(spec.threads);
+    let sampler = DataSampler::start();
+    let result = std::panic::catch_unwind(|| -> Result<Vec<f64>, StepError> {
+        let mut learner = Learner::new(&spec.model, tch::Device::Cpu, 1e-3, spec.seed)?;
+        let mut data = Synthetic::for_spec(&spec.model);
+        let mut times = Vec::with_capacity(spec.steps as usize);
+        for _ in 0..spec.steps {
+            let t0 = Instant::now();
+            learner.step(&[spec.batch], &mut data)?;
+            times.push(t0.elapsed().as_secs_f64());
+        }
+        Ok(times)
+    });
+    let sampled = sampler.finish();
+    let end = sysmem::proc_status().unwrap_or_default();
+    // The quantity RLIMIT_DATA acts on. (An estimate from the RSS high-water mark was tried and
+    // over-counts: it includes library pages faulted in during the steps.)
+    let peak = sampled.max(end.vm_data);
+    let rss = Some(end.vm_hwm);
+    let outcome_of_error = |e: StepError| match e {
+        StepError::Oom(m) => TrialOutcome::Oom { message: m, peak_bytes: Some(peak), rss_peak_bytes: rss },
+        other => TrialOutcome::Error { message: other.to_string() },
+    };
+    match result {
+        Ok(Ok(mut times)) => {
+            let step_seconds = if times.len() >= 2 { median(&mut times[1..]) } else { median(&mut times) };
+            TrialOutcome::Fits { peak_bytes: peak, rss_peak_bytes: rss, step_seconds }
+        }
+        Ok(Err(e)) => outcome_of_error(e),
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or("panic without a message");
+            outcome_of_error(crate::step::classify(msg))
+        }
+    }
+}
+
+/// Entry point of the hidden subcommand: set up, report start, run, print the result, `_exit(0)`.
+pub fn child_main(spec_json: &str) -> ! {
+    // A hook that does nothing: it cannot allocate, so it cannot deadlock after an OOM.
+    std::panic::set_hook(Box::new(|_| {}));
+    let out = match serde_json::from_str::<TrialSpec>(spec_json) {
+        Ok(spec) => {
+            println!("{STARTED_MARKER}");
+            let _ = std::io::stdout().flush();
+            run(&spec)
+        }
+        Err(e) => TrialOutcome::Error { message: format!("bad trial spec: {e}") },
+    };
+    let line = format!("{RESULT_PREFIX}{}\n", serde_json::to_string(&out).unwrap_or_default());
+    let mut so = std::io::stdout();
+    let _ = so.write_all(line.as_bytes());
+    let _ = so.flush();
+    // Skip libtorch's static destructors: the result is out, nothing else matters.
+    // SAFETY: terminating the process.
+    unsafe { libc::_exit(0) }
+}
