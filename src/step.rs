@@ -179,7 +179,11 @@ mod tests {
         }
     }
 
+    /// libtorch's RNG is global and tests run in parallel threads: serialise the tests that seed it.
+    static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     fn grads_for(split: &[u64]) -> Vec<(String, Tensor)> {
+        let _g = RNG.lock().unwrap_or_else(|e| e.into_inner());
         tch::manual_seed(7);
         let x = Tensor::randn([24, 16], (Kind::Float, Device::Cpu));
         let y = Tensor::randint(5, [24], (Kind::Int64, Device::Cpu));
@@ -207,6 +211,7 @@ mod tests {
 
     #[test]
     fn step_trains() {
+        let _g = RNG.lock().unwrap_or_else(|e| e.into_inner());
         let mut l = Learner::new(&spec(), Device::Cpu, 1e-2, 3).unwrap();
         tch::manual_seed(5);
         let x = Tensor::randn([64, 16], (Kind::Float, Device::Cpu));

@@ -1,1 +1,248 @@
-fn main(){}
+//! `batchfit-train`: trains with a plan's micro-batch and accumulation.
+//!
+//! It rebuilds the model from the plan alone (`model.config`), refuses a plan it cannot trust (another
+//! model, another device, a partial search) unless `--force`, and runs the very step code and process
+//! set-up (malloc, threads) of the probe's trials, so a size the probe proved is a size that trains.
+//!
+//! Exit codes: 0 success, 2 bad usage or unreadable plan, 3 environment, 5 plan refused (override with
+//! --force), 6 out of memory during training.
+
+use anyhow::{anyhow, Context};
+use batchfit::models::ModelSpec;
+use batchfit::plan::{Plan, Status};
+use batchfit::step::{Learner, StepError, Synthetic};
+use batchfit::units::{format_size, parse_size};
+use batchfit::{sysmem, trial};
+use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+const EXIT_HELP: &str = "\
+Exit codes:
+  0  success
+  2  bad usage, or a plan that cannot be read (missing, not JSON, missing fields, newer schema)
+  3  environment error (device unavailable)
+  5  plan refused: partial, another model or another device (override with --force)
+  6  out of memory during training";
+
+#[derive(Debug, Parser)]
+#[command(name = "batchfit-train", version, about = "Trains with the micro-batch and accumulation of a batchfit plan", after_help = EXIT_HELP)]
+struct Args {
+    /// The plan written by `batchfit probe --out`.
+    #[arg(long)]
+    plan: PathBuf,
+    /// Optimizer steps to run (each of `accumulation` micro-batches).
+    #[arg(long, default_value_t = 20)]
+    steps: u64,
+    /// Override the plan's micro-batch (for experiments; reported as an override).
+    #[arg(long)]
+    micro_batch: Option<u64>,
+    /// Override the plan's accumulation (for experiments; reported as an override).
+    #[arg(long)]
+    accumulation: Option<u64>,
+    /// Learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f64,
+    /// Train even with a plan that is partial or made for another model or device.
+    #[arg(long)]
+    force: bool,
+    /// Run under a data-segment limit (cpu): `plan` (the plan's limit), a size like 1GiB, or `none`.
+    #[arg(long, default_value = "none")]
+    memory_limit: String,
+    /// Only the final summary.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// An error with the exit code it maps to.
+struct Fail(u8, anyhow::Error);
+
+fn fail<E: Into<anyhow::Error>>(code: u8) -> impl FnOnce(E) -> Fail {
+    move |e| Fail(code, e.into())
+}
+
+fn main() -> ExitCode {
+    sysmem::configure_malloc();
+    std::panic::set_hook(Box::new(|_| {}));
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Fail(code, e)) => {
+            eprintln!("batchfit-train: error: {e:#}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+/// Reasons to refuse a plan (exit 5 unless --force).
+fn refusals(plan: &Plan) -> Vec<String> {
+    let mut r = vec![];
+    match plan.status {
+        Status::Complete => {}
+        Status::Partial => r.push(format!(
+            "the plan is partial (stopped: {}); finish the probe, or use --force",
+            plan.stop_detail
+        )),
+        Status::NothingFits => r.push("the plan says nothing fits".into()),
+    }
+    let rebuilt = plan.model.config.fingerprint();
+    if rebuilt != plan.model.fingerprint {
+        r.push(format!(
+            "the plan was made for another model: its fingerprint is {} but its model config builds {}",
+            &plan.model.fingerprint.get(..12).unwrap_or(&plan.model.fingerprint),
+            &rebuilt[..12]
+        ));
+    }
+    match plan.device.kind.as_str() {
+        "cpu" => {
+            let name = sysmem::cpu_name();
+            let total = sysmem::meminfo().map(|m| m.0).unwrap_or(0);
+            let total = sysmem::cgroup_limit().map_or(total, |c| c.min(total));
+            if name != plan.device.name || total != plan.device.total_bytes {
+                r.push(format!(
+                    "the plan was made on another device: {} with {} (this machine: {} with {})",
+                    plan.device.name,
+                    format_size(plan.device.total_bytes),
+                    name,
+                    format_size(total)
+                ));
+            }
+        }
+        other => r.push(format!(
+            "the plan was made on the {other} backend ({}); this trainer runs on cpu",
+            plan.device.name
+        )),
+    }
+    r
+}
+
+fn run(a: &Args) -> Result<(), Fail> {
+    let plan = Plan::read(&a.plan).map_err(fail(2))?;
+    let refused = refusals(&plan);
+    if !refused.is_empty() {
+        if !a.force {
+            return Err(Fail(5, anyhow!("refusing {}: {}", a.plan.display(), refused.join("; "))));
+        }
+        for r in &refused {
+            eprintln!("batchfit-train: warning (--force): {r}");
+        }
+    }
+    if plan.device.kind == "cpu" {
+        if let Ok((_, avail)) = sysmem::meminfo() {
+            if (avail as f64) < plan.device.free_bytes_at_start as f64 * 0.95 || avail < plan.limit_bytes {
+                eprintln!(
+                    "batchfit-train: warning: {} of memory is available now, less than the {} at probe time; \
+                     other processes may leave too little for the plan's micro-batch",
+                    format_size(avail),
+                    format_size(plan.device.free_bytes_at_start)
+                );
+            }
+        }
+    }
+    let rec = plan.recommendation.as_ref();
+    let micro = a.micro_batch.or(rec.map(|r| r.micro_batch)).ok_or_else(|| {
+        Fail(2, anyhow!("{} has no recommendation; give --micro-batch and --accumulation", a.plan.display()))
+    })?;
+    let acc = a.accumulation.or(rec.map(|r| r.accumulation)).unwrap_or(1);
+    if micro == 0 || acc == 0 || a.steps == 0 {
+        return Err(Fail(2, anyhow!("--micro-batch, --accumulation and --steps must be at least 1")));
+    }
+    let micro_batches: Vec<u64> = match rec {
+        Some(r) if a.micro_batch.is_none() && a.accumulation.is_none() => r.micro_batches.clone(),
+        _ => vec![micro; acc as usize],
+    };
+    if a.micro_batch.is_some() || a.accumulation.is_some() {
+        eprintln!(
+            "batchfit-train: override: micro-batch {micro} × accumulation {acc} (plan: {})",
+            rec.map_or("none".into(), |r| format!("{} × {}", r.micro_batch, r.accumulation))
+        );
+    }
+    // Same process set-up as the probe's trials.
+    trial::configure_threads(plan.runtime.threads);
+    match a.memory_limit.as_str() {
+        "none" => {}
+        v => {
+            let bytes = if v == "plan" {
+                plan.limit_bytes
+            } else {
+                parse_size(v).map_err(fail(2))?
+            };
+            sysmem::set_data_limit(bytes)
+                .with_context(|| format!("cannot set the data-segment limit to {}", format_size(bytes)))
+                .map_err(fail(3))?;
+        }
+    }
+    let spec: ModelSpec = plan.model.config.clone();
+    let per_step: u64 = micro_batches.iter().sum();
+    if !a.quiet {
+        eprintln!(
+            "batchfit-train: {} ({} params), {} optimizer steps of {} samples ({} micro-batch{} of {})",
+            plan.model.name,
+            plan.model.parameter_count,
+            a.steps,
+            per_step,
+            micro_batches.len(),
+            if micro_batches.len() == 1 { "" } else { "es" },
+            micro
+        );
+    }
+    let oom = |e: String| {
+        Fail(
+            6,
+            anyhow!(
+                "out of memory during training at micro-batch {micro} (plan {}): {e}. Re-probe with \
+                 `batchfit probe … --out {}` under today's conditions, or pass a smaller --micro-batch with a \
+                 larger --accumulation",
+                a.plan.display(),
+                a.plan.display()
+            ),
+        )
+    };
+    let step_err = |e: StepError| match e {
+        StepError::Oom(m) => oom(m),
+        other => Fail(3, anyhow!("training failed: {other}")),
+    };
+    let t_start = Instant::now();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<(f64, f64), Fail> {
+        let mut learner = Learner::new(&spec, tch::Device::Cpu, a.lr, plan.runtime.seed).map_err(step_err)?;
+        let mut data = Synthetic::for_spec(&spec);
+        let mut last = (f64::NAN, 0.0);
+        for s in 1..=a.steps {
+            let t0 = Instant::now();
+            let loss = learner.step(&micro_batches, &mut data).map_err(step_err)?;
+            let sps = per_step as f64 / t0.elapsed().as_secs_f64();
+            if !a.quiet {
+                println!("step {s:>5}/{}  loss {loss:.4}  {sps:>10.0} samples/s", a.steps);
+            }
+            last = (loss, sps);
+        }
+        Ok(last)
+    }));
+    let (loss, sps) = match result {
+        Ok(r) => r?,
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or("panic");
+            return Err(step_err(batchfit::step::classify(msg)));
+        }
+    };
+    let peak = sysmem::proc_status().map(|s| s.vm_hwm).unwrap_or(0);
+    println!(
+        "trained {} steps of {} samples in {:.1} s: final loss {loss:.4}, {sps:.0} samples/s, peak RSS {}",
+        a.steps,
+        per_step,
+        t_start.elapsed().as_secs_f64(),
+        format_size(peak)
+    );
+    Ok(())
+}

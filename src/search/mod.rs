@@ -317,6 +317,9 @@ impl<'b> Prober<'b> {
             ));
         };
         let mut strategy = make_strategy(self.cfg.strategy);
+        // Exploration steps; raised to the confirm steps once a confirmation shows that memory keeps
+        // growing after the exploration steps (then only trials of that length are evidence).
+        let mut steps = self.cfg.steps;
         let (mut lo, mut hi, mut ceiling): (Option<u64>, Option<u64>, Option<u64>) = (None, None, None);
         loop {
             // Is the bracket closed?
@@ -362,12 +365,15 @@ impl<'b> Prober<'b> {
                         return Stop::Reason(reason);
                     }
                     Ok(false) => {
-                        // More memory appears with more steps: the bound moves down; keep searching.
+                        // More memory appears with more steps: the bound moves down, and from now on
+                        // only fits with the confirm steps count (a walk down one size at a time,
+                        // confirming each, would cost hundreds of trials).
                         hi = Some(l);
+                        steps = self.cfg.confirm_steps.max(self.cfg.steps);
                         lo = self
                             .trials
                             .iter()
-                            .filter(|t| t.outcome.fits() && t.batch < b)
+                            .filter(|t| t.outcome.fits() && t.batch < b && t.steps >= steps)
                             .map(|t| grid.index_at_or_below(t.batch))
                             .max();
                         continue;
@@ -378,7 +384,7 @@ impl<'b> Prober<'b> {
             let i = strategy.propose(&state);
             debug_assert!(lo.is_none_or(|l| i > l) && upper.is_none_or(|u| i < u), "bad proposal {i}");
             let b = grid.batch(i);
-            match self.trial_with_retry(b, self.cfg.steps, Purpose::Explore) {
+            match self.trial_with_retry(b, steps, Purpose::Explore) {
                 Err(s) => {
                     found.0 = None;
                     return s;

@@ -1,0 +1,198 @@
+//! The real binaries with real libtorch trials on CPU under a small `RLIMIT_DATA`: the probe, the
+//! trainer reading its plan, refusals, and trial processes that hang, crash or get interrupted.
+
+mod common;
+use common::*;
+use predicates::prelude::*;
+use std::time::{Duration, Instant};
+
+/// One small real probe shared by the trainer tests (it takes seconds; run it once).
+fn small_plan() -> &'static (tempfile::TempDir, std::path::PathBuf) {
+    static PLAN: std::sync::OnceLock<(tempfile::TempDir, std::path::PathBuf)> = std::sync::OnceLock::new();
+    PLAN.get_or_init(|| {
+        let d = tmp();
+        let out = path(&d, "plan.json");
+        batchfit().args(SMALL_CPU).args(["--global-batch", "100000", "--out"]).arg(&out).assert().success();
+        (d, out)
+    })
+}
+
+#[test]
+fn cpu_probe_is_proven_by_real_oom() {
+    let (_, out) = small_plan();
+    let plan = read_json(out);
+    assert_eq!(plan["status"], "complete");
+    assert_eq!(plan["device"]["kind"], "cpu");
+    assert_eq!(plan["stop_reason"], "proven");
+    let r = &plan["recommendation"];
+    let max = r["max_fitting_batch"].as_u64().unwrap();
+    let fail = r["first_failing_batch"].as_u64().unwrap();
+    assert_eq!(fail, max + 256);
+    assert!(max >= 256 * 4, "a tiny MLP under ~760 MiB fits thousands of samples, got {max}");
+    let trials = plan["trials"].as_array().unwrap();
+    // the failure above is a real libtorch allocation failure
+    let oom = trials.iter().find(|t| t["batch"] == fail && t["outcome"] == "oom").expect("oom trial");
+    assert!(oom["message"].as_str().unwrap().contains("can't allocate memory"), "{oom}");
+    // fits report real, non-zero, under-limit footprints, and peak RSS
+    let limit = plan["limit_bytes"].as_u64().unwrap();
+    for t in trials.iter().filter(|t| t["outcome"] == "fits") {
+        let p = t["peak_bytes"].as_u64().unwrap();
+        assert!(p > 100 << 20 && p <= limit, "{t}");
+        assert!(t["rss_peak_bytes"].as_u64().unwrap() > 50 << 20);
+        assert!(t["step_seconds"].as_f64().unwrap() > 0.0);
+    }
+    // micro × accumulation = global, micro ≤ max, and micro was itself tested
+    let micro = r["micro_batch"].as_u64().unwrap();
+    assert_eq!(micro * r["accumulation"].as_u64().unwrap(), 100000);
+    assert!(micro <= max);
+    assert!(trials.iter().any(|t| t["batch"] == micro && t["outcome"] == "fits" && t["steps"] == 5));
+}
+
+#[test]
+fn trainer_trains_with_the_plan_under_the_same_limit() {
+    let (_, out) = small_plan();
+    trainer()
+        .args(["--steps", "8", "--memory-limit", "plan", "--plan"])
+        .arg(out)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("trained 8 steps of 100000 samples"));
+}
+
+#[test]
+fn trainer_oom_exits_6_with_advice() {
+    let (_, out) = small_plan();
+    let plan = read_json(out);
+    let fail = plan["recommendation"]["first_failing_batch"].as_u64().unwrap();
+    trainer()
+        .args(["--steps", "2", "--memory-limit", "plan", "--micro-batch", &(fail * 2).to_string(), "--plan"])
+        .arg(out)
+        .assert()
+        .code(6)
+        .stderr(predicate::str::contains("out of memory during training").and(predicate::str::contains("Re-probe")));
+}
+
+#[test]
+fn trainer_refuses_mismatched_plans() {
+    let (_, out) = small_plan();
+    let d = tmp();
+    let plan = read_json(out);
+    let mut other_model = plan.clone();
+    other_model["model"]["config"]["architecture"]["hidden"] = serde_json::json!([129]);
+    let mut other_device = plan.clone();
+    other_device["device"]["name"] = "Some Other CPU".into();
+    let mut partial = plan.clone();
+    partial["status"] = "partial".into();
+    let mut sim = plan.clone();
+    sim["device"]["kind"] = "sim".into();
+    for (name, v, msg) in [
+        ("model", other_model, "another model"),
+        ("device", other_device, "another device"),
+        ("partial", partial, "partial"),
+        ("sim", sim, "sim backend"),
+    ] {
+        let p = path(&d, &format!("{name}.json"));
+        write_json(&p, &v);
+        trainer().args(["--steps", "1", "--plan"]).arg(&p).assert().code(5).stderr(predicate::str::contains(msg));
+        trainer()
+            .args(["--steps", "1", "--micro-batch", "64", "--accumulation", "2", "--force", "--plan"])
+            .arg(&p)
+            .assert()
+            .success();
+    }
+}
+
+#[test]
+fn trainer_rejects_unreadable_plans_with_exit_2() {
+    let (_, out) = small_plan();
+    let d = tmp();
+    let text = std::fs::read_to_string(out).unwrap();
+    let mut newer = read_json(out);
+    newer["schema_version"] = 2.into();
+    let mut missing = read_json(out);
+    missing.as_object_mut().unwrap().remove("model");
+    let cases = [
+        ("truncated", text[..text.len() / 2].to_string(), "not valid JSON"),
+        ("garbage", "hello".to_string(), "not valid JSON"),
+        ("newer", newer.to_string(), "newer than this build"),
+        ("missing", missing.to_string(), "not a batchfit plan"),
+    ];
+    for (name, body, msg) in cases {
+        let p = path(&d, name);
+        std::fs::write(&p, body).unwrap();
+        trainer().arg("--plan").arg(&p).assert().code(2).stderr(predicate::str::contains(msg));
+    }
+    trainer()
+        .args(["--plan", "/nonexistent/plan.json"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("does not exist"));
+}
+
+#[test]
+fn stuck_trial_is_killed_by_the_timeout() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let t0 = Instant::now();
+    batchfit()
+        .args(SMALL_CPU)
+        .args(["--inject-fault", "hang@512", "--trial-timeout", "3", "--seed", "424242", "--out"])
+        .arg(&out)
+        .assert()
+        .code(4);
+    // Trials at 256 fit; 512 hangs twice (retry) and is killed each time.
+    assert!(t0.elapsed() < Duration::from_secs(60), "took {:?}", t0.elapsed());
+    let p = read_json(&path(&d, "plan.partial.json"));
+    assert_eq!(p["status"], "partial");
+    let trials = p["trials"].as_array().unwrap();
+    let timeouts: Vec<_> = trials.iter().filter(|t| t["outcome"] == "timeout").collect();
+    assert_eq!(timeouts.len(), 2, "{trials:?}");
+    assert!(timeouts.iter().all(|t| t["batch"] == 512 && t["seconds"].as_f64().unwrap() >= 3.0));
+    assert!(!trials.iter().any(|t| t["batch"] == 512 && t["outcome"] == "fits"));
+    assert!(processes_with("424242").is_empty(), "no trial process left behind");
+}
+
+#[test]
+fn crashing_or_silent_trials_are_never_fits() {
+    for fault in ["crash@1", "no-result@1", "nan@1"] {
+        let o = batchfit().args(SMALL_CPU).args(["--inject-fault", fault]).assert().code(4);
+        let plan: serde_json::Value = serde_json::from_slice(&o.get_output().stdout).unwrap();
+        let trials = plan["trials"].as_array().unwrap();
+        assert!(!trials.is_empty());
+        assert!(trials.iter().all(|t| t["outcome"] == "error"), "{fault}: {trials:?}");
+        assert!(plan["recommendation"].is_null());
+    }
+}
+
+#[test]
+fn sigterm_kills_trials_and_writes_partial_plan() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    std::fs::write(&out, "keep me").unwrap();
+    let bin = assert_cmd::cargo::cargo_bin("batchfit");
+    let mut child = std::process::Command::new(bin)
+        .args(SMALL_CPU)
+        .args(["--inject-fault", "hang@512", "--trial-timeout", "100", "--seed", "737373", "--out"])
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // wait until the hanging trial runs
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(path(&d, "plan.partial.json")).is_ok_and(|t| t.contains("\"batch\": 256")) {
+        assert!(t0.elapsed() < Duration::from_secs(30), "probe did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!processes_with("737373").is_empty());
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(143));
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "keep me");
+    let p = read_json(&path(&d, "plan.partial.json"));
+    assert_eq!(p["status"], "partial");
+    assert_eq!(p["stop_reason"], "interrupted");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(processes_with("737373").is_empty(), "trial children were killed");
+}
