@@ -49,6 +49,8 @@ pub enum BackendArg {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StrategyArg {
+    /// Predict from measured peaks, then prove (fewest trials).
+    Guided,
     /// Doubling, then bisection of the bracket.
     Bisect,
     /// Doubling only (Lightning's `power`): proven only to within a factor of two.
@@ -128,7 +130,7 @@ pub struct ProbeArgs {
     pub allow_uneven: bool,
 
     /// Search strategy.
-    #[arg(long, value_enum, default_value = "bisect")]
+    #[arg(long, value_enum, default_value = "guided")]
     pub strategy: StrategyArg,
     /// Training steps per trial (≥ 3 counts Adam's state, which appears at the first step).
     #[arg(long, default_value_t = 3)]

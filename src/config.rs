@@ -155,6 +155,7 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         allow_uneven: a.allow_uneven,
         search: SearchConfig {
             strategy: match a.strategy {
+                StrategyArg::Guided => StrategyKind::Guided,
                 StrategyArg::Bisect => StrategyKind::Bisect,
                 StrategyArg::Power => StrategyKind::Power,
             },

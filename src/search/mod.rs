@@ -12,6 +12,7 @@
 //! This module knows nothing of clap, tch or NVML: it talks to a [`Backend`].
 
 pub mod bisect;
+pub mod guided;
 
 use crate::backend::{Backend, BackendError, TrialOutcome, TrialRequest};
 use serde::{Deserialize, Serialize};
@@ -21,6 +22,8 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum StrategyKind {
+    /// Predict from measured peaks (affine above a knee), then prove; bisection when predictions miss.
+    Guided,
     /// Doubling from the smallest size, then bisection of the bracket.
     Bisect,
     /// Doubling only (Lightning's `power`): proves the answer only to within a factor of two.
@@ -45,7 +48,7 @@ pub struct SearchConfig {
 impl Default for SearchConfig {
     fn default() -> Self {
         SearchConfig {
-            strategy: StrategyKind::Bisect,
+            strategy: StrategyKind::Guided,
             steps: 3,
             confirm_steps: 5,
             min_batch: 1,
@@ -167,6 +170,7 @@ pub trait Strategy {
 
 pub fn make_strategy(kind: StrategyKind) -> Box<dyn Strategy> {
     match kind {
+        StrategyKind::Guided => Box::new(guided::Guided::default()),
         StrategyKind::Bisect => Box::new(bisect::DoublingBisection::default()),
         StrategyKind::Power => Box::new(bisect::DoublingBisection::power()),
     }

@@ -39,7 +39,8 @@ fn finds_exact_max_on_generated_curves() {
                 for knee in [0, 64] {
                     let mut spec = SimSpec::affine(base, per, cap);
                     spec.knee = knee;
-                    let cfg = SearchConfig::default();
+                    for strategy in [StrategyKind::Guided, StrategyKind::Bisect] {
+                    let cfg = SearchConfig { strategy, ..SearchConfig::default() };
                     let truth = spec.true_max(cap, cfg.confirm_steps, cfg.max_batch);
                     let (out, _) = run(spec.clone(), cfg.clone());
                     if truth == 0 {
@@ -50,11 +51,12 @@ fn finds_exact_max_on_generated_curves() {
                         check_invariant(&out, &cfg);
                     }
                     n += 1;
+                    }
                 }
             }
         }
     }
-    assert_eq!(n, 120);
+    assert_eq!(n, 240);
 }
 
 proptest! {
@@ -63,7 +65,7 @@ proptest! {
     fn exact_max_property(base in 0u64..(4u64<<30), per in 1u64..(64*MIB), cap in (64*MIB)..(100u64<<30),
                           knee in 0u64..200, jump_at in 1u64..100_000, jump in 0u64..(512*MIB),
                           late in 0u64..(64*1024), mult in prop::sample::select(vec![1u64, 2, 8, 64]),
-                          strategy in prop::sample::select(vec![StrategyKind::Bisect])) {
+                          strategy in prop::sample::select(vec![StrategyKind::Bisect, StrategyKind::Guided])) {
         let mut spec = SimSpec::affine(base, per, cap);
         spec.knee = knee;
         spec.jumps = vec![(jump_at, jump)];
@@ -99,7 +101,7 @@ fn confirmation_catches_late_memory() {
 #[test]
 fn multiple_of_and_caps() {
     let spec = SimSpec::affine(0, MIB, 1000 * MIB);
-    let cfg = SearchConfig { multiple_of: 8, ..Default::default() };
+    let cfg = SearchConfig { multiple_of: 8, strategy: StrategyKind::Bisect, ..Default::default() };
     let (out, _) = run(spec.clone(), cfg.clone());
     assert_eq!(out.max_fitting, Some(1000));
     assert_eq!(out.first_failing, Some(1008));
@@ -127,13 +129,14 @@ fn errors_are_never_proof() {
     // The size right above the true max errors: no proof possible, the search says so.
     let mut spec = SimSpec::affine(0, MIB, 1000 * MIB);
     spec.fail_at = Some(1001);
-    let (out, _) = run(spec.clone(), SearchConfig::default());
+    let bisect = SearchConfig { strategy: StrategyKind::Bisect, ..SearchConfig::default() };
+    let (out, _) = run(spec.clone(), bisect.clone());
     assert_ne!(out.stop_reason, StopReason::Proven);
     assert_eq!(out.max_fitting, Some(1000));
     // An error below the true max is a ceiling the search does not cross: the best size below it is
     // reported, marked as unproven.
     spec.fail_at = Some(512);
-    let (out, _) = run(spec, SearchConfig::default());
+    let (out, _) = run(spec, bisect);
     assert_eq!(out.stop_reason, StopReason::TrialErrors);
     assert!(!out.stop_reason.is_complete());
     assert_eq!(out.max_fitting, Some(511));
@@ -143,6 +146,7 @@ fn errors_are_never_proof() {
 fn power_strategy_stops_at_first_oom() {
     let spec = SimSpec::affine(0, MIB, 1000 * MIB);
     let cfg = SearchConfig { strategy: StrategyKind::Power, ..Default::default() };
+    let cfg = SearchConfig { strategy: StrategyKind::Power, ..cfg };
     let (out, _) = run(spec, cfg);
     assert_eq!(out.max_fitting, Some(512));
     assert_eq!(out.first_failing, Some(1024));
