@@ -14,7 +14,12 @@ use thiserror::Error;
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SplitError {
     #[error("--global-batch {global} is not divisible by --world-size {world}; nearest valid global batches: {below} or {above}")]
-    NotDivisible { global: u64, world: u64, below: u64, above: u64 },
+    NotDivisible {
+        global: u64,
+        world: u64,
+        below: u64,
+        above: u64,
+    },
     #[error("--global-batch and --world-size must be at least 1")]
     Zero,
     #[error("no micro-batch fits, so no split exists")]
@@ -71,7 +76,12 @@ fn splits_well(per_rank: u64, max_micro: u64) -> bool {
     per_rank <= max_micro || micro * 2 >= max_micro
 }
 
-pub fn split(global: u64, world: u64, max_micro: u64, allow_uneven: bool) -> Result<Split, SplitError> {
+pub fn split(
+    global: u64,
+    world: u64,
+    max_micro: u64,
+    allow_uneven: bool,
+) -> Result<Split, SplitError> {
     check_global(global, world)?;
     if max_micro == 0 {
         return Err(SplitError::NothingFits);
@@ -166,7 +176,11 @@ mod tests {
         ];
         for (g, w, m, micro, a) in cases {
             let s = split(g, w, m, false).unwrap();
-            assert_eq!((s.micro_batch, s.accumulation), (micro, a), "G={g} W={w} M={m}");
+            assert_eq!(
+                (s.micro_batch, s.accumulation),
+                (micro, a),
+                "G={g} W={w} M={m}"
+            );
             assert_eq!(s.micro_batch * s.accumulation * w, g);
             assert!(s.micro_batch <= m);
         }
@@ -201,7 +215,12 @@ mod tests {
     fn world_size_must_divide() {
         assert_eq!(
             check_global(1018, 4),
-            Err(SplitError::NotDivisible { global: 1018, world: 4, below: 1016, above: 1020 })
+            Err(SplitError::NotDivisible {
+                global: 1018,
+                world: 4,
+                below: 1016,
+                above: 1020
+            })
         );
         assert!(check_global(0, 1).is_err());
         assert!(split(8, 1, 0, false).is_err());

@@ -36,6 +36,9 @@ pub enum Command {
     /// Run one trial in this process (used internally by the cpu backend).
     #[command(name = "__trial", hide = true)]
     Trial { spec: String },
+    /// Run trials read from stdin in one process (hybrid isolation; used internally).
+    #[command(name = "__worker", hide = true)]
+    Worker { template: String },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -55,6 +58,15 @@ pub enum StrategyArg {
     Bisect,
     /// Doubling only (Lightning's `power`): proven only to within a factor of two.
     Power,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IsolationArg {
+    /// Every trial in a fresh process.
+    Process,
+    /// Exploration trials in one long-lived worker process; the answer and the failure above it are
+    /// always proven in fresh processes.
+    Hybrid,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -153,6 +165,9 @@ pub struct ProbeArgs {
     /// Stop after this many seconds (the plan is then partial).
     #[arg(long, value_name = "SECONDS")]
     pub time_limit: Option<f64>,
+    /// How trials are isolated (cpu).
+    #[arg(long, value_enum, default_value = "process")]
+    pub isolation: IsolationArg,
     /// Kill a trial after this many seconds (recorded as `timeout`, never a fit).
     #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
     pub trial_timeout: f64,

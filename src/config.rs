@@ -2,8 +2,11 @@
 //! Every check that can fail on user input lives here, so a bad flag never costs a trial.
 
 use crate::accumulate;
+use crate::backend::cpu::IsolationMode;
 use crate::backend::sim::SimSpec;
-use crate::cli::{BackendArg, FormatArg, ModelArg, OptimizerArg, ProbeArgs, StrategyArg};
+use crate::cli::{
+    BackendArg, FormatArg, IsolationArg, ModelArg, OptimizerArg, ProbeArgs, StrategyArg,
+};
 use crate::models::{Architecture, ModelSpec, OptimizerKind, Precision};
 use crate::plan;
 use crate::search::{Grid, SearchConfig, StrategyKind};
@@ -38,6 +41,7 @@ pub struct ProbeConfig {
     pub allow_uneven: bool,
     pub search: SearchConfig,
     pub trial_timeout: Duration,
+    pub isolation: IsolationMode,
     pub threads: u32,
     pub seed: i64,
     pub out: Option<PathBuf>,
@@ -82,18 +86,29 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     };
     model.validate().map_err(ConfigError)?;
 
-    let budget = a.memory_budget.as_deref().map(|v| size("--memory-budget", v)).transpose()?;
+    let budget = a
+        .memory_budget
+        .as_deref()
+        .map(|v| size("--memory-budget", v))
+        .transpose()?;
     if budget == Some(0) {
         return err("--memory-budget must be greater than 0".into());
     }
     let reserve = size("--reserve", &a.reserve)?;
     if let Some(b) = budget {
         if reserve >= b {
-            return err(format!("--reserve ({}) must be smaller than --memory-budget ({})", a.reserve, a.memory_budget.as_deref().unwrap_or("")));
+            return err(format!(
+                "--reserve ({}) must be smaller than --memory-budget ({})",
+                a.reserve,
+                a.memory_budget.as_deref().unwrap_or("")
+            ));
         }
     }
     if !a.margin.is_finite() || !(0.0..=0.9).contains(&a.margin) {
-        return err(format!("--margin {} is outside [0, 0.9]; it is a fraction, e.g. 0.05 for 5%", a.margin));
+        return err(format!(
+            "--margin {} is outside [0, 0.9]; it is a fraction, e.g. 0.05 for 5%",
+            a.margin
+        ));
     }
     if a.world_size == 0 {
         return err("--world-size must be at least 1".into());
@@ -115,7 +130,10 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         return err("--min-batch, --max-batch and --multiple-of must be at least 1".into());
     }
     if a.min_batch > a.max_batch {
-        return err(format!("--min-batch {} is larger than --max-batch {}", a.min_batch, a.max_batch));
+        return err(format!(
+            "--min-batch {} is larger than --max-batch {}",
+            a.min_batch, a.max_batch
+        ));
     }
     if Grid::new(a.min_batch, a.max_batch, a.multiple_of).is_none() {
         return err(format!(
@@ -128,12 +146,17 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     }
     let positive_secs = |flag: &str, v: f64| -> Result<Duration, ConfigError> {
         if !v.is_finite() || v <= 0.0 {
-            Err(ConfigError(format!("{flag} must be a positive number of seconds")))
+            Err(ConfigError(format!(
+                "{flag} must be a positive number of seconds"
+            )))
         } else {
             Ok(Duration::from_secs_f64(v))
         }
     };
-    let time_limit = a.time_limit.map(|t| positive_secs("--time-limit", t)).transpose()?;
+    let time_limit = a
+        .time_limit
+        .map(|t| positive_secs("--time-limit", t))
+        .transpose()?;
     let trial_timeout = positive_secs("--trial-timeout", a.trial_timeout)?;
     let threads = match a.threads {
         Some(0) => return err("--threads must be at least 1".into()),
@@ -143,7 +166,12 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     if let Some(out) = &a.out {
         plan::check_writable(out).map_err(ConfigError)?;
     }
-    let fault = a.inject_fault.as_deref().map(FaultAt::parse).transpose().map_err(ConfigError)?;
+    let fault = a
+        .inject_fault
+        .as_deref()
+        .map(FaultAt::parse)
+        .transpose()
+        .map_err(ConfigError)?;
     Ok(ProbeConfig {
         backend,
         model,
@@ -168,6 +196,10 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             time_limit,
         },
         trial_timeout,
+        isolation: match a.isolation {
+            IsolationArg::Process => IsolationMode::Process,
+            IsolationArg::Hybrid => IsolationMode::Hybrid,
+        },
         threads,
         seed: a.seed,
         out: a.out.clone(),

@@ -17,6 +17,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Trial { spec } => trial::child_main(&spec),
+        Command::Worker { template } => trial::worker_main(&template),
         Command::Probe(args) => probe_main(&args),
     }
 }

@@ -43,7 +43,9 @@ mod tests {
     fn classifies() {
         assert!(is_oom("DefaultCPUAllocator: can't allocate memory: you tried to allocate 123 bytes. Error code 12 (Cannot allocate memory)\nException raised from ..."));
         assert!(is_oom("CUDA out of memory. Tried to allocate 2.00 GiB"));
-        assert!(is_oom("terminate called after throwing an instance of 'std::bad_alloc'"));
+        assert!(is_oom(
+            "terminate called after throwing an instance of 'std::bad_alloc'"
+        ));
         assert!(!is_oom("shape mismatch: [3, 4] vs [5]"));
         assert_eq!(first_line("\n  first\nsecond"), "first");
     }

@@ -36,7 +36,9 @@ impl Tool {
         Tool {
             name: "batchfit".into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            libtorch_version: option_env!("BATCHFIT_LIBTORCH_VERSION").unwrap_or("unknown-at-build").into(),
+            libtorch_version: option_env!("BATCHFIT_LIBTORCH_VERSION")
+                .unwrap_or("unknown-at-build")
+                .into(),
         }
     }
 }
@@ -101,7 +103,12 @@ pub struct Recommendation {
 }
 
 impl Recommendation {
-    pub fn from_split(s: &Split, max_fitting: u64, first_failing: Option<u64>, rec: &TrialRecord) -> Self {
+    pub fn from_split(
+        s: &Split,
+        max_fitting: u64,
+        first_failing: Option<u64>,
+        rec: &TrialRecord,
+    ) -> Self {
         let step = rec.outcome.step_seconds().unwrap_or(0.0);
         Recommendation {
             micro_batch: s.micro_batch,
@@ -111,7 +118,11 @@ impl Recommendation {
             max_fitting_batch: max_fitting,
             first_failing_batch: first_failing,
             peak_bytes: rec.outcome.peak_bytes().unwrap_or(0),
-            samples_per_second: if step > 0.0 { rec.batch as f64 / step } else { 0.0 },
+            samples_per_second: if step > 0.0 {
+                rec.batch as f64 / step
+            } else {
+                0.0
+            },
             uneven: s.uneven,
             micro_batches: s.micro_batches.clone(),
             warning: s.warning.clone(),
@@ -155,10 +166,17 @@ pub struct SearchSettings {
     pub max_trials: Option<u32>,
     pub time_limit_seconds: Option<f64>,
     pub trial_timeout_seconds: f64,
+    /// `process` or `hybrid` (cpu); absent for sim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<crate::backend::cpu::IsolationMode>,
 }
 
 impl SearchSettings {
-    pub fn of(c: &SearchConfig, trial_timeout_seconds: f64) -> Self {
+    pub fn of(
+        c: &SearchConfig,
+        trial_timeout_seconds: f64,
+        isolation: Option<crate::backend::cpu::IsolationMode>,
+    ) -> Self {
         SearchSettings {
             strategy: c.strategy,
             steps: c.steps,
@@ -169,6 +187,7 @@ impl SearchSettings {
             max_trials: c.max_trials,
             time_limit_seconds: c.time_limit.map(|d| d.as_secs_f64()),
             trial_timeout_seconds,
+            isolation,
         }
     }
 }
@@ -178,7 +197,10 @@ pub enum PlanError {
     #[error("plan file {0} does not exist; run `batchfit probe --out {0}` first")]
     Missing(PathBuf),
     #[error("cannot read plan file {path}: {source}")]
-    Unreadable { path: PathBuf, source: std::io::Error },
+    Unreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("plan file {path} is not valid JSON ({detail}); it may be truncated: re-run `batchfit probe`")]
     NotJson { path: PathBuf, detail: String },
     #[error("plan file {path} has schema_version {found}, newer than this build understands ({SCHEMA_VERSION}); upgrade batchfit")]
@@ -186,7 +208,10 @@ pub enum PlanError {
     #[error("plan file {path} is not a batchfit plan: {detail}")]
     Invalid { path: PathBuf, detail: String },
     #[error("cannot write {path}: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 impl Plan {
@@ -199,7 +224,9 @@ impl Plan {
         let p = path.to_path_buf();
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(PlanError::Missing(p)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(PlanError::Missing(p))
+            }
             Err(e) => return Err(PlanError::Unreadable { path: p, source: e }),
         };
         Self::parse(&text, path)
@@ -207,17 +234,27 @@ impl Plan {
 
     pub fn parse(text: &str, path: &Path) -> Result<Plan, PlanError> {
         let p = path.to_path_buf();
-        let v: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| PlanError::NotJson { path: p.clone(), detail: e.to_string() })?;
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| PlanError::NotJson {
+            path: p.clone(),
+            detail: e.to_string(),
+        })?;
         let ver = v
             .get("schema_version")
             .and_then(|s| s.as_u64())
-            .ok_or_else(|| PlanError::Invalid { path: p.clone(), detail: "no schema_version".into() })?;
+            .ok_or_else(|| PlanError::Invalid {
+                path: p.clone(),
+                detail: "no schema_version".into(),
+            })?;
         if ver > SCHEMA_VERSION as u64 {
-            return Err(PlanError::Newer { path: p, found: ver });
+            return Err(PlanError::Newer {
+                path: p,
+                found: ver,
+            });
         }
-        let plan: Plan =
-            serde_json::from_value(v).map_err(|e| PlanError::Invalid { path: p.clone(), detail: e.to_string() })?;
+        let plan: Plan = serde_json::from_value(v).map_err(|e| PlanError::Invalid {
+            path: p.clone(),
+            detail: e.to_string(),
+        })?;
         Ok(plan)
     }
 
@@ -229,12 +266,19 @@ impl Plan {
 
 /// Writes `bytes` to `path` atomically (temp file in the same directory + rename).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PlanError> {
-    let err = |source| PlanError::Write { path: path.to_path_buf(), source };
+    let err = |source| PlanError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let mut tmp = tempfile::Builder::new().prefix(".batchfit-").suffix(".tmp").tempfile_in(&dir).map_err(err)?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".batchfit-")
+        .suffix(".tmp")
+        .tempfile_in(&dir)
+        .map_err(err)?;
     tmp.write_all(bytes).map_err(err)?;
     tmp.write_all(b"\n").map_err(err)?;
     tmp.as_file().sync_all().map_err(err)?;
@@ -244,7 +288,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PlanError> {
 
 /// `plan.json` → `plan.partial.json` (the partial plan is written beside the requested output).
 pub fn partial_path(out: &Path) -> PathBuf {
-    let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "plan".into());
+    let stem = out
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "plan".into());
     let name = match out.extension() {
         Some(ext) => format!("{stem}.partial.{}", ext.to_string_lossy()),
         None => format!("{stem}.partial"),
@@ -256,14 +303,21 @@ pub fn partial_path(out: &Path) -> PathBuf {
 /// and accepts a new file.
 pub fn check_writable(out: &Path) -> Result<(), String> {
     if out.is_dir() {
-        return Err(format!("--out {} is a directory; give a file path such as {}/plan.json", out.display(), out.display()));
+        return Err(format!(
+            "--out {} is a directory; give a file path such as {}/plan.json",
+            out.display(),
+            out.display()
+        ));
     }
     let dir = match out.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
     if !dir.is_dir() {
-        return Err(format!("the directory of --out {} does not exist; create it first", out.display()));
+        return Err(format!(
+            "the directory of --out {} does not exist; create it first",
+            out.display()
+        ));
     }
     tempfile::Builder::new()
         .prefix(".batchfit-check-")
@@ -278,7 +332,13 @@ mod tests {
 
     #[test]
     fn partial_names() {
-        assert_eq!(partial_path(Path::new("plan.json")), PathBuf::from("plan.partial.json"));
-        assert_eq!(partial_path(Path::new("/a/b/p")), PathBuf::from("/a/b/p.partial"));
+        assert_eq!(
+            partial_path(Path::new("plan.json")),
+            PathBuf::from("plan.partial.json")
+        );
+        assert_eq!(
+            partial_path(Path::new("/a/b/p")),
+            PathBuf::from("/a/b/p.partial")
+        );
     }
 }

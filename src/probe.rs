@@ -53,7 +53,11 @@ pub struct ProbeReport {
     pub notices: Vec<String>,
 }
 
-fn make_backend(cfg: &ProbeConfig, exe: &Path, notices: &mut Vec<String>) -> Result<Box<dyn Backend>, ProbeError> {
+fn make_backend(
+    cfg: &ProbeConfig,
+    exe: &Path,
+    notices: &mut Vec<String>,
+) -> Result<Box<dyn Backend>, ProbeError> {
     let cpu = || -> Result<Box<dyn Backend>, ProbeError> {
         let template = TrialSpec {
             model: cfg.model.clone(),
@@ -64,8 +68,13 @@ fn make_backend(cfg: &ProbeConfig, exe: &Path, notices: &mut Vec<String>) -> Res
             fault: cfg.fault,
         };
         Ok(Box::new(
-            CpuBackend::new(exe.to_path_buf(), template, cfg.trial_timeout)
-                .map_err(|e| ProbeError::Environment(e.to_string()))?,
+            CpuBackend::new(
+                exe.to_path_buf(),
+                template,
+                cfg.trial_timeout,
+                cfg.isolation,
+            )
+            .map_err(|e| ProbeError::Environment(e.to_string()))?,
         ))
     };
     match &cfg.backend {
@@ -80,7 +89,9 @@ fn make_backend(cfg: &ProbeConfig, exe: &Path, notices: &mut Vec<String>) -> Res
 }
 
 fn now_unix() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// One progress line for stderr.
@@ -88,7 +99,13 @@ pub fn progress_line(n: usize, t: &TrialRecord, limit: u64) -> String {
     let peak = t
         .outcome
         .peak_bytes()
-        .map(|p| format!("peak {:>10} ({:>3.0}% of limit)", format_size(p), 100.0 * p as f64 / limit.max(1) as f64))
+        .map(|p| {
+            format!(
+                "peak {:>10} ({:>3.0}% of limit)",
+                format_size(p),
+                100.0 * p as f64 / limit.max(1) as f64
+            )
+        })
         .unwrap_or_default();
     let msg = match (&t.outcome, t.outcome.message()) {
         (o, Some(m)) if !o.is_oom() => format!("  {m}"),
@@ -104,10 +121,15 @@ pub fn progress_line(n: usize, t: &TrialRecord, limit: u64) -> String {
     )
 }
 
-pub fn run(cfg: &ProbeConfig, exe: &Path, progress: &mut dyn FnMut(&str)) -> Result<ProbeReport, ProbeError> {
+pub fn run(
+    cfg: &ProbeConfig,
+    exe: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<ProbeReport, ProbeError> {
     let mut notices = vec![];
     let mut backend = make_backend(cfg, exe, &mut notices)?;
     let device = backend.device().clone();
+    let device_kind = device.kind.clone();
     let budget = cfg.budget.unwrap_or_else(|| backend.default_budget());
     if budget > device.total_bytes {
         return Err(ProbeError::Usage(format!(
@@ -155,7 +177,11 @@ pub fn run(cfg: &ProbeConfig, exe: &Path, progress: &mut dyn FnMut(&str)) -> Res
         reserve_bytes: cfg.reserve,
         margin: cfg.margin,
         limit_bytes: limit,
-        search: SearchSettings::of(&cfg.search, cfg.trial_timeout.as_secs_f64()),
+        search: SearchSettings::of(
+            &cfg.search,
+            cfg.trial_timeout.as_secs_f64(),
+            (device_kind != "sim").then_some(cfg.isolation),
+        ),
         recommendation: None,
         stop_reason: StopReason::Interrupted,
         stop_detail: "search in progress".into(),
@@ -179,16 +205,17 @@ pub fn run(cfg: &ProbeConfig, exe: &Path, progress: &mut dyn FnMut(&str)) -> Res
         let partial = partial.clone();
         let write_error = &mut write_error;
         let progress = &mut *progress;
-        let mut prober = Prober::new(backend.as_mut(), cfg.search.clone(), limit).on_trial(move |t, all| {
-            progress(&progress_line(all.len(), t, limit));
-            if let Some(p) = &partial {
-                let mut snap = sk.clone();
-                snap.trials = all.to_vec();
-                if let Err(e) = snap.write_atomic(p) {
-                    *write_error = Some(e);
+        let mut prober =
+            Prober::new(backend.as_mut(), cfg.search.clone(), limit).on_trial(move |t, all| {
+                progress(&progress_line(all.len(), t, limit));
+                if let Some(p) = &partial {
+                    let mut snap = sk.clone();
+                    snap.trials = all.to_vec();
+                    if let Err(e) = snap.write_atomic(p) {
+                        *write_error = Some(e);
+                    }
                 }
-            }
-        });
+            });
         let outcome = prober.search();
         // Accumulation split, and a confirmation trial for a split size no trial ran.
         let split_result = match (outcome.max_fitting, outcome.stop_reason.is_complete()) {
@@ -227,7 +254,10 @@ pub fn run(cfg: &ProbeConfig, exe: &Path, progress: &mut dyn FnMut(&str)) -> Res
             }
             _ => None,
         };
-        let outcome = SearchOutcome { trials: prober.trials().to_vec(), ..outcome };
+        let outcome = SearchOutcome {
+            trials: prober.trials().to_vec(),
+            ..outcome
+        };
         (outcome, split_result)
     };
     if let Some(e) = write_error {
@@ -237,11 +267,16 @@ pub fn run(cfg: &ProbeConfig, exe: &Path, progress: &mut dyn FnMut(&str)) -> Res
     let mut plan = skeleton.clone();
     plan.trials = outcome.trials.clone();
     plan.stop_reason = outcome.stop_reason;
-    plan.stop_detail = outcome.fatal.clone().unwrap_or_else(|| outcome.stop_reason.describe().to_string());
+    plan.stop_detail = outcome
+        .fatal
+        .clone()
+        .unwrap_or_else(|| outcome.stop_reason.describe().to_string());
     let mut ending = match outcome.stop_reason {
         r if r.is_complete() => Ending::Complete,
         StopReason::NothingFits => Ending::NothingFits,
-        StopReason::Interrupted => Ending::Interrupted(outcome.interrupted_by.unwrap_or(libc::SIGINT)),
+        StopReason::Interrupted => {
+            Ending::Interrupted(outcome.interrupted_by.unwrap_or(libc::SIGINT))
+        }
         StopReason::MaxTrials | StopReason::TimeLimit => Ending::Capped,
         StopReason::TrialErrors => Ending::TrialErrors,
         _ => Ending::TrialErrors,
@@ -255,7 +290,12 @@ pub fn run(cfg: &ProbeConfig, exe: &Path, progress: &mut dyn FnMut(&str)) -> Res
                 .filter(|t| t.batch == s.micro_batch && t.outcome.fits())
                 .max_by_key(|t| t.steps)
                 .expect("split size confirmed");
-            plan.recommendation = Some(Recommendation::from_split(&s, max, outcome.first_failing, rec));
+            plan.recommendation = Some(Recommendation::from_split(
+                &s,
+                max,
+                outcome.first_failing,
+                rec,
+            ));
             if let Some(w) = &s.warning {
                 plan.warnings.push(w.clone());
             }
@@ -282,7 +322,11 @@ pub fn run(cfg: &ProbeConfig, exe: &Path, progress: &mut dyn FnMut(&str)) -> Res
             plan.status = Status::Partial;
         }
         None => {
-            plan.status = if ending == Ending::NothingFits { Status::NothingFits } else { Status::Partial };
+            plan.status = if ending == Ending::NothingFits {
+                Status::NothingFits
+            } else {
+                Status::Partial
+            };
         }
     }
 
@@ -301,7 +345,12 @@ pub fn run(cfg: &ProbeConfig, exe: &Path, progress: &mut dyn FnMut(&str)) -> Res
         }
         (None, _) => None,
     };
-    Ok(ProbeReport { plan, ending, written, notices })
+    Ok(ProbeReport {
+        plan,
+        ending,
+        written,
+        notices,
+    })
 }
 
 /// A human summary of a plan.

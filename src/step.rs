@@ -12,8 +12,8 @@
 
 use crate::models::{mlp::Mlp, Architecture, ModelSpec, OptimizerKind};
 use crate::oom;
-use thiserror::Error;
 use tch::{nn, COptimizer, Device, Kind, Reduction, TchError, Tensor};
+use thiserror::Error;
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum StepError {
@@ -55,7 +55,10 @@ pub struct Synthetic {
 impl Synthetic {
     pub fn for_spec(spec: &ModelSpec) -> Self {
         match &spec.architecture {
-            Architecture::Mlp { input, classes, .. } => Synthetic { input: *input as i64, classes: *classes as i64 },
+            Architecture::Mlp { input, classes, .. } => Synthetic {
+                input: *input as i64,
+                classes: *classes as i64,
+            },
         }
     }
 }
@@ -95,7 +98,11 @@ impl Learner {
         let vs = nn::VarStore::new(device);
         let root = vs.root();
         let net = match &spec.architecture {
-            Architecture::Mlp { input, hidden, classes } => Net::Mlp(Mlp::new(&root, *input, hidden, *classes)),
+            Architecture::Mlp {
+                input,
+                hidden,
+                classes,
+            } => Net::Mlp(Mlp::new(&root, *input, hidden, *classes)),
         };
         let mut opt = match spec.optimizer {
             OptimizerKind::Sgd => COptimizer::sgd(lr, 0.0, 0.0, 0.0, false)?,
@@ -106,12 +113,21 @@ impl Learner {
         for t in vs.trainable_variables() {
             opt.add_parameters(&t, 0)?;
         }
-        Ok(Learner { vs, net, opt, device })
+        Ok(Learner {
+            vs,
+            net,
+            opt,
+            device,
+        })
     }
 
     /// Forward and backward over the micro-batches, accumulating gradients (no optimizer step).
     /// Returns the mean loss per sample over all micro-batches.
-    pub fn accumulate(&mut self, micro_batches: &[u64], data: &mut dyn DataSource) -> Result<f64, StepError> {
+    pub fn accumulate(
+        &mut self,
+        micro_batches: &[u64],
+        data: &mut dyn DataSource,
+    ) -> Result<f64, StepError> {
         let total: u64 = micro_batches.iter().sum();
         let mut loss_sum = 0.0;
         for &n in micro_batches {
@@ -131,7 +147,11 @@ impl Learner {
     }
 
     /// One optimizer step over `micro_batches` (gradient accumulation when there are several).
-    pub fn step(&mut self, micro_batches: &[u64], data: &mut dyn DataSource) -> Result<f64, StepError> {
+    pub fn step(
+        &mut self,
+        micro_batches: &[u64],
+        data: &mut dyn DataSource,
+    ) -> Result<f64, StepError> {
         self.opt.zero_grad()?;
         let loss = self.accumulate(micro_batches, data)?;
         self.opt.step()?;
@@ -173,7 +193,11 @@ mod tests {
 
     fn spec() -> ModelSpec {
         ModelSpec {
-            architecture: Architecture::Mlp { input: 16, hidden: vec![32, 32], classes: 5 },
+            architecture: Architecture::Mlp {
+                input: 16,
+                hidden: vec![32, 32],
+                classes: 5,
+            },
             optimizer: OptimizerKind::Adam,
             precision: Precision::Fp32,
         }
@@ -197,14 +221,23 @@ mod tests {
     #[test]
     fn accumulated_gradients_equal_full_batch() {
         let full = grads_for(&[24]);
-        for split in [&[12u64, 12][..], &[6, 6, 6, 6], &[8, 8, 8], &[9, 8, 7], &[1; 24]] {
+        for split in [
+            &[12u64, 12][..],
+            &[6, 6, 6, 6],
+            &[8, 8, 8],
+            &[9, 8, 7],
+            &[1; 24],
+        ] {
             let acc = grads_for(split);
             assert_eq!(full.len(), acc.len());
             for ((n1, g1), (_, g2)) in full.iter().zip(acc.iter()) {
                 let diff = f64::try_from((g1 - g2).abs().max()).unwrap();
                 let scale = f64::try_from(g1.abs().max()).unwrap();
                 assert!(scale > 0.0, "{n1} has a zero gradient");
-                assert!(diff <= 1e-5 * scale.max(1.0), "{n1}: split {split:?} differs by {diff} (scale {scale})");
+                assert!(
+                    diff <= 1e-5 * scale.max(1.0),
+                    "{n1}: split {split:?} differs by {diff} (scale {scale})"
+                );
             }
         }
     }
@@ -217,12 +250,20 @@ mod tests {
         let x = Tensor::randn([64, 16], (Kind::Float, Device::Cpu));
         let y = Tensor::randint(5, [64], (Kind::Int64, Device::Cpu));
         let first = {
-            let mut d = Fixed { x: x.shallow_clone(), y: y.shallow_clone(), pos: 0 };
+            let mut d = Fixed {
+                x: x.shallow_clone(),
+                y: y.shallow_clone(),
+                pos: 0,
+            };
             l.step(&[32, 32], &mut d).unwrap()
         };
         let mut last = first;
         for _ in 0..30 {
-            let mut d = Fixed { x: x.shallow_clone(), y: y.shallow_clone(), pos: 0 };
+            let mut d = Fixed {
+                x: x.shallow_clone(),
+                y: y.shallow_clone(),
+                pos: 0,
+            };
             last = l.step(&[32, 32], &mut d).unwrap();
         }
         assert!(last < first * 0.8, "loss {first} → {last}");

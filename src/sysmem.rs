@@ -45,7 +45,11 @@ pub fn proc_status() -> std::io::Result<ProcStatus> {
     let get = |k| {
         kb_field(&t, k).ok_or_else(|| std::io::Error::other(format!("/proc/self/status lacks {k}")))
     };
-    Ok(ProcStatus { vm_data: get("VmData:")?, vm_rss: get("VmRSS:")?, vm_hwm: get("VmHWM:")? })
+    Ok(ProcStatus {
+        vm_data: get("VmData:")?,
+        vm_rss: get("VmRSS:")?,
+        vm_hwm: get("VmHWM:")?,
+    })
 }
 
 /// Resets the peak RSS mark (`VmHWM`) of this process.
@@ -57,7 +61,8 @@ pub fn reset_peak_rss() -> std::io::Result<()> {
 pub fn meminfo() -> std::io::Result<(u64, u64)> {
     let t = fs::read_to_string("/proc/meminfo")?;
     let total = kb_field(&t, "MemTotal:").ok_or_else(|| std::io::Error::other("no MemTotal"))?;
-    let avail = kb_field(&t, "MemAvailable:").ok_or_else(|| std::io::Error::other("no MemAvailable"))?;
+    let avail =
+        kb_field(&t, "MemAvailable:").ok_or_else(|| std::io::Error::other("no MemAvailable"))?;
     Ok((total, avail))
 }
 
@@ -68,7 +73,9 @@ pub fn cgroup_limit() -> Option<u64> {
         // v2: "0::/path"
         if let Some(path) = line.strip_prefix("0::") {
             let f = format!("/sys/fs/cgroup{}/memory.max", path.trim_end_matches('/'));
-            if let Ok(v) = fs::read_to_string(&f).or_else(|_| fs::read_to_string("/sys/fs/cgroup/memory.max")) {
+            if let Ok(v) =
+                fs::read_to_string(&f).or_else(|_| fs::read_to_string("/sys/fs/cgroup/memory.max"))
+            {
                 return v.trim().parse().ok();
             }
         }
@@ -94,7 +101,10 @@ pub fn cpu_name() -> String {
 
 /// Sets this process's `RLIMIT_DATA` (soft and hard).
 pub fn set_data_limit(bytes: u64) -> std::io::Result<()> {
-    let lim = libc::rlimit { rlim_cur: bytes as libc::rlim_t, rlim_max: bytes as libc::rlim_t };
+    let lim = libc::rlimit {
+        rlim_cur: bytes as libc::rlim_t,
+        rlim_max: bytes as libc::rlim_t,
+    };
     // SAFETY: plain syscall with a valid pointer.
     if unsafe { libc::setrlimit(libc::RLIMIT_DATA, &lim) } != 0 {
         return Err(std::io::Error::last_os_error());

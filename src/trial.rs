@@ -55,7 +55,11 @@ impl FaultAt {
             "crash" => Fault::Crash,
             "nan" => Fault::Nan,
             "no-result" => Fault::NoResult,
-            _ => return Err(format!("unknown fault {name:?} (hang, crash, nan, no-result)")),
+            _ => {
+                return Err(format!(
+                    "unknown fault {name:?} (hang, crash, nan, no-result)"
+                ))
+            }
         };
         let min_batch = at.parse().map_err(|_| format!("bad fault batch {at:?}"))?;
         Ok(FaultAt { fault, min_batch })
@@ -100,7 +104,11 @@ impl DataSampler {
                 std::thread::sleep(Duration::from_millis(1));
             }
         });
-        DataSampler { stop, peak, handle: Some(handle) }
+        DataSampler {
+            stop,
+            peak,
+            handle: Some(handle),
+        }
     }
     fn finish(mut self) -> u64 {
         self.stop.store(true, Ordering::Relaxed);
@@ -133,7 +141,11 @@ pub fn run(spec: &TrialSpec) -> TrialOutcome {
                 // SAFETY: exiting without running destructors is the point of this fault.
                 unsafe { libc::_exit(0) }
             }
-            Fault::Nan => return TrialOutcome::Error { message: StepError::NonFinite(f64::NAN).to_string() },
+            Fault::Nan => {
+                return TrialOutcome::Error {
+                    message: StepError::NonFinite(f64::NAN).to_string(),
+                }
+            }
         }
     }
     configure_threads(spec.threads);
@@ -156,13 +168,27 @@ pub fn run(spec: &TrialSpec) -> TrialOutcome {
     let peak = sampled.max(end.vm_data);
     let rss = Some(end.vm_hwm);
     let outcome_of_error = |e: StepError| match e {
-        StepError::Oom(m) => TrialOutcome::Oom { message: m, peak_bytes: Some(peak), rss_peak_bytes: rss },
-        other => TrialOutcome::Error { message: other.to_string() },
+        StepError::Oom(m) => TrialOutcome::Oom {
+            message: m,
+            peak_bytes: Some(peak),
+            rss_peak_bytes: rss,
+        },
+        other => TrialOutcome::Error {
+            message: other.to_string(),
+        },
     };
     match result {
         Ok(Ok(mut times)) => {
-            let step_seconds = if times.len() >= 2 { median(&mut times[1..]) } else { median(&mut times) };
-            TrialOutcome::Fits { peak_bytes: peak, rss_peak_bytes: rss, step_seconds }
+            let step_seconds = if times.len() >= 2 {
+                median(&mut times[1..])
+            } else {
+                median(&mut times)
+            };
+            TrialOutcome::Fits {
+                peak_bytes: peak,
+                rss_peak_bytes: rss,
+                step_seconds,
+            }
         }
         Ok(Err(e)) => outcome_of_error(e),
         Err(payload) => {
@@ -186,13 +212,72 @@ pub fn child_main(spec_json: &str) -> ! {
             let _ = std::io::stdout().flush();
             run(&spec)
         }
-        Err(e) => TrialOutcome::Error { message: format!("bad trial spec: {e}") },
+        Err(e) => TrialOutcome::Error {
+            message: format!("bad trial spec: {e}"),
+        },
     };
-    let line = format!("{RESULT_PREFIX}{}\n", serde_json::to_string(&out).unwrap_or_default());
+    let line = format!(
+        "{RESULT_PREFIX}{}\n",
+        serde_json::to_string(&out).unwrap_or_default()
+    );
     let mut so = std::io::stdout();
     let _ = so.write_all(line.as_bytes());
     let _ = so.flush();
     // Skip libtorch's static destructors: the result is out, nothing else matters.
+    // SAFETY: terminating the process.
+    unsafe { libc::_exit(0) }
+}
+
+/// One trial request to the worker: the batch and steps; the rest comes from the worker's template.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct WorkerRequest {
+    pub batch: u64,
+    pub steps: u32,
+}
+
+/// Entry point of the hidden `__worker TEMPLATE` subcommand (hybrid isolation): `TEMPLATE` is a
+/// [`TrialSpec`] (model, threads, seed); one [`WorkerRequest`] per stdin line, the peak marks reset
+/// before each, one result line each; exits at end of input.
+pub fn worker_main(template_json: &str) -> ! {
+    std::panic::set_hook(Box::new(|_| {}));
+    let mut so = std::io::stdout();
+    let _ = writeln!(so, "{STARTED_MARKER}");
+    let _ = so.flush();
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match std::io::BufRead::read_line(&mut stdin.lock(), &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let parsed = serde_json::from_str::<TrialSpec>(template_json).and_then(|t| {
+            serde_json::from_str::<WorkerRequest>(line.trim()).map(|r| TrialSpec {
+                batch: r.batch,
+                steps: r.steps,
+                ..t
+            })
+        });
+        let out = match parsed {
+            Ok(spec) => {
+                // Give freed heap back (RLIMIT_DATA counts it) and reset the peak mark, so this trial
+                // starts as close to a fresh process as one process can.
+                // SAFETY: plain libc call.
+                unsafe { libc::malloc_trim(0) };
+                let _ = sysmem::reset_peak_rss();
+                run(&spec)
+            }
+            Err(e) => TrialOutcome::Error {
+                message: format!("bad trial spec: {e}"),
+            },
+        };
+        let _ = writeln!(
+            so,
+            "{RESULT_PREFIX}{}",
+            serde_json::to_string(&out).unwrap_or_default()
+        );
+        let _ = so.flush();
+    }
     // SAFETY: terminating the process.
     unsafe { libc::_exit(0) }
 }

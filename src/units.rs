@@ -15,7 +15,10 @@ pub struct SizeError {
 
 /// Parses a byte size. Zero is allowed here; callers that need a positive size check it.
 pub fn parse_size(input: &str) -> Result<u64, SizeError> {
-    let err = |reason| SizeError { input: input.to_string(), reason };
+    let err = |reason| SizeError {
+        input: input.to_string(),
+        reason,
+    };
     let s = input.trim();
     if s.is_empty() {
         return Err(err("empty"));
@@ -86,7 +89,9 @@ mod tests {
 
     #[test]
     fn rejected_forms() {
-        for bad in ["", "GiB", "1.2.3G", "-1G", "1XB", "1.5", ".5G", "5.G", "1e9", "12GiBx"] {
+        for bad in [
+            "", "GiB", "1.2.3G", "-1G", "1XB", "1.5", ".5G", "5.G", "1e9", "12GiBx",
+        ] {
             assert!(parse_size(bad).is_err(), "{bad:?} should be rejected");
         }
     }

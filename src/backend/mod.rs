@@ -20,6 +20,20 @@ use thiserror::Error;
 pub struct TrialRequest {
     pub batch: u64,
     pub steps: u32,
+    /// Must run in a fresh process (proof trials). When false, a backend may use a long-lived worker.
+    pub fresh: bool,
+}
+
+/// Where a trial ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Isolation {
+    /// A fresh process, as a training job will see it.
+    Process,
+    /// The long-lived exploration worker (hybrid isolation).
+    Worker,
+    /// No process at all (sim).
+    None,
 }
 
 /// What a trial measured.
@@ -75,9 +89,8 @@ impl TrialOutcome {
     }
     pub fn rss_peak_bytes(&self) -> Option<u64> {
         match self {
-            TrialOutcome::Fits { rss_peak_bytes, .. } | TrialOutcome::Oom { rss_peak_bytes, .. } => {
-                *rss_peak_bytes
-            }
+            TrialOutcome::Fits { rss_peak_bytes, .. }
+            | TrialOutcome::Oom { rss_peak_bytes, .. } => *rss_peak_bytes,
             _ => None,
         }
     }
@@ -127,4 +140,6 @@ pub trait Backend {
     fn set_limit(&mut self, limit_bytes: u64);
     /// Runs one trial. `Err` only for failures that make further trials pointless.
     fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError>;
+    /// Where a request like `req` runs on this backend.
+    fn isolation(&self, req: &TrialRequest) -> Isolation;
 }

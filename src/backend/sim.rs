@@ -18,7 +18,7 @@
 //! peak(b) = base + per-sample × max(b, knee) + Σ jumps with N ≤ b (+ late × b when steps > 3).
 //! Step time is modeled as 1 ms + 1 µs × b.
 
-use super::{Backend, BackendError, DeviceInfo, TrialOutcome, TrialRequest};
+use super::{Backend, BackendError, DeviceInfo, Isolation, TrialOutcome, TrialRequest};
 use crate::units::{format_size, parse_size};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -65,7 +65,10 @@ impl SimSpec {
     }
 
     pub fn parse(spec: &str) -> Result<Self, SimSpecError> {
-        let err = |reason: String| SimSpecError { spec: spec.to_string(), reason };
+        let err = |reason: String| SimSpecError {
+            spec: spec.to_string(),
+            reason,
+        };
         let (mut base, mut per, mut cap) = (None, None, None);
         let mut s = SimSpec::affine(0, 0, 0);
         for part in spec.split(',') {
@@ -140,9 +143,7 @@ impl SimSpec {
     /// The true footprint of a trial.
     pub fn peak(&self, batch: u64, steps: u32) -> u64 {
         let b = batch.max(self.knee);
-        let mut p = self
-            .base
-            .saturating_add(self.per_sample.saturating_mul(b));
+        let mut p = self.base.saturating_add(self.per_sample.saturating_mul(b));
         for &(n, sz) in &self.jumps {
             if batch >= n {
                 p = p.saturating_add(sz);
@@ -218,7 +219,12 @@ impl SimBackend {
             total_bytes: spec.capacity,
             free_bytes_at_start: spec.capacity,
         };
-        SimBackend { limit: spec.capacity, spec, device, trials_run: 0 }
+        SimBackend {
+            limit: spec.capacity,
+            spec,
+            device,
+            trials_run: 0,
+        }
     }
     pub fn spec(&self) -> &SimSpec {
         &self.spec
@@ -235,10 +241,15 @@ impl Backend for SimBackend {
     fn set_limit(&mut self, limit_bytes: u64) {
         self.limit = limit_bytes;
     }
+    fn isolation(&self, _req: &TrialRequest) -> Isolation {
+        Isolation::None
+    }
     fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
         self.trials_run += 1;
         if self.spec.fail_at == Some(req.batch) {
-            return Ok(TrialOutcome::Error { message: format!("simulated failure at batch {}", req.batch) });
+            return Ok(TrialOutcome::Error {
+                message: format!("simulated failure at batch {}", req.batch),
+            });
         }
         let peak = self.spec.peak(req.batch, req.steps);
         let reported = self.spec.reported_peak(req.batch, req.steps);

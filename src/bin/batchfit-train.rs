@@ -128,7 +128,10 @@ fn run(a: &Args) -> Result<(), Fail> {
     let refused = refusals(&plan);
     if !refused.is_empty() {
         if !a.force {
-            return Err(Fail(5, anyhow!("refusing {}: {}", a.plan.display(), refused.join("; "))));
+            return Err(Fail(
+                5,
+                anyhow!("refusing {}: {}", a.plan.display(), refused.join("; ")),
+            ));
         }
         for r in &refused {
             eprintln!("batchfit-train: warning (--force): {r}");
@@ -136,7 +139,9 @@ fn run(a: &Args) -> Result<(), Fail> {
     }
     if plan.device.kind == "cpu" {
         if let Ok((_, avail)) = sysmem::meminfo() {
-            if (avail as f64) < plan.device.free_bytes_at_start as f64 * 0.95 || avail < plan.limit_bytes {
+            if (avail as f64) < plan.device.free_bytes_at_start as f64 * 0.95
+                || avail < plan.limit_bytes
+            {
                 eprintln!(
                     "batchfit-train: warning: {} of memory is available now, less than the {} at probe time; \
                      other processes may leave too little for the plan's micro-batch",
@@ -147,12 +152,24 @@ fn run(a: &Args) -> Result<(), Fail> {
         }
     }
     let rec = plan.recommendation.as_ref();
-    let micro = a.micro_batch.or(rec.map(|r| r.micro_batch)).ok_or_else(|| {
-        Fail(2, anyhow!("{} has no recommendation; give --micro-batch and --accumulation", a.plan.display()))
-    })?;
+    let micro = a
+        .micro_batch
+        .or(rec.map(|r| r.micro_batch))
+        .ok_or_else(|| {
+            Fail(
+                2,
+                anyhow!(
+                    "{} has no recommendation; give --micro-batch and --accumulation",
+                    a.plan.display()
+                ),
+            )
+        })?;
     let acc = a.accumulation.or(rec.map(|r| r.accumulation)).unwrap_or(1);
     if micro == 0 || acc == 0 || a.steps == 0 {
-        return Err(Fail(2, anyhow!("--micro-batch, --accumulation and --steps must be at least 1")));
+        return Err(Fail(
+            2,
+            anyhow!("--micro-batch, --accumulation and --steps must be at least 1"),
+        ));
     }
     let micro_batches: Vec<u64> = match rec {
         Some(r) if a.micro_batch.is_none() && a.accumulation.is_none() => r.micro_batches.clone(),
@@ -161,7 +178,10 @@ fn run(a: &Args) -> Result<(), Fail> {
     if a.micro_batch.is_some() || a.accumulation.is_some() {
         eprintln!(
             "batchfit-train: override: micro-batch {micro} × accumulation {acc} (plan: {})",
-            rec.map_or("none".into(), |r| format!("{} × {}", r.micro_batch, r.accumulation))
+            rec.map_or("none".into(), |r| format!(
+                "{} × {}",
+                r.micro_batch, r.accumulation
+            ))
         );
     }
     // Same process set-up as the probe's trials.
@@ -175,7 +195,12 @@ fn run(a: &Args) -> Result<(), Fail> {
                 parse_size(v).map_err(fail(2))?
             };
             sysmem::set_data_limit(bytes)
-                .with_context(|| format!("cannot set the data-segment limit to {}", format_size(bytes)))
+                .with_context(|| {
+                    format!(
+                        "cannot set the data-segment limit to {}",
+                        format_size(bytes)
+                    )
+                })
                 .map_err(fail(3))?;
         }
     }
@@ -210,21 +235,27 @@ fn run(a: &Args) -> Result<(), Fail> {
         other => Fail(3, anyhow!("training failed: {other}")),
     };
     let t_start = Instant::now();
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<(f64, f64), Fail> {
-        let mut learner = Learner::new(&spec, tch::Device::Cpu, a.lr, plan.runtime.seed).map_err(step_err)?;
-        let mut data = Synthetic::for_spec(&spec);
-        let mut last = (f64::NAN, 0.0);
-        for s in 1..=a.steps {
-            let t0 = Instant::now();
-            let loss = learner.step(&micro_batches, &mut data).map_err(step_err)?;
-            let sps = per_step as f64 / t0.elapsed().as_secs_f64();
-            if !a.quiet {
-                println!("step {s:>5}/{}  loss {loss:.4}  {sps:>10.0} samples/s", a.steps);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+        || -> Result<(f64, f64), Fail> {
+            let mut learner =
+                Learner::new(&spec, tch::Device::Cpu, a.lr, plan.runtime.seed).map_err(step_err)?;
+            let mut data = Synthetic::for_spec(&spec);
+            let mut last = (f64::NAN, 0.0);
+            for s in 1..=a.steps {
+                let t0 = Instant::now();
+                let loss = learner.step(&micro_batches, &mut data).map_err(step_err)?;
+                let sps = per_step as f64 / t0.elapsed().as_secs_f64();
+                if !a.quiet {
+                    println!(
+                        "step {s:>5}/{}  loss {loss:.4}  {sps:>10.0} samples/s",
+                        a.steps
+                    );
+                }
+                last = (loss, sps);
             }
-            last = (loss, sps);
-        }
-        Ok(last)
-    }));
+            Ok(last)
+        },
+    ));
     let (loss, sps) = match result {
         Ok(r) => r?,
         Err(payload) => {

@@ -15,7 +15,11 @@ use sha2::{Digest, Sha256};
 #[serde(tag = "name", rename_all = "kebab-case")]
 pub enum Architecture {
     /// Fully connected: `input → hidden[0] → … → classes`, ReLU between layers, cross-entropy loss.
-    Mlp { input: u64, hidden: Vec<u64>, classes: u64 },
+    Mlp {
+        input: u64,
+        hidden: Vec<u64>,
+        classes: u64,
+    },
 }
 
 /// Optimizer; its state is a large share of memory (Adam: two extra copies of the weights).
@@ -72,7 +76,11 @@ impl ModelSpec {
     /// The default model: the 1024 → 2048 → 2048 → 10 MLP with Adam the peer comparisons use.
     pub fn default_mlp() -> Self {
         ModelSpec {
-            architecture: Architecture::Mlp { input: 1024, hidden: vec![2048, 2048], classes: 10 },
+            architecture: Architecture::Mlp {
+                input: 1024,
+                hidden: vec![2048, 2048],
+                classes: 10,
+            },
             optimizer: OptimizerKind::Adam,
             precision: Precision::Fp32,
         }
@@ -86,7 +94,11 @@ impl ModelSpec {
 
     pub fn parameter_count(&self) -> u64 {
         match &self.architecture {
-            Architecture::Mlp { input, hidden, classes } => {
+            Architecture::Mlp {
+                input,
+                hidden,
+                classes,
+            } => {
                 let mut dims = vec![*input];
                 dims.extend(hidden.iter().copied());
                 dims.push(*classes);
@@ -105,9 +117,16 @@ impl ModelSpec {
     /// Validates knobs (user input) before any backend work.
     pub fn validate(&self) -> Result<(), String> {
         match &self.architecture {
-            Architecture::Mlp { input, hidden, classes } => {
+            Architecture::Mlp {
+                input,
+                hidden,
+                classes,
+            } => {
                 if *input == 0 || *classes == 0 || hidden.contains(&0) {
-                    return Err("MLP sizes must be positive (--mlp-input, --mlp-hidden, --mlp-classes)".into());
+                    return Err(
+                        "MLP sizes must be positive (--mlp-input, --mlp-hidden, --mlp-classes)"
+                            .into(),
+                    );
                 }
                 if *classes < 2 {
                     return Err("--mlp-classes must be at least 2 for cross-entropy".into());
@@ -139,7 +158,10 @@ mod tests {
     #[test]
     fn default_mlp_counts_and_fingerprint() {
         let m = ModelSpec::default_mlp();
-        assert_eq!(m.parameter_count(), 1024 * 2048 + 2048 + 2048 * 2048 + 2048 + 2048 * 10 + 10);
+        assert_eq!(
+            m.parameter_count(),
+            1024 * 2048 + 2048 + 2048 * 2048 + 2048 + 2048 * 10 + 10
+        );
         assert_eq!(m.input_spec(), "f32[B,1024]");
         let f = m.fingerprint();
         assert_eq!(f.len(), 64);
@@ -148,7 +170,11 @@ mod tests {
         other.optimizer = OptimizerKind::Sgd;
         assert_ne!(f, other.fingerprint());
         let mut other = m.clone();
-        other.architecture = Architecture::Mlp { input: 1024, hidden: vec![2048, 2049], classes: 10 };
+        other.architecture = Architecture::Mlp {
+            input: 1024,
+            hidden: vec![2048, 2049],
+            classes: 10,
+        };
         assert_ne!(f, other.fingerprint());
     }
 

@@ -14,7 +14,7 @@
 pub mod bisect;
 pub mod guided;
 
-use crate::backend::{Backend, BackendError, TrialOutcome, TrialRequest};
+use crate::backend::{Backend, BackendError, Isolation, TrialOutcome, TrialRequest};
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
@@ -71,6 +71,9 @@ pub enum Purpose {
     Split,
     /// A repeat of a trial that ended in `error` or `timeout`.
     Retry,
+    /// A trial that can close the bracket (next to either end of it), or the failure above the answer
+    /// re-run after the worker found it: always in a fresh process.
+    Proof,
 }
 
 /// One trial as the plan records it.
@@ -79,6 +82,8 @@ pub struct TrialRecord {
     pub batch: u64,
     pub steps: u32,
     pub purpose: Purpose,
+    /// `process` (fresh), `worker` (hybrid exploration) or `none` (sim).
+    pub isolation: Isolation,
     #[serde(flatten)]
     pub outcome: TrialOutcome,
     /// Wall seconds of the whole trial, process start included.
@@ -113,13 +118,18 @@ impl StopReason {
             StopReason::NothingFits => "even the smallest size runs out of memory",
             StopReason::MaxTrials => "--max-trials reached before the proof was complete",
             StopReason::TimeLimit => "--time-limit reached before the proof was complete",
-            StopReason::TrialErrors => "trials failed with errors or timeouts, so no limit could be proven",
+            StopReason::TrialErrors => {
+                "trials failed with errors or timeouts, so no limit could be proven"
+            }
             StopReason::Interrupted => "interrupted",
         }
     }
     /// Whether the answer is a finished result (vs. partial).
     pub fn is_complete(self) -> bool {
-        matches!(self, StopReason::Proven | StopReason::MaxBatch | StopReason::PowerResolution)
+        matches!(
+            self,
+            StopReason::Proven | StopReason::MaxBatch | StopReason::PowerResolution
+        )
     }
 }
 
@@ -138,7 +148,11 @@ impl Grid {
         if first > max {
             return None;
         }
-        Some(Grid { first, step, last_index: (max - first) / step })
+        Some(Grid {
+            first,
+            step,
+            last_index: (max - first) / step,
+        })
     }
     pub fn batch(&self, i: u64) -> u64 {
         self.first + i * self.step
@@ -210,6 +224,9 @@ pub struct Prober<'b> {
     started: Instant,
     trials: Vec<TrialRecord>,
     on_trial: Box<dyn FnMut(&TrialRecord, &[TrialRecord]) + 'b>,
+    /// Cleared once a fresh process fits where the worker ran out of memory: from then on the
+    /// worker's state is known to cost memory near the limit, and exploration runs fresh.
+    worker_trusted: bool,
 }
 
 /// Why a run of trials stopped early.
@@ -230,6 +247,7 @@ impl<'b> Prober<'b> {
             started: Instant::now(),
             trials: vec![],
             on_trial: Box::new(|_, _| {}),
+            worker_trusted: true,
         }
     }
 
@@ -257,22 +275,45 @@ impl<'b> Prober<'b> {
     }
 
     /// Runs one trial (checking the trial and time caps first) and records it.
-    pub fn trial(&mut self, batch: u64, steps: u32, purpose: Purpose) -> Result<TrialOutcome, Stop> {
+    pub fn trial(
+        &mut self,
+        batch: u64,
+        steps: u32,
+        purpose: Purpose,
+    ) -> Result<TrialOutcome, Stop> {
         self.budget_left()?;
         let t0 = Instant::now();
-        let outcome = match self.backend.run_trial(TrialRequest { batch, steps }) {
+        let req = TrialRequest {
+            batch,
+            steps,
+            fresh: purpose != Purpose::Explore || !self.worker_trusted,
+        };
+        let isolation = self.backend.isolation(&req);
+        let outcome = match self.backend.run_trial(req) {
             Ok(o) => o,
             Err(BackendError::Interrupted(sig)) => return Err(Stop::Interrupted(sig)),
             Err(BackendError::Environment(m)) => return Err(Stop::Fatal(m)),
         };
-        let rec = TrialRecord { batch, steps, purpose, outcome: outcome.clone(), seconds: t0.elapsed().as_secs_f64() };
+        let rec = TrialRecord {
+            batch,
+            steps,
+            purpose,
+            isolation,
+            outcome: outcome.clone(),
+            seconds: t0.elapsed().as_secs_f64(),
+        };
         self.trials.push(rec);
         (self.on_trial)(self.trials.last().unwrap(), &self.trials);
         Ok(outcome)
     }
 
     /// Runs a trial; an `error`/`timeout` is retried once.
-    fn trial_with_retry(&mut self, batch: u64, steps: u32, purpose: Purpose) -> Result<TrialOutcome, Stop> {
+    fn trial_with_retry(
+        &mut self,
+        batch: u64,
+        steps: u32,
+        purpose: Purpose,
+    ) -> Result<TrialOutcome, Stop> {
         let o = self.trial(batch, steps, purpose)?;
         if matches!(o, TrialOutcome::Error { .. } | TrialOutcome::Timeout { .. }) {
             return self.trial(batch, steps, Purpose::Retry);
@@ -288,7 +329,12 @@ impl<'b> Prober<'b> {
     }
 
     /// Turns a stop into an outcome carrying the trials so far.
-    pub fn finish(&self, stop: Stop, max_fitting: Option<u64>, first_failing: Option<u64>) -> SearchOutcome {
+    pub fn finish(
+        &self,
+        stop: Stop,
+        max_fitting: Option<u64>,
+        first_failing: Option<u64>,
+    ) -> SearchOutcome {
         let (reason, sig, fatal) = match stop {
             Stop::Reason(r) => (r, None, None),
             Stop::Interrupted(s) => (StopReason::Interrupted, Some(s), None),
@@ -307,14 +353,19 @@ impl<'b> Prober<'b> {
     /// Confirms a size that no fitting trial with `confirm_steps` has covered yet. Returns whether it fits.
     pub fn confirm(&mut self, batch: u64, purpose: Purpose) -> Result<bool, Stop> {
         let steps = self.cfg.confirm_steps.max(self.cfg.steps);
-        if self.trials.iter().any(|t| t.batch == batch && t.steps >= steps && t.outcome.fits()) {
+        if self
+            .trials
+            .iter()
+            .any(|t| t.batch == batch && t.steps >= steps && t.outcome.fits())
+        {
             return Ok(true);
         }
         Ok(self.trial_with_retry(batch, steps, purpose)?.fits())
     }
 
     fn search_inner(&mut self, found: &mut (Option<u64>, Option<u64>)) -> Stop {
-        let Some(grid) = Grid::new(self.cfg.min_batch, self.cfg.max_batch, self.cfg.multiple_of) else {
+        let Some(grid) = Grid::new(self.cfg.min_batch, self.cfg.max_batch, self.cfg.multiple_of)
+        else {
             return Stop::Fatal(format!(
                 "no multiple of {} lies in [{}, {}]",
                 self.cfg.multiple_of, self.cfg.min_batch, self.cfg.max_batch
@@ -324,7 +375,8 @@ impl<'b> Prober<'b> {
         // Exploration steps; raised to the confirm steps once a confirmation shows that memory keeps
         // growing after the exploration steps (then only trials of that length are evidence).
         let mut steps = self.cfg.steps;
-        let (mut lo, mut hi, mut ceiling): (Option<u64>, Option<u64>, Option<u64>) = (None, None, None);
+        let (mut lo, mut hi, mut ceiling): (Option<u64>, Option<u64>, Option<u64>) =
+            (None, None, None);
         loop {
             // Is the bracket closed?
             let upper = match (hi, ceiling) {
@@ -337,7 +389,8 @@ impl<'b> Prober<'b> {
                 (None, Some(0)) => true,
                 _ => false,
             };
-            let power_done = self.cfg.strategy == StrategyKind::Power && lo.is_some() && hi.is_some();
+            let power_done =
+                self.cfg.strategy == StrategyKind::Power && lo.is_some() && hi.is_some();
             if closed || power_done {
                 let Some(l) = lo else {
                     // Nothing fits at index 0.
@@ -349,6 +402,44 @@ impl<'b> Prober<'b> {
                     };
                 };
                 let b = grid.batch(l);
+                // The failure above must hold in a fresh process, as the training job will run.
+                if let Some(h) = hi.filter(|&h| h == l + 1) {
+                    let hb = grid.batch(h);
+                    let fresh_oom = self.trials.iter().any(|t| {
+                        t.batch == hb && t.outcome.is_oom() && t.isolation != Isolation::Worker
+                    });
+                    if !fresh_oom {
+                        match self.trial_with_retry(hb, steps, Purpose::Proof) {
+                            Err(s) => return s,
+                            Ok(TrialOutcome::Fits { .. }) => {
+                                // The worker's leftovers caused a false oom: search on above, in
+                                // fresh processes only.
+                                self.worker_trusted = false;
+                                lo = Some(h);
+                                // Worker ooms are no evidence any more; only fresh ones bound.
+                                hi = self
+                                    .trials
+                                    .iter()
+                                    .filter(|t| {
+                                        t.outcome.is_oom()
+                                            && t.batch > hb
+                                            && t.isolation != Isolation::Worker
+                                    })
+                                    .map(|t| grid.index_at_or_below(t.batch))
+                                    .min();
+                                continue;
+                            }
+                            Ok(TrialOutcome::Oom { .. }) => {}
+                            Ok(_) => {
+                                // No fresh proof possible: the error is a ceiling, the worker's oom
+                                // is not evidence.
+                                ceiling = Some(h);
+                                hi = None;
+                                continue;
+                            }
+                        }
+                    }
+                }
                 match self.confirm(b, Purpose::Confirm) {
                     Err(s) => {
                         found.0 = None;
@@ -384,11 +475,29 @@ impl<'b> Prober<'b> {
                     }
                 }
             }
-            let state = SearchState { grid, lo, hi, ceiling, trials: &self.trials, limit_bytes: self.limit_bytes };
+            let state = SearchState {
+                grid,
+                lo,
+                hi,
+                ceiling,
+                trials: &self.trials,
+                limit_bytes: self.limit_bytes,
+            };
             let i = strategy.propose(&state);
-            debug_assert!(lo.is_none_or(|l| i > l) && upper.is_none_or(|u| i < u), "bad proposal {i}");
+            debug_assert!(
+                lo.is_none_or(|l| i > l) && upper.is_none_or(|u| i < u),
+                "bad proposal {i}"
+            );
             let b = grid.batch(i);
-            match self.trial_with_retry(b, steps, Purpose::Explore) {
+            // A trial next to either end of the bracket may close it: run it fresh, so it is already
+            // the proof (saves the worker trial plus its fresh re-run under hybrid isolation).
+            let closing = lo.is_some_and(|l| i == l + 1) || upper.is_some_and(|u| i + 1 == u);
+            let purpose = if closing {
+                Purpose::Proof
+            } else {
+                Purpose::Explore
+            };
+            match self.trial_with_retry(b, steps, purpose) {
                 Err(s) => {
                     found.0 = None;
                     return s;

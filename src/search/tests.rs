@@ -22,7 +22,10 @@ fn check_invariant(out: &SearchOutcome, cfg: &SearchConfig) {
             StopReason::Proven => {
                 let f = out.first_failing.unwrap();
                 assert_eq!(f, b + cfg.multiple_of);
-                assert!(out.trials.iter().any(|t| t.batch == f && t.outcome.is_oom()));
+                assert!(out
+                    .trials
+                    .iter()
+                    .any(|t| t.batch == f && t.outcome.is_oom()));
             }
             StopReason::MaxBatch => assert!(b + cfg.multiple_of > cfg.max_batch),
             other => panic!("unexpected stop {other:?}"),
@@ -40,17 +43,20 @@ fn finds_exact_max_on_generated_curves() {
                     let mut spec = SimSpec::affine(base, per, cap);
                     spec.knee = knee;
                     for strategy in [StrategyKind::Guided, StrategyKind::Bisect] {
-                    let cfg = SearchConfig { strategy, ..SearchConfig::default() };
-                    let truth = spec.true_max(cap, cfg.confirm_steps, cfg.max_batch);
-                    let (out, _) = run(spec.clone(), cfg.clone());
-                    if truth == 0 {
-                        assert_eq!(out.stop_reason, StopReason::NothingFits, "{spec:?}");
-                        assert_eq!(out.max_fitting, None);
-                    } else {
-                        assert_eq!(out.max_fitting, Some(truth), "{spec:?}");
-                        check_invariant(&out, &cfg);
-                    }
-                    n += 1;
+                        let cfg = SearchConfig {
+                            strategy,
+                            ..SearchConfig::default()
+                        };
+                        let truth = spec.true_max(cap, cfg.confirm_steps, cfg.max_batch);
+                        let (out, _) = run(spec.clone(), cfg.clone());
+                        if truth == 0 {
+                            assert_eq!(out.stop_reason, StopReason::NothingFits, "{spec:?}");
+                            assert_eq!(out.max_fitting, None);
+                        } else {
+                            assert_eq!(out.max_fitting, Some(truth), "{spec:?}");
+                            check_invariant(&out, &cfg);
+                        }
+                        n += 1;
                     }
                 }
             }
@@ -95,28 +101,50 @@ fn confirmation_catches_late_memory() {
     assert_eq!(out.max_fitting, Some(909)); // 909 × 1.1 MiB ≤ 1000 MiB < 910 × 1.1 MiB
     check_invariant(&out, &cfg);
     assert!(out.trials.len() < 40, "{} trials", out.trials.len());
-    assert!(out.trials.iter().any(|t| t.purpose == Purpose::Confirm && t.outcome.is_oom()));
+    assert!(out
+        .trials
+        .iter()
+        .any(|t| t.purpose == Purpose::Confirm && t.outcome.is_oom()));
 }
 
 #[test]
 fn multiple_of_and_caps() {
     let spec = SimSpec::affine(0, MIB, 1000 * MIB);
-    let cfg = SearchConfig { multiple_of: 8, strategy: StrategyKind::Bisect, ..Default::default() };
+    let cfg = SearchConfig {
+        multiple_of: 8,
+        strategy: StrategyKind::Bisect,
+        ..Default::default()
+    };
     let (out, _) = run(spec.clone(), cfg.clone());
     assert_eq!(out.max_fitting, Some(1000));
     assert_eq!(out.first_failing, Some(1008));
-    let cfg = SearchConfig { max_batch: 300, ..Default::default() };
+    let cfg = SearchConfig {
+        max_batch: 300,
+        ..Default::default()
+    };
     let (out, _) = run(spec.clone(), cfg.clone());
-    assert_eq!((out.max_fitting, out.stop_reason), (Some(300), StopReason::MaxBatch));
-    let cfg = SearchConfig { min_batch: 2000, ..Default::default() };
+    assert_eq!(
+        (out.max_fitting, out.stop_reason),
+        (Some(300), StopReason::MaxBatch)
+    );
+    let cfg = SearchConfig {
+        min_batch: 2000,
+        ..Default::default()
+    };
     let (out, n) = run(spec.clone(), cfg);
-    assert_eq!((out.max_fitting, out.stop_reason, n), (None, StopReason::NothingFits, 1));
+    assert_eq!(
+        (out.max_fitting, out.stop_reason, n),
+        (None, StopReason::NothingFits, 1)
+    );
 }
 
 #[test]
 fn max_trials_gives_partial() {
     let spec = SimSpec::affine(0, MIB, 1000 * MIB);
-    let cfg = SearchConfig { max_trials: Some(4), ..Default::default() };
+    let cfg = SearchConfig {
+        max_trials: Some(4),
+        ..Default::default()
+    };
     let (out, n) = run(spec, cfg);
     assert_eq!(n, 4);
     assert_eq!(out.stop_reason, StopReason::MaxTrials);
@@ -129,7 +157,10 @@ fn errors_are_never_proof() {
     // The size right above the true max errors: no proof possible, the search says so.
     let mut spec = SimSpec::affine(0, MIB, 1000 * MIB);
     spec.fail_at = Some(1001);
-    let bisect = SearchConfig { strategy: StrategyKind::Bisect, ..SearchConfig::default() };
+    let bisect = SearchConfig {
+        strategy: StrategyKind::Bisect,
+        ..SearchConfig::default()
+    };
     let (out, _) = run(spec.clone(), bisect.clone());
     assert_ne!(out.stop_reason, StopReason::Proven);
     assert_eq!(out.max_fitting, Some(1000));
@@ -145,10 +176,113 @@ fn errors_are_never_proof() {
 #[test]
 fn power_strategy_stops_at_first_oom() {
     let spec = SimSpec::affine(0, MIB, 1000 * MIB);
-    let cfg = SearchConfig { strategy: StrategyKind::Power, ..Default::default() };
-    let cfg = SearchConfig { strategy: StrategyKind::Power, ..cfg };
+    let cfg = SearchConfig {
+        strategy: StrategyKind::Power,
+        ..Default::default()
+    };
+    let cfg = SearchConfig {
+        strategy: StrategyKind::Power,
+        ..cfg
+    };
     let (out, _) = run(spec, cfg);
     assert_eq!(out.max_fitting, Some(512));
     assert_eq!(out.first_failing, Some(1024));
     assert_eq!(out.stop_reason, StopReason::PowerResolution);
+}
+
+/// A sim device whose exploration worker carries `overhead` bytes of leftovers (as a long-lived
+/// process does), so it runs out of memory slightly earlier than a fresh process.
+struct HybridSim {
+    spec: SimSpec,
+    overhead: u64,
+    limit: u64,
+    device: crate::backend::DeviceInfo,
+}
+
+impl Backend for HybridSim {
+    fn device(&self) -> &crate::backend::DeviceInfo {
+        &self.device
+    }
+    fn default_budget(&self) -> u64 {
+        self.spec.capacity
+    }
+    fn set_limit(&mut self, l: u64) {
+        self.limit = l;
+    }
+    fn isolation(&self, req: &TrialRequest) -> Isolation {
+        if req.fresh {
+            Isolation::Process
+        } else {
+            Isolation::Worker
+        }
+    }
+    fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
+        let extra = if req.fresh { 0 } else { self.overhead };
+        let p = self.spec.peak(req.batch, req.steps) + extra;
+        Ok(if p <= self.limit {
+            TrialOutcome::Fits {
+                peak_bytes: p,
+                rss_peak_bytes: None,
+                step_seconds: 0.01,
+            }
+        } else {
+            TrialOutcome::Oom {
+                message: "oom".into(),
+                peak_bytes: None,
+                rss_peak_bytes: None,
+            }
+        })
+    }
+}
+
+#[test]
+fn hybrid_proof_runs_fresh_and_survives_false_worker_ooms() {
+    for overhead in [0, 3 * MIB, 300 * MIB] {
+        for strategy in [StrategyKind::Guided, StrategyKind::Bisect] {
+            let spec = SimSpec::affine(600 * MIB, MIB / 100, 1000 * MIB);
+            let truth = spec.true_max(1000 * MIB, 5, 1_000_000);
+            let device = crate::backend::DeviceInfo {
+                kind: "sim".into(),
+                name: "hybrid".into(),
+                total_bytes: 1000 * MIB,
+                free_bytes_at_start: 1000 * MIB,
+            };
+            let mut be = HybridSim {
+                spec,
+                overhead,
+                limit: 0,
+                device,
+            };
+            let cfg = SearchConfig {
+                strategy,
+                ..Default::default()
+            };
+            let out = Prober::new(&mut be, cfg, 1000 * MIB).search();
+            assert_eq!(
+                out.max_fitting,
+                Some(truth),
+                "overhead {overhead} {strategy:?}"
+            );
+            assert_eq!(out.stop_reason, StopReason::Proven);
+            // The answer and the failure above it were both seen in fresh processes.
+            let fresh = |b: u64, fits: bool| {
+                out.trials.iter().any(|t| {
+                    t.batch == b
+                        && t.isolation == Isolation::Process
+                        && t.outcome.fits() == fits
+                        && (fits || t.outcome.is_oom())
+                })
+            };
+            assert!(
+                fresh(truth, true) && fresh(truth + 1, false),
+                "{:?}",
+                out.trials
+            );
+            assert!(
+                out.trials.len() < 60,
+                "overhead {overhead} {strategy:?}: {} trials",
+                out.trials.len()
+            );
+        }
+    }
 }

@@ -18,7 +18,10 @@ pub fn tmp() -> tempfile::TempDir {
 }
 
 pub fn read_json(p: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).unwrap()
+    serde_json::from_str(
+        &std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
+    )
+    .unwrap()
 }
 
 pub fn write_json(p: &Path, v: &Value) {
@@ -31,15 +34,31 @@ pub fn path(dir: &tempfile::TempDir, name: &str) -> PathBuf {
 
 /// A small CPU probe: a tiny MLP under a small real memory limit (seconds, not minutes).
 pub const SMALL_CPU: &[&str] = &[
-    "probe", "--backend", "cpu", "--memory-budget", "800MiB", "--mlp-input", "64", "--mlp-hidden", "128",
-    "--mlp-classes", "10", "--multiple-of", "256", "--threads", "1", "--quiet",
+    "probe",
+    "--backend",
+    "cpu",
+    "--memory-budget",
+    "800MiB",
+    "--mlp-input",
+    "64",
+    "--mlp-hidden",
+    "128",
+    "--mlp-classes",
+    "10",
+    "--multiple-of",
+    "256",
+    "--threads",
+    "1",
+    "--quiet",
 ];
 
 /// PIDs of live processes whose command line contains `needle`.
 pub fn processes_with(needle: &str) -> Vec<u32> {
     let mut v = vec![];
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
         if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) {
             if String::from_utf8_lossy(&cmd).contains(needle) {
                 // skip zombies
