@@ -8,9 +8,9 @@
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
-    let lib = std::env::var("DEP_TCH_LIBTORCH_LIB").ok().or_else(|| {
-        std::env::var("LIBTORCH").ok().map(|d| format!("{d}/lib"))
-    });
+    let lib = std::env::var("DEP_TCH_LIBTORCH_LIB")
+        .ok()
+        .or_else(|| std::env::var("LIBTORCH").ok().map(|d| format!("{d}/lib")));
     if let Some(lib) = lib {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
         println!("cargo:rustc-link-search=native={lib}");

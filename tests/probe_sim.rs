@@ -118,7 +118,7 @@ fn max_trials_gives_partial_plan_and_exit_5() {
             "--sim",
             SIM,
             "--max-trials",
-            "5",
+            "3",
             "--quiet",
             "--out",
         ])
