@@ -329,6 +329,60 @@ pub fn check_writable(out: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// A real plan from a sim probe (no files written).
+    fn sample_plan() -> Plan {
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from([
+            "batchfit",
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            "base=1GiB,per-sample=3MiB,capacity=16GiB",
+            "--global-batch",
+            "1018",
+            "--allow-uneven",
+        ])
+        .unwrap();
+        let crate::cli::Command::Probe(args) = cli.command else { panic!() };
+        let cfg = crate::config::validate(&args).unwrap();
+        crate::probe::run(&cfg, Path::new("unused"), &mut |_| {}).unwrap().plan
+    }
+
+    #[test]
+    fn round_trip() {
+        let plan = sample_plan();
+        assert_eq!(plan.status, Status::Complete);
+        let text = plan.to_json();
+        let back = Plan::parse(&text, Path::new("p.json")).unwrap();
+        assert_eq!(back, plan);
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("plan.json");
+        plan.write_atomic(&f).unwrap();
+        assert_eq!(Plan::read(&f).unwrap(), plan);
+        // no temporary files left beside it
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        /// Truncated or corrupted plan files give an error (never a panic, never a silently
+        /// different plan from a truncated file).
+        #[test]
+        fn corrupted_plans_never_panic(cut in 0.0f64..1.0, pos in 0.0f64..1.0, byte in 0u8..128) {
+            let text = sample_plan().to_json();
+            let n = (text.len() as f64 * cut) as usize;
+            prop_assert!(Plan::parse(&text[..n], Path::new("p")).is_err());
+            let mut bytes = text.clone().into_bytes();
+            let i = ((bytes.len() - 1) as f64 * pos) as usize;
+            bytes[i] = byte;
+            if let Ok(t) = String::from_utf8(bytes) {
+                let _ = Plan::parse(&t, Path::new("p"));
+            }
+        }
+    }
 
     #[test]
     fn partial_names() {
