@@ -66,7 +66,6 @@ fn finds_exact_max_on_generated_curves() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(200))]
     #[test]
     fn exact_max_property(base in 0u64..(4u64<<30), per in 1u64..(64*MIB), cap in (64*MIB)..(100u64<<30),
                           knee in 0u64..200, jump_at in 1u64..100_000, jump in 0u64..(512*MIB),
