@@ -409,16 +409,18 @@ fn replay_file(path: &Path) -> Vec<ReplayReport> {
     let name = path.file_name().unwrap().to_string_lossy().to_string();
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
-        Err(_) => return vec![ReplayReport {
-            tool: name.clone(),
-            status: ReplayStatus::Skipped,
-            detail: format!(
+        Err(_) => {
+            return vec![ReplayReport {
+                tool: name.clone(),
+                status: ReplayStatus::Skipped,
+                detail: format!(
                 "`{}` is absent, so the re-implementation was not checked against the real tool",
                 path.strip_prefix(env!("CARGO_MANIFEST_DIR"))
                     .unwrap_or(path)
                     .display()
             ),
-        }],
+            }]
+        }
     };
     let v: Value = match serde_json::from_str(&text) {
         Ok(v) => v,

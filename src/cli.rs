@@ -33,6 +33,19 @@ pub enum Command {
     /// Search for the largest micro-batch that fits and write a plan.
     #[command(after_help = EXIT_CODES_HELP)]
     Probe(Box<ProbeArgs>),
+    /// Print a plan file in another format (for job scripts and DeepSpeed configs).
+    Show(ShowArgs),
+    /// Print a shell completion script on stdout (e.g. `batchfit completions bash > ~/.local/share/bash-completion/completions/batchfit`).
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) on stdout (e.g. `batchfit man > batchfit.1`, `batchfit man probe`).
+    Man {
+        /// A subcommand's page instead (e.g. `probe` → batchfit-probe(1)).
+        subcommand: Option<String>,
+    },
     /// Run one trial in this process (used internally by the cpu backend).
     #[command(name = "__trial", hide = true)]
     Trial { spec: String },
@@ -89,6 +102,21 @@ pub enum FormatArg {
     Json,
     /// A human summary.
     Text,
+    /// Shell `export BATCHFIT_*=...` lines, for `eval "$(batchfit ... --format env)"`.
+    Env,
+    /// A DeepSpeed config fragment: train_micro_batch_size_per_gpu, gradient_accumulation_steps,
+    /// train_batch_size.
+    Deepspeed,
+}
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The plan file (written by `batchfit probe --out`).
+    #[arg(value_name = "PLAN")]
+    pub plan: PathBuf,
+    /// What to print on stdout.
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: FormatArg,
 }
 
 #[derive(Debug, Args)]
@@ -186,11 +214,15 @@ pub struct ProbeArgs {
     /// What to print on stdout.
     #[arg(long, value_enum, default_value = "json")]
     pub format: FormatArg,
+    /// Advise a smaller tested size when its samples/s is within this fraction of the best measured
+    /// (0.03 = 3%). In [0, 1).
+    #[arg(long, value_name = "F", default_value_t = 0.03)]
+    pub throughput_tolerance: f64,
     /// No progress lines on stderr.
     #[arg(long, short)]
     pub quiet: bool,
 
-    /// Fault injection for tests of the trial runner: hang|crash|nan|no-result[@MIN_BATCH].
+    /// Fault injection for tests of the trial runner: hang|crash|kill|nan|no-result[@MIN_BATCH].
     #[arg(long, hide = true)]
     pub inject_fault: Option<String>,
 }

@@ -46,6 +46,9 @@ pub struct ProbeConfig {
     pub seed: i64,
     pub out: Option<PathBuf>,
     pub format: FormatArg,
+    /// `--throughput-tolerance`: a smaller tested size within this fraction of the best samples/s is
+    /// advised (`fastest_micro_batch`).
+    pub throughput_tolerance: f64,
     pub quiet: bool,
     pub fault: Option<FaultAt>,
 }
@@ -163,6 +166,19 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         Some(t) => t,
         None => std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
     };
+    if !a.throughput_tolerance.is_finite() || !(0.0..1.0).contains(&a.throughput_tolerance) {
+        return err(format!(
+            "--throughput-tolerance {} is outside [0, 1); it is a fraction, e.g. 0.03 for 3%",
+            a.throughput_tolerance
+        ));
+    }
+    if a.format == FormatArg::Deepspeed && a.allow_uneven {
+        return err(
+            "--format deepspeed cannot express micro-batches of unequal size; drop --allow-uneven \
+             (or use --format json)"
+                .into(),
+        );
+    }
     if let Some(out) = &a.out {
         plan::check_writable(out).map_err(ConfigError)?;
     }
@@ -204,6 +220,7 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         seed: a.seed,
         out: a.out.clone(),
         format: a.format,
+        throughput_tolerance: a.throughput_tolerance,
         quiet: a.quiet,
         fault,
     })

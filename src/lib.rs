@@ -8,19 +8,25 @@
 //! * [`backend`]: `sim` (a formula), `cpu` (child processes under `RLIMIT_DATA`), `cuda`;
 //! * [`trial`] / [`step`] / [`models`]: the only code that runs tch: a trial child and the shared
 //!   training step that `batchfit-train` reuses;
-//! * [`plan`]: the versioned JSON contract with the trainer and job scripts; [`accumulate`]: the split.
+//! * [`plan`]: the versioned JSON contract with the trainer and job scripts; [`accumulate`]: the split;
+//! * [`output`]: the plan as json/text/env/deepspeed, completions and the man page; [`throughput`]:
+//!   samples/s advice; [`progress`]: progress on stderr.
 
 pub mod accumulate;
 pub mod backend;
 pub mod cli;
 pub mod config;
+pub mod gpu;
 pub mod interrupt;
 pub mod models;
 pub mod oom;
+pub mod output;
 pub mod plan;
 pub mod probe;
+pub mod progress;
 pub mod search;
 pub mod step;
 pub mod sysmem;
+pub mod throughput;
 pub mod trial;
 pub mod units;

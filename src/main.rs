@@ -1,9 +1,12 @@
 //! `batchfit`: parse → validate → probe → exit code. Exit codes are listed in `--help` and README.
 
-use batchfit::cli::{Cli, Command, FormatArg};
+use batchfit::cli::{Cli, Command, FormatArg, ShowArgs};
+use batchfit::plan::Plan;
 use batchfit::probe::{self, Ending, ProbeError};
-use batchfit::{config, interrupt, sysmem, trial};
+use batchfit::progress::StderrProgress;
+use batchfit::{config, interrupt, output, sysmem, trial};
 use clap::Parser;
+use std::io::Write;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -19,6 +22,54 @@ fn main() -> ExitCode {
         Command::Trial { spec } => trial::child_main(&spec),
         Command::Worker { template } => trial::worker_main(&template),
         Command::Probe(args) => probe_main(&args),
+        Command::Show(args) => show_main(&args),
+        Command::Completions { shell } => {
+            let mut out = std::io::stdout().lock();
+            output::completions(shell, &mut out);
+            finish_stdout(out)
+        }
+        Command::Man { subcommand } => {
+            let mut out = std::io::stdout().lock();
+            if let Err(e) = output::man_page(subcommand.as_deref(), &mut out) {
+                eprintln!("batchfit: error: {e}");
+                return ExitCode::from(match e {
+                    output::OutputError::Io(_) => 3,
+                    _ => 2,
+                });
+            }
+            finish_stdout(out)
+        }
+    }
+}
+
+fn finish_stdout(mut out: std::io::StdoutLock) -> ExitCode {
+    match out.flush() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("batchfit: error: cannot write to stdout: {e}");
+            ExitCode::from(3)
+        }
+    }
+}
+
+/// `batchfit show PLAN --format ...`: an existing plan in another format.
+fn show_main(args: &ShowArgs) -> ExitCode {
+    let plan = match Plan::read(&args.plan) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("batchfit: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match output::render(&plan, args.format, Some(&args.plan)) {
+        Ok(s) => {
+            print!("{s}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("batchfit: error: {e}");
+            ExitCode::from(2)
+        }
     }
 }
 
@@ -42,12 +93,10 @@ fn probe_main(args: &batchfit::cli::ProbeArgs) -> ExitCode {
         }
     };
     let quiet = cfg.quiet;
-    let mut progress = |line: &str| {
-        if !quiet {
-            eprintln!("{line}");
-        }
-    };
-    let report = match probe::run(&cfg, &exe, &mut progress) {
+    let mut progress = StderrProgress::new(quiet);
+    let result = probe::run_with(&cfg, &exe, &mut progress);
+    progress.finish();
+    let report = match result {
         Ok(r) => r,
         Err(e) => {
             eprintln!("batchfit: error: {e}");
@@ -60,14 +109,19 @@ fn probe_main(args: &batchfit::cli::ProbeArgs) -> ExitCode {
     for n in &report.notices {
         eprintln!("{n}");
     }
-    match cfg.format {
-        FormatArg::Json => println!("{}", report.plan.to_json()),
-        FormatArg::Text => print!("{}", probe::summary(&report.plan)),
+    // BATCHFIT_PLAN only names a complete plan (a partial one has no recommendation to export).
+    let plan_path = report
+        .written
+        .as_deref()
+        .filter(|_| report.ending == Ending::Complete);
+    match output::render(&report.plan, cfg.format, plan_path) {
+        Ok(s) => print!("{s}"),
+        Err(e) => eprintln!("batchfit: error: {e}"),
     }
     if !quiet && cfg.format != FormatArg::Text {
         eprint!("{}", probe::summary(&report.plan));
     }
-    if let Some(p) = &report.written {
+    if let Some(p) = report.written.as_ref().filter(|_| !quiet) {
         eprintln!("batchfit: plan written to {}", p.display());
     }
     ExitCode::from(match report.ending {

@@ -100,6 +100,14 @@ pub struct Recommendation {
     pub warning: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub better_global_batches: Vec<u64>,
+    /// The smallest tested size, below `micro_batch`, whose measured samples/s is within
+    /// `--throughput-tolerance` of the best measured (see [`crate::throughput`]); absent otherwise
+    /// and in plans written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fastest_micro_batch: Option<u64>,
+    /// Measured samples/s of `fastest_micro_batch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fastest_samples_per_second: Option<f64>,
 }
 
 impl Recommendation {
@@ -127,6 +135,8 @@ impl Recommendation {
             micro_batches: s.micro_batches.clone(),
             warning: s.warning.clone(),
             better_global_batches: s.better_global_batches.clone(),
+            fastest_micro_batch: None,
+            fastest_samples_per_second: None,
         }
     }
 }
@@ -346,9 +356,13 @@ mod tests {
             "--allow-uneven",
         ])
         .unwrap();
-        let crate::cli::Command::Probe(args) = cli.command else { panic!() };
+        let crate::cli::Command::Probe(args) = cli.command else {
+            panic!()
+        };
         let cfg = crate::config::validate(&args).unwrap();
-        crate::probe::run(&cfg, Path::new("unused"), &mut |_| {}).unwrap().plan
+        crate::probe::run(&cfg, Path::new("unused"), &mut |_| {})
+            .unwrap()
+            .plan
     }
 
     #[test]
@@ -367,7 +381,6 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(200))]
         /// Truncated or corrupted plan files give an error (never a panic, never a silently
         /// different plan from a truncated file).
         #[test]

@@ -13,6 +13,7 @@ use crate::config::{self, BackendChoice, ProbeConfig};
 use crate::plan::{self, ModelInfo, Plan, Recommendation, Runtime, SearchSettings, Status, Tool};
 use crate::search::{Prober, Purpose, SearchOutcome, Stop, StopReason, TrialRecord};
 use crate::sysmem;
+use crate::throughput;
 use crate::trial::TrialSpec;
 use crate::units::format_size;
 use std::path::{Path, PathBuf};
@@ -121,10 +122,36 @@ pub fn progress_line(n: usize, t: &TrialRecord, limit: u64) -> String {
     )
 }
 
+/// Receives the probe's progress: lines for stderr, and every trial as it ends.
+pub trait Progress {
+    fn line(&mut self, line: &str);
+    /// Trial number `n` (1-based) ended. Default: one [`progress_line`].
+    fn trial(&mut self, n: usize, t: &TrialRecord, limit: u64) {
+        self.line(&progress_line(n, t, limit));
+    }
+}
+
+struct Lines<'a>(&'a mut dyn FnMut(&str));
+
+impl Progress for Lines<'_> {
+    fn line(&mut self, line: &str) {
+        (self.0)(line)
+    }
+}
+
+/// [`run_with`] with progress as plain lines.
 pub fn run(
     cfg: &ProbeConfig,
     exe: &Path,
     progress: &mut dyn FnMut(&str),
+) -> Result<ProbeReport, ProbeError> {
+    run_with(cfg, exe, &mut Lines(progress))
+}
+
+pub fn run_with(
+    cfg: &ProbeConfig,
+    exe: &Path,
+    progress: &mut dyn Progress,
 ) -> Result<ProbeReport, ProbeError> {
     let mut notices = vec![];
     let mut backend = make_backend(cfg, exe, &mut notices)?;
@@ -189,7 +216,7 @@ pub fn run(
         warnings: vec![],
     };
     let partial = cfg.out.as_deref().map(plan::partial_path);
-    progress(&format!(
+    progress.line(&format!(
         "batchfit: {} on {} ({}): budget {}, limit {} ({} params)",
         skeleton.model.name,
         skeleton.device.kind,
@@ -200,6 +227,7 @@ pub fn run(
     ));
 
     let mut write_error = None;
+    let mut non_monotonic: Vec<(u64, bool)> = vec![];
     let (outcome, split_result) = {
         let sk = &skeleton;
         let partial = partial.clone();
@@ -207,7 +235,7 @@ pub fn run(
         let progress = &mut *progress;
         let mut prober =
             Prober::new(backend.as_mut(), cfg.search.clone(), limit).on_trial(move |t, all| {
-                progress(&progress_line(all.len(), t, limit));
+                progress.trial(all.len(), t, limit);
                 if let Some(p) = &partial {
                     let mut snap = sk.clone();
                     snap.trials = all.to_vec();
@@ -231,7 +259,19 @@ pub fn run(
                         };
                         let mut confirmed: Result<(), Stop> = Ok(());
                         for b in sizes {
-                            match prober.confirm(b, Purpose::Split) {
+                            // A size below a proven fit that fails means memory is not monotonic in
+                            // the batch size here: re-test once, then resolve conservatively (no
+                            // recommendation of that split) and flag it.
+                            let first = prober.confirm(b, Purpose::Split);
+                            let again = match first {
+                                Ok(false) => {
+                                    let retest = prober.confirm(b, Purpose::Retry);
+                                    non_monotonic.push((b, matches!(retest, Ok(true))));
+                                    retest.map(|_| false)
+                                }
+                                other => other,
+                            };
+                            match again {
                                 Ok(true) => {}
                                 Ok(false) => {
                                     confirmed = Err(Stop::Fatal(format!(
@@ -266,6 +306,14 @@ pub fn run(
 
     let mut plan = skeleton.clone();
     plan.trials = outcome.trials.clone();
+    for (b, retest_fit) in &non_monotonic {
+        plan.warnings.push(format!(
+            "non-monotonic memory: micro-batch {b} ran out of memory although {} fit; the re-test {}; \
+             resolved conservatively: no recommendation relies on {b}",
+            outcome.max_fitting.unwrap_or(0),
+            if *retest_fit { "fit (flaky near the limit)" } else { "ran out of memory again" }
+        ));
+    }
     plan.stop_reason = outcome.stop_reason;
     plan.stop_detail = outcome
         .fatal
@@ -290,12 +338,18 @@ pub fn run(
                 .filter(|t| t.batch == s.micro_batch && t.outcome.fits())
                 .max_by_key(|t| t.steps)
                 .expect("split size confirmed");
-            plan.recommendation = Some(Recommendation::from_split(
-                &s,
-                max,
-                outcome.first_failing,
-                rec,
-            ));
+            let mut r = Recommendation::from_split(&s, max, outcome.first_failing, rec);
+            if let Some(a) = throughput::advise(
+                &outcome.trials,
+                cfg.search.steps,
+                cfg.search.confirm_steps,
+                cfg.throughput_tolerance,
+                r.micro_batch,
+            ) {
+                r.fastest_micro_batch = Some(a.fastest.batch);
+                r.fastest_samples_per_second = Some(a.fastest.samples_per_second);
+            }
+            plan.recommendation = Some(r);
             if let Some(w) = &s.warning {
                 plan.warnings.push(w.clone());
             }
@@ -375,6 +429,11 @@ pub fn summary(plan: &Plan) -> String {
             );
         }
         _ => s += &format!("no recommendation: status {:?}\n", plan.status),
+    }
+    if plan.status == Status::Complete {
+        if let Some(line) = throughput::summary_line(plan) {
+            s += &line;
+        }
     }
     s += &format!("stopped: {}\n", plan.stop_detail);
     s += &format!("{n} trials, {secs:.1} s of trials\n");

@@ -33,6 +33,8 @@ pub enum Fault {
     Hang,
     /// Abort with SIGABRT.
     Crash,
+    /// Die by SIGKILL (not from the kernel's OOM killer: must count as an error, not an oom).
+    Kill,
     /// Report a NaN loss.
     Nan,
     /// Exit 0 without printing a result.
@@ -53,11 +55,12 @@ impl FaultAt {
         let fault = match name {
             "hang" => Fault::Hang,
             "crash" => Fault::Crash,
+            "kill" => Fault::Kill,
             "nan" => Fault::Nan,
             "no-result" => Fault::NoResult,
             _ => {
                 return Err(format!(
-                    "unknown fault {name:?} (hang, crash, nan, no-result)"
+                    "unknown fault {name:?} (hang, crash, kill, nan, no-result)"
                 ))
             }
         };
@@ -136,6 +139,11 @@ pub fn run(spec: &TrialSpec) -> TrialOutcome {
                 std::thread::sleep(Duration::from_secs(3600));
             },
             Fault::Crash => std::process::abort(),
+            Fault::Kill => {
+                // SAFETY: raising a signal on ourselves.
+                unsafe { libc::raise(libc::SIGKILL) };
+                unreachable!("SIGKILL cannot be caught")
+            }
             Fault::NoResult => {
                 let _ = std::io::stdout().flush();
                 // SAFETY: exiting without running destructors is the point of this fault.

@@ -239,7 +239,7 @@ fn stuck_trial_is_killed_by_the_timeout() {
 
 #[test]
 fn crashing_or_silent_trials_are_never_fits() {
-    for fault in ["crash@1", "no-result@1", "nan@1"] {
+    for fault in ["crash@1", "kill@1", "no-result@1", "nan@1"] {
         let o = batchfit()
             .args(SMALL_CPU)
             .args(["--inject-fault", fault])

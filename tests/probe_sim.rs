@@ -290,3 +290,48 @@ fn help_lists_exit_codes() {
         .success()
         .stdout(predicate::str::contains("143  interrupted by SIGTERM"));
 }
+
+#[test]
+fn non_monotonic_split_is_retested_and_flagged() {
+    // Sizes in [~2120, 2500) run out of memory (a jump at 2000), larger ones fit again (a dip at 2500):
+    // the split of 4900 into 2 × 2450 lands in the hole although 4846 fits.
+    let sim = format!("{SIM},jump=2000:8GiB,dip=2500:8GiB");
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    batchfit()
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            &sim,
+            "--strategy",
+            "bisect",
+            "--global-batch",
+            "4900",
+            "--quiet",
+            "--out",
+        ])
+        .arg(&out)
+        .assert()
+        .code(4);
+    assert!(!out.exists(), "no complete plan from a non-monotonic split");
+    let p = read_json(&path(&d, "plan.partial.json"));
+    assert_eq!(p["status"], "partial");
+    assert!(
+        p["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("non-monotonic memory: micro-batch 2450"),
+        "{}",
+        p["warnings"]
+    );
+    let t2450: Vec<_> = p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["batch"] == 2450)
+        .collect();
+    assert_eq!(t2450.len(), 2, "tested and re-tested");
+    assert!(p["recommendation"].is_null());
+}

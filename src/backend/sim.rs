@@ -9,6 +9,8 @@
 //! * `capacity=SIZE`    the device size (the default budget);
 //! * `knee=N`           below N samples the footprint stays at its value for N (allocator granularity);
 //! * `jump=N:SIZE`      from N samples on, SIZE more (an algorithm switch); may repeat;
+//! * `dip=N:SIZE`       from N samples on, SIZE less (a non-monotonic curve, e.g. a kernel that needs
+//!                      less workspace at larger sizes); may repeat;
 //! * `late=SIZE`        extra bytes per sample that appear only in trials of more than 3 steps;
 //! * `noise=F`          the *reported* peak varies by up to ±F (fraction, < 0.5) of itself, deterministically
 //!                      per (batch, steps, seed); the fit decision uses the true value;
@@ -40,6 +42,8 @@ pub struct SimSpec {
     #[serde(default)]
     pub jumps: Vec<(u64, u64)>,
     #[serde(default)]
+    pub dips: Vec<(u64, u64)>,
+    #[serde(default)]
     pub late_per_sample: u64,
     #[serde(default)]
     pub noise: f64,
@@ -57,6 +61,7 @@ impl SimSpec {
             capacity,
             knee: 0,
             jumps: vec![],
+            dips: vec![],
             late_per_sample: 0,
             noise: 0.0,
             seed: 0,
@@ -112,6 +117,12 @@ impl SimSpec {
                         .ok_or_else(|| err(format!("jump={v:?}: expected N:SIZE")))?;
                     s.jumps.push((count(n)?, size(sz)?));
                 }
+                "dip" => {
+                    let (n, sz) = v
+                        .split_once(':')
+                        .ok_or_else(|| err(format!("dip={v:?}: expected N:SIZE")))?;
+                    s.dips.push((count(n)?, size(sz)?));
+                }
                 "late" => s.late_per_sample = size(v)?,
                 "noise" => {
                     let f: f64 = v
@@ -147,6 +158,11 @@ impl SimSpec {
         for &(n, sz) in &self.jumps {
             if batch >= n {
                 p = p.saturating_add(sz);
+            }
+        }
+        for &(n, sz) in &self.dips {
+            if batch >= n {
+                p = p.saturating_sub(sz);
             }
         }
         if steps > 3 {

@@ -52,7 +52,11 @@ pub fn diagnose(q: &dyn GpuQuery, plan: Option<&Plan>) -> DoctorReport {
         Ok((v, gpus)) => {
             r.driver_version = Some(v);
             for g in &gpus {
-                let others: Vec<_> = g.processes.iter().filter(|p| p.pid != std::process::id()).collect();
+                let others: Vec<_> = g
+                    .processes
+                    .iter()
+                    .filter(|p| p.pid != std::process::id())
+                    .collect();
                 if !others.is_empty() {
                     let known: u64 = others.iter().filter_map(|p| p.used_bytes).sum();
                     let unknown = others.iter().filter(|p| p.used_bytes.is_none()).count();
@@ -144,7 +148,8 @@ impl DoctorReport {
                 s += &format!(
                     "    pid {:>8}: {}\n",
                     p.pid,
-                    p.used_bytes.map_or("usage not reported".into(), format_size)
+                    p.used_bytes
+                        .map_or("usage not reported".into(), format_size)
                 );
             }
         }
@@ -167,25 +172,51 @@ mod tests {
 
     #[test]
     fn reports_other_processes_and_advice() {
-        let f = fake_h200(vec![GpuProcess { pid: 4242, used_bytes: Some(20 << 30) }, GpuProcess { pid: 4343, used_bytes: None }]);
+        let f = fake_h200(vec![
+            GpuProcess {
+                pid: 4242,
+                used_bytes: Some(20 << 30),
+            },
+            GpuProcess {
+                pid: 4343,
+                used_bytes: None,
+            },
+        ]);
         let r = diagnose(&f, None);
         assert!(r.ok);
         assert_eq!(r.gpus.len(), 1);
-        assert!(r.findings[0].contains("2 other process(es) holding 20.00 GiB (+1 whose usage"), "{:?}", r.findings);
+        assert!(
+            r.findings[0].contains("2 other process(es) holding 20.00 GiB (+1 whose usage"),
+            "{:?}",
+            r.findings
+        );
         let t = r.to_text();
-        assert!(t.contains("NVIDIA H200") && t.contains("expandable_segments") && t.contains("pid     4242: 20.00 GiB"), "{t}");
+        assert!(
+            t.contains("NVIDIA H200")
+                && t.contains("expandable_segments")
+                && t.contains("pid     4242: 20.00 GiB"),
+            "{t}"
+        );
         let j: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(j["gpus"][0]["processes"][0]["pid"], 4242);
     }
 
     #[test]
     fn no_driver_is_an_error_inside_valid_json() {
-        let f = FakeGpus { fail: Some(GpuError::NoDriver("libnvidia-ml.so.1: cannot open shared object file".into())), ..Default::default() };
+        let f = FakeGpus {
+            fail: Some(GpuError::NoDriver(
+                "libnvidia-ml.so.1: cannot open shared object file".into(),
+            )),
+            ..Default::default()
+        };
         let r = diagnose(&f, None);
         assert!(!r.ok);
         let j = serde_json::to_string(&r).unwrap();
         let v: serde_json::Value = serde_json::from_str(&j).unwrap();
         assert!(v["error"].as_str().unwrap().contains("--backend cpu"));
-        assert!(v["gpus"].as_array().unwrap().is_empty(), "no zeros invented");
+        assert!(
+            v["gpus"].as_array().unwrap().is_empty(),
+            "no zeros invented"
+        );
     }
 }

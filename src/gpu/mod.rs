@@ -19,7 +19,9 @@ pub enum GpuError {
          (real training steps under a RAM limit) or --backend sim (a simulated memory curve)"
     )]
     NoDriver(String),
-    #[error("GPU index {index} does not exist: this machine has {count} GPU(s) (indices 0..{count})")]
+    #[error(
+        "GPU index {index} does not exist: this machine has {count} GPU(s) (indices 0..{count})"
+    )]
     NoSuchDevice { index: u32, count: u32 },
     #[error("NVML query failed: {0}")]
     Query(String),
@@ -55,7 +57,12 @@ pub trait GpuQuery {
     }
     /// Memory NVML attributes to `pid` on `index` (`None`: unavailable, e.g. another PID namespace).
     fn process_used(&self, index: u32, pid: u32) -> Result<Option<u64>, GpuError> {
-        Ok(self.device(index)?.processes.iter().find(|p| p.pid == pid).and_then(|p| p.used_bytes))
+        Ok(self
+            .device(index)?
+            .processes
+            .iter()
+            .find(|p| p.pid == pid)
+            .and_then(|p| p.used_bytes))
     }
 }
 
@@ -88,7 +95,10 @@ impl GpuQuery for FakeGpus {
         self.gpus
             .get(index as usize)
             .cloned()
-            .ok_or(GpuError::NoSuchDevice { index, count: self.gpus.len() as u32 })
+            .ok_or(GpuError::NoSuchDevice {
+                index,
+                count: self.gpus.len() as u32,
+            })
     }
 }
 
@@ -103,10 +113,11 @@ pub fn select(spec: &str, q: &dyn GpuQuery) -> Result<Vec<u32>, GpuError> {
     }
     let mut v = vec![];
     for part in spec.split(',') {
-        let index: u32 = part
-            .trim()
-            .parse()
-            .map_err(|_| GpuError::Query(format!("--gpus {spec:?}: {part:?} is not a GPU index (use `all` or e.g. 0,2)")))?;
+        let index: u32 = part.trim().parse().map_err(|_| {
+            GpuError::Query(format!(
+                "--gpus {spec:?}: {part:?} is not a GPU index (use `all` or e.g. 0,2)"
+            ))
+        })?;
         if index >= count {
             return Err(GpuError::NoSuchDevice { index, count });
         }
@@ -143,19 +154,40 @@ mod tests {
     #[test]
     fn selection() {
         let mut f = fake_h200(vec![]);
-        f.gpus.push(GpuInfo { index: 1, ..f.gpus[0].clone() });
+        f.gpus.push(GpuInfo {
+            index: 1,
+            ..f.gpus[0].clone()
+        });
         assert_eq!(select("all", &f).unwrap(), vec![0, 1]);
         assert_eq!(select("1,0,1", &f).unwrap(), vec![0, 1]);
-        assert_eq!(select("2", &f), Err(GpuError::NoSuchDevice { index: 2, count: 2 }));
+        assert_eq!(
+            select("2", &f),
+            Err(GpuError::NoSuchDevice { index: 2, count: 2 })
+        );
         assert!(select("x", &f).is_err());
-        let none = FakeGpus { fail: Some(GpuError::NoDriver("libnvidia-ml.so.1: cannot open".into())), ..Default::default() };
+        let none = FakeGpus {
+            fail: Some(GpuError::NoDriver("libnvidia-ml.so.1: cannot open".into())),
+            ..Default::default()
+        };
         let e = select("all", &none).unwrap_err().to_string();
-        assert!(e.contains("--backend cpu") && e.contains("--backend sim"), "{e}");
+        assert!(
+            e.contains("--backend cpu") && e.contains("--backend sim"),
+            "{e}"
+        );
     }
 
     #[test]
     fn per_process_memory() {
-        let f = fake_h200(vec![GpuProcess { pid: 42, used_bytes: Some(3 << 30) }, GpuProcess { pid: 7, used_bytes: None }]);
+        let f = fake_h200(vec![
+            GpuProcess {
+                pid: 42,
+                used_bytes: Some(3 << 30),
+            },
+            GpuProcess {
+                pid: 7,
+                used_bytes: None,
+            },
+        ]);
         assert_eq!(f.process_used(0, 42).unwrap(), Some(3 << 30));
         assert_eq!(f.process_used(0, 7).unwrap(), None);
         assert_eq!(f.process_used(0, 9).unwrap(), None);

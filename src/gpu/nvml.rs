@@ -86,7 +86,10 @@ mod tests {
         match RealNvml::get() {
             Err(e) => {
                 let m = e.to_string();
-                assert!(m.contains("--backend cpu") && m.contains("--backend sim"), "{m}");
+                assert!(
+                    m.contains("--backend cpu") && m.contains("--backend sim"),
+                    "{m}"
+                );
                 eprintln!("no NVIDIA driver here (expected on CPU machines): {m}");
             }
             Ok(n) => {

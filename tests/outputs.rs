@@ -1,0 +1,403 @@
+//! Job-script integration of the real `batchfit` binary on the simulated backend: `--format
+//! json|text|env|deepspeed`, `batchfit show`, throughput advice, completions and the man page.
+
+mod common;
+use common::*;
+use predicates::prelude::*;
+use std::process::Command as StdCommand;
+
+const SIM: &str = "base=1GiB,per-sample=3MiB,capacity=16GiB";
+
+fn probe(extra: &[&str]) -> assert_cmd::Command {
+    let mut c = batchfit();
+    c.args(["probe", "--backend", "sim", "--sim", SIM])
+        .args(extra);
+    c
+}
+
+fn stdout_of(a: &assert_cmd::assert::Assert) -> String {
+    String::from_utf8(a.get_output().stdout.clone()).unwrap()
+}
+
+#[test]
+fn env_format_exports_quoted_values_and_out_holds_json() {
+    let d = tmp();
+    // a path a shell would split or expand if it were not quoted
+    let out = path(&d, "my plan's $HOME.json");
+    let a = probe(&["--global-batch", "8192", "--format", "env", "--out"])
+        .arg(&out)
+        .assert()
+        .success()
+        // progress and the summary stay on stderr
+        .stderr(predicate::str::contains("trial   1: batch"))
+        .stderr(predicate::str::contains("micro-batch 4096"));
+    let stdout = stdout_of(&a);
+    assert!(
+        stdout.lines().all(|l| l.starts_with("export BATCHFIT_")),
+        "{stdout}"
+    );
+    // --out always holds the JSON plan
+    let plan = read_json(&out);
+    assert_eq!(plan["status"], "complete");
+    // the shell reads back exactly the values
+    let script =
+        "set -e\neval \"$1\"\nprintf '%s\\n' \"$BATCHFIT_MICRO_BATCH\" \"$BATCHFIT_ACCUMULATION\" \
+         \"$BATCHFIT_GLOBAL_BATCH\" \"$BATCHFIT_WORLD_SIZE\" \"$BATCHFIT_MAX_FITTING_BATCH\" \
+         \"$BATCHFIT_STATUS\" \"$BATCHFIT_PLAN\"\n";
+    let sh = StdCommand::new("sh")
+        .args(["-c", script, "sh", &stdout])
+        .output()
+        .unwrap();
+    assert!(
+        sh.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sh.stderr)
+    );
+    let vals: Vec<String> = String::from_utf8(sh.stdout)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    assert_eq!(
+        vals,
+        vec![
+            "4096".to_string(),
+            "2".into(),
+            "8192".into(),
+            "1".into(),
+            "4846".into(),
+            "complete".into(),
+            out.display().to_string(),
+        ]
+    );
+}
+
+#[test]
+fn env_format_without_recommendation_prints_only_status() {
+    let a = probe(&["--max-trials", "2", "--format", "env", "--quiet"])
+        .assert()
+        .code(5);
+    assert_eq!(stdout_of(&a), "export BATCHFIT_STATUS=partial\n");
+    let a = batchfit()
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            "base=23GiB,per-sample=1MiB,capacity=24GiB",
+            "--format",
+            "env",
+            "--quiet",
+        ])
+        .assert()
+        .code(1);
+    assert_eq!(stdout_of(&a), "export BATCHFIT_STATUS=nothing-fits\n");
+}
+
+#[test]
+fn deepspeed_format_is_a_config_fragment() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let a = probe(&[
+        "--global-batch",
+        "16384",
+        "--world-size",
+        "2",
+        "--format",
+        "deepspeed",
+        "--quiet",
+        "--out",
+    ])
+    .arg(&out)
+    .assert()
+    .success();
+    let v: serde_json::Value = serde_json::from_slice(&a.get_output().stdout).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({
+            "train_micro_batch_size_per_gpu": 4096,
+            "gradient_accumulation_steps": 2,
+            "train_batch_size": 16384
+        })
+    );
+    assert_eq!(read_json(&out)["recommendation"]["micro_batch"], 4096);
+    // no recommendation: nothing on stdout, the exit code says why
+    probe(&["--max-trials", "2", "--format", "deepspeed", "--quiet"])
+        .assert()
+        .code(5)
+        .stdout(predicate::str::is_empty());
+    // unequal micro-batches cannot be expressed: refused before anything runs
+    probe(&[
+        "--global-batch",
+        "1018",
+        "--allow-uneven",
+        "--format",
+        "deepspeed",
+    ])
+    .assert()
+    .code(2)
+    .stdout(predicate::str::is_empty())
+    .stderr(
+        predicate::str::contains("--allow-uneven").and(predicate::str::contains("trial").not()),
+    );
+}
+
+#[test]
+fn json_and_text_formats_unchanged() {
+    let a = probe(&["--quiet"]).assert().success();
+    let v: serde_json::Value = serde_json::from_slice(&a.get_output().stdout).unwrap();
+    assert_eq!(v["schema_version"], 1);
+    probe(&["--format", "text", "--quiet"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "largest fitting micro-batch: 4846",
+        ))
+        .stderr(predicate::str::is_empty());
+}
+
+#[test]
+fn show_converts_an_existing_plan() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    probe(&["--global-batch", "8192", "--quiet", "--out"])
+        .arg(&out)
+        .assert()
+        .success();
+    let a = batchfit()
+        .arg("show")
+        .arg(&out)
+        .args(["--format", "json"])
+        .assert()
+        .success();
+    let v: serde_json::Value = serde_json::from_slice(&a.get_output().stdout).unwrap();
+    assert_eq!(v, read_json(&out));
+    batchfit()
+        .arg("show")
+        .arg(&out)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "micro-batch 4096 × accumulation 2 × world size 1 = global batch 8192",
+        ));
+    batchfit()
+        .arg("show")
+        .arg(&out)
+        .args(["--format", "env"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "export BATCHFIT_MICRO_BATCH=4096\n",
+        ))
+        .stdout(predicate::str::contains(format!(
+            "export BATCHFIT_PLAN={}\n",
+            out.display()
+        )));
+    let a = batchfit()
+        .arg("show")
+        .arg(&out)
+        .args(["--format", "deepspeed"])
+        .assert()
+        .success();
+    let v: serde_json::Value = serde_json::from_slice(&a.get_output().stdout).unwrap();
+    assert_eq!(v["gradient_accumulation_steps"], 2);
+}
+
+#[test]
+fn show_refuses_unreadable_plans_with_exit_2() {
+    let d = tmp();
+    batchfit()
+        .arg("show")
+        .arg(path(&d, "missing.json"))
+        .assert()
+        .code(2)
+        .stdout(predicate::str::is_empty())
+        .stderr(predicate::str::contains("does not exist"));
+    let bad = path(&d, "bad.json");
+    std::fs::write(&bad, "{\"schema_version\": 1, \"sta").unwrap();
+    batchfit()
+        .arg("show")
+        .arg(&bad)
+        .args(["--format", "env"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("not valid JSON"));
+    let newer = path(&d, "newer.json");
+    std::fs::write(&newer, "{\"schema_version\": 99}").unwrap();
+    batchfit()
+        .arg("show")
+        .arg(&newer)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("newer than this build"));
+    // an uneven plan cannot become a DeepSpeed fragment
+    let uneven = path(&d, "uneven.json");
+    probe(&[
+        "--global-batch",
+        "1018",
+        "--allow-uneven",
+        "--quiet",
+        "--out",
+    ])
+    .arg(&uneven)
+    .assert()
+    .success();
+    if read_json(&uneven)["recommendation"]["uneven"] == true {
+        batchfit()
+            .arg("show")
+            .arg(&uneven)
+            .args(["--format", "deepspeed"])
+            .assert()
+            .code(2)
+            .stdout(predicate::str::is_empty())
+            .stderr(predicate::str::contains("differ in size"));
+    }
+}
+
+/// Bisection tests every power of two on the way up, so smaller sizes have measured samples/s.
+fn bisect_plan(d: &tempfile::TempDir, tolerance: &str) -> serde_json::Value {
+    let out = path(d, &format!("plan-{tolerance}.json"));
+    probe(&[
+        "--strategy",
+        "bisect",
+        "--throughput-tolerance",
+        tolerance,
+        "--quiet",
+        "--out",
+    ])
+    .arg(&out)
+    .assert()
+    .success();
+    read_json(&out)
+}
+
+#[test]
+fn throughput_advice_names_only_tested_fitting_sizes() {
+    let d = tmp();
+    // Sim step time is affine in the batch, so samples/s grows with it; the best is the largest size.
+    let plan = bisect_plan(&d, "0.2");
+    let r = &plan["recommendation"];
+    let fastest = r["fastest_micro_batch"].as_u64().expect("advice at 20%");
+    let micro = r["micro_batch"].as_u64().unwrap();
+    assert!(fastest < micro);
+    // recompute from the trials: smallest fitting size run with 3 or 5 steps within 20% of the best
+    let trials = plan["trials"].as_array().unwrap();
+    let sps: Vec<(u64, f64)> = trials
+        .iter()
+        .filter(|t| t["outcome"] == "fits" && (t["steps"] == 3 || t["steps"] == 5))
+        .map(|t| {
+            let b = t["batch"].as_u64().unwrap();
+            (b, b as f64 / t["step_seconds"].as_f64().unwrap())
+        })
+        .collect();
+    let best = sps.iter().map(|x| x.1).fold(0.0, f64::max);
+    let expected = sps
+        .iter()
+        .filter(|(b, s)| *b < micro && *s >= best * 0.8)
+        .map(|x| x.0)
+        .min()
+        .unwrap();
+    assert_eq!(fastest, expected);
+    assert!(trials
+        .iter()
+        .any(|t| t["batch"] == fastest && t["outcome"] == "fits"));
+    let got = r["fastest_samples_per_second"].as_f64().unwrap();
+    assert!((got - sps.iter().find(|x| x.0 == fastest).unwrap().1).abs() < 1e-6 * got);
+
+    // no advice at 0 tolerance (the largest size is the fastest): the field is absent
+    let plan = bisect_plan(&d, "0");
+    assert!(plan["recommendation"].get("fastest_micro_batch").is_none());
+
+    // the text summary says so
+    probe(&[
+        "--strategy",
+        "bisect",
+        "--throughput-tolerance",
+        "0.2",
+        "--format",
+        "text",
+        "--quiet",
+    ])
+    .assert()
+    .success()
+    .stdout(predicate::str::contains(format!(
+        "throughput: micro-batch {fastest} (tested, fits)"
+    )));
+
+    // bad tolerance: usage error
+    probe(&["--throughput-tolerance", "1.5"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--throughput-tolerance"));
+}
+
+#[test]
+fn plans_without_throughput_fields_still_read() {
+    let d = tmp();
+    let plan = bisect_plan(&d, "0.2");
+    let mut old = plan.clone();
+    let r = old["recommendation"].as_object_mut().unwrap();
+    r.remove("fastest_micro_batch");
+    r.remove("fastest_samples_per_second");
+    let p = path(&d, "old.json");
+    write_json(&p, &old);
+    batchfit()
+        .arg("show")
+        .arg(&p)
+        .args(["--format", "text"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "largest fitting micro-batch: 4846",
+        ))
+        .stdout(predicate::str::contains("throughput:").not());
+}
+
+#[test]
+fn completions_and_man_page() {
+    batchfit()
+        .args(["completions", "bash"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("probe"))
+        .stdout(predicate::str::contains("show"));
+    for shell in ["zsh", "fish"] {
+        batchfit()
+            .args(["completions", shell])
+            .assert()
+            .success()
+            .stdout(predicate::str::contains("probe"));
+    }
+    batchfit().args(["completions", "tcsh"]).assert().code(2);
+    batchfit()
+        .arg("man")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(".TH batchfit"))
+        .stdout(predicate::str::contains("probe"));
+    batchfit()
+        .args(["man", "probe"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("batchfit\\-probe"))
+        .stdout(predicate::str::contains("throughput\\-tolerance"));
+    batchfit()
+        .args(["man", "nosuch"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("no subcommand"));
+}
+
+#[test]
+fn progress_is_plain_lines_when_stderr_is_not_a_terminal() {
+    probe(&["--format", "env"])
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("trial   1: batch        1"))
+        // no terminal control sequences from the live line
+        .stderr(predicate::str::contains("\u{1b}[").not());
+    probe(&["--format", "env", "--quiet"])
+        .assert()
+        .success()
+        .stderr(predicate::str::is_empty());
+}
