@@ -35,6 +35,16 @@ pub enum Command {
     Probe(Box<ProbeArgs>),
     /// Print a plan file in another format (for job scripts and DeepSpeed configs).
     Show(ShowArgs),
+    /// Show the GPUs, what holds their memory, and why a job can run out of memory while memory looks
+    /// free (exit 3 when no GPU can be queried; --json still prints a JSON report with the error).
+    Doctor {
+        /// Print the report as JSON (always valid JSON, with the error inside when there is no driver).
+        #[arg(long)]
+        json: bool,
+        /// Use this plan's numbers too.
+        #[arg(long, value_name = "FILE")]
+        plan: Option<std::path::PathBuf>,
+    },
     /// Print a shell completion script on stdout (e.g. `batchfit completions bash > ~/.local/share/bash-completion/completions/batchfit`).
     Completions {
         /// The shell to complete for.

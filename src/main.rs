@@ -23,6 +23,7 @@ fn main() -> ExitCode {
         Command::Worker { template } => trial::worker_main(&template),
         Command::Probe(args) => probe_main(&args),
         Command::Show(args) => show_main(&args),
+        Command::Doctor { json, plan } => doctor_main(json, plan.as_deref()),
         Command::Completions { shell } => {
             let mut out = std::io::stdout().lock();
             output::completions(shell, &mut out);
@@ -131,4 +132,33 @@ fn probe_main(args: &batchfit::cli::ProbeArgs) -> ExitCode {
         Ending::Capped => 5,
         Ending::Interrupted(sig) => (128 + sig) as u8,
     })
+}
+
+fn doctor_main(json: bool, plan: Option<&std::path::Path>) -> ExitCode {
+    let plan = match plan.map(batchfit::plan::Plan::read).transpose() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("batchfit: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let report = match batchfit::gpu::nvml::RealNvml::get() {
+        Ok(n) => batchfit::gpu::doctor::diagnose(&n, plan.as_ref()),
+        Err(e) => batchfit::gpu::doctor::diagnose(
+            &batchfit::gpu::FakeGpus {
+                fail: Some(e),
+                ..Default::default()
+            },
+            plan.as_ref(),
+        ),
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("report serialises")
+        );
+    } else {
+        print!("{}", report.to_text());
+    }
+    ExitCode::from(if report.ok { 0 } else { 3 })
 }

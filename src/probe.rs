@@ -83,10 +83,27 @@ fn make_backend(
         BackendChoice::Cpu => cpu(),
         BackendChoice::Cuda => Err(ProbeError::Environment(cuda::unavailable().to_string())),
         BackendChoice::Auto => {
-            notices.push("batchfit: --backend auto: using the cpu backend (GPU trials are not available in this build)".into());
+            notices.push(format!(
+                "batchfit: --backend auto: using the cpu backend ({})",
+                auto_reason()
+            ));
             cpu()
         }
     }
+}
+
+/// Why `--backend auto` chose the cpu: CUDA is picked only when tch sees CUDA *and* NVML initialises,
+/// and GPU trials are available in this build.
+fn auto_reason() -> String {
+    let nvml = crate::gpu::nvml::RealNvml::get();
+    if !tch::Cuda::is_available() {
+        return "libtorch sees no CUDA device".into();
+    }
+    if let Err(e) = nvml {
+        return format!("NVML is unavailable: {e}");
+    }
+    "a GPU is present, but GPU trials are not available in this build yet; --backend cuda says more"
+        .into()
 }
 
 fn now_unix() -> u64 {

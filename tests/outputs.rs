@@ -401,3 +401,48 @@ fn progress_is_plain_lines_when_stderr_is_not_a_terminal() {
         .success()
         .stderr(predicate::str::is_empty());
 }
+
+#[test]
+fn doctor_without_a_driver_fails_clearly_and_json_stays_valid() {
+    // CI machines have no NVIDIA driver; on a GPU machine the report lists the cards instead.
+    let o = batchfit().args(["doctor", "--json"]).output().unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).expect("doctor --json prints JSON in every case");
+    if v["ok"] == false {
+        assert_eq!(o.status.code(), Some(3));
+        assert!(v["error"].as_str().unwrap().contains("--backend cpu"));
+        assert!(v["gpus"].as_array().unwrap().is_empty());
+        let t = batchfit().arg("doctor").output().unwrap();
+        assert_eq!(t.status.code(), Some(3));
+        let text = String::from_utf8_lossy(&t.stdout);
+        assert!(
+            text.contains("none usable") && text.contains("expandable_segments"),
+            "{text}"
+        );
+    } else {
+        assert!(!v["gpus"].as_array().unwrap().is_empty());
+    }
+}
+
+#[test]
+fn auto_backend_says_why_it_uses_the_cpu() {
+    batchfit()
+        .args([
+            "probe",
+            "--memory-budget",
+            "800MiB",
+            "--mlp-input",
+            "16",
+            "--mlp-hidden",
+            "16",
+            "--min-batch",
+            "8",
+            "--max-batch",
+            "8",
+        ])
+        .assert()
+        .success()
+        .stderr(predicates::str::contains(
+            "--backend auto: using the cpu backend (",
+        ));
+}
