@@ -39,7 +39,7 @@ const MARGIN: f64 = 0.05;
 /// Training steps per exploration trial (batchfit's default, Lightning's `steps_per_trial`).
 const STEPS: u32 = 3;
 /// Start of a process with libtorch loaded (seconds): paid once by the in-process peers; by batchfit per
-/// trial with `--isolation process`, and with `--isolation hybrid` (the default) once for the exploration
+/// trial with `--isolation process`, and with `--isolation hybrid` once for the exploration
 /// worker plus once per proof trial (confirmation, split, fresh re-run of the failure, retry).
 const START_COST_S: f64 = 2.0;
 /// Step time: `STEP_BASE_S + STEP_PER_SAMPLE_S × b` seconds.
@@ -958,7 +958,7 @@ fn main() {
          step_cost(b) = {STEP_BASE_S} s + {STEP_PER_SAMPLE_S} s × b. Lightning and Accelerate search inside the \
          training process and pay the {START_COST_S} s start (process + libtorch) once. batchfit is modeled two ways: \
          **process-per-trial** (`--isolation process`): every trial is a fresh process and pays the start; **hybrid** \
-         (`--isolation hybrid`, the default): exploration trials run in one long-lived worker that pays the start once, \
+         (`--isolation hybrid`): exploration trials run in one long-lived worker that pays the start once, \
          and every proof trial (the confirmation, and a fresh re-run of the failure above the answer when the worker \
          found it) is a fresh process that pays it again. The sim backend has no processes, so the hybrid figures come \
          from re-running each search with the sim backend reporting worker isolation for exploration: the engine then \
@@ -1022,7 +1022,7 @@ fn main() {
     let _ = writeln!(w);
 
     // The same for batchfit under hybrid isolation.
-    let _ = writeln!(w, "### batchfit under hybrid isolation (the default)\n");
+    let _ = writeln!(w, "### batchfit under hybrid isolation\n");
     let _ = writeln!(
         w,
         "Trials include the fresh re-run of the failure above the answer; time = one worker start + a start per proof \
