@@ -13,7 +13,7 @@ cargo build --release --bins -q
 out=target/soundness; mkdir -p "$out"
 t0=$(date +%s.%N)
 ./target/release/batchfit probe --backend cpu --memory-budget "$budget" --global-batch 16384 \
-  --out "$out/plan.json" --quiet --format text "$@" | tee "$out/probe.txt"
+  --out "$out/plan.json" --quiet --no-cache --format text "$@" | tee "$out/probe.txt"
 t1=$(date +%s.%N)
 max=$(python3 -c "import json;print(json.load(open('$out/plan.json'))['recommendation']['max_fitting_batch'])")
 rec=$(python3 -c "import json;r=json.load(open('$out/plan.json'))['recommendation'];print(r['micro_batch'],r['accumulation'])")

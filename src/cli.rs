@@ -45,6 +45,12 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         plan: Option<std::path::PathBuf>,
     },
+    /// List the built-in models: name, parameters, default input shape (`--json` for JSON).
+    Models {
+        /// Print the list as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print a shell completion script on stdout (e.g. `batchfit completions bash > ~/.local/share/bash-completion/completions/batchfit`).
     Completions {
         /// The shell to complete for.
@@ -55,6 +61,18 @@ pub enum Command {
     Man {
         /// A subcommand's page instead (e.g. `probe` → batchfit-probe(1)).
         subcommand: Option<String>,
+    },
+    /// Combine complete plans of one model from several nodes or GPU types into one plan: the
+    /// smallest largest-fitting micro-batch, the accumulation re-solved (unverified until
+    /// `batchfit verify`).
+    Merge(MergeArgs),
+    /// Run confirmation trials of a plan's micro-batch sizes on this machine and mark it verified
+    /// (exit 4 when a size does not fit here).
+    Verify(VerifyArgs),
+    /// The plan cache (`${XDG_CACHE_HOME:-~/.cache}/batchfit/plans`, or $BATCHFIT_CACHE_DIR).
+    Cache {
+        #[command(subcommand)]
+        action: CacheAction,
     },
     /// Run one trial in this process (used internally by the cpu backend).
     #[command(name = "__trial", hide = true)]
@@ -104,6 +122,33 @@ pub enum OptimizerArg {
 pub enum ModelArg {
     /// Fully connected network (see --mlp-*).
     Mlp,
+    /// Decoder-only transformer (see --layers, --d-model, --heads, --seq-len, --vocab); default 4
+    /// layers, d-model 256, 4 heads, seq-len 256, vocab 50257.
+    Gpt,
+    /// GPT with GPT-2 small's shape: 12 layers, d-model 768, 12 heads, seq-len 1024, vocab 50257.
+    #[value(name = "gpt2-small")]
+    Gpt2Small,
+    /// GPT with GPT-2 medium's shape: 24 layers, d-model 1024, 16 heads, seq-len 1024, vocab 50257.
+    #[value(name = "gpt2-medium")]
+    Gpt2Medium,
+    /// ResNet-18 on --image-size² RGB images, 1000 classes.
+    Resnet18,
+    /// ResNet-50 on --image-size² RGB images, 1000 classes.
+    Resnet50,
+}
+
+impl ModelArg {
+    /// The zoo name (as `batchfit models` lists it).
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelArg::Mlp => "mlp",
+            ModelArg::Gpt => "gpt",
+            ModelArg::Gpt2Small => "gpt2-small",
+            ModelArg::Gpt2Medium => "gpt2-medium",
+            ModelArg::Resnet18 => "resnet18",
+            ModelArg::Resnet50 => "resnet50",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -153,6 +198,24 @@ pub struct ProbeArgs {
     /// MLP output classes (cross-entropy).
     #[arg(long, default_value_t = 10)]
     pub mlp_classes: u64,
+    /// GPT: transformer blocks (overrides the preset's).
+    #[arg(long)]
+    pub layers: Option<u64>,
+    /// GPT: model width (a multiple of --heads).
+    #[arg(long)]
+    pub d_model: Option<u64>,
+    /// GPT: attention heads.
+    #[arg(long)]
+    pub heads: Option<u64>,
+    /// GPT: tokens per sample (the batch counts sequences).
+    #[arg(long)]
+    pub seq_len: Option<u64>,
+    /// GPT: vocabulary size.
+    #[arg(long)]
+    pub vocab: Option<u64>,
+    /// ResNet: image height and width (default 224).
+    #[arg(long)]
+    pub image_size: Option<u64>,
     /// Optimizer (its state is part of the memory).
     #[arg(long, value_enum, default_value = "adam")]
     pub optimizer: OptimizerArg,
@@ -232,7 +295,63 @@ pub struct ProbeArgs {
     #[arg(long, short)]
     pub quiet: bool,
 
+    /// Neither read nor write the plan cache.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Ignore a cached plan: probe again and overwrite the cache entry.
+    #[arg(long, conflicts_with = "no_cache")]
+    pub refresh: bool,
+
     /// Fault injection for tests of the trial runner: hang|crash|kill|nan|no-result[@MIN_BATCH].
     #[arg(long, hide = true)]
     pub inject_fault: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct MergeArgs {
+    /// Complete plans of one model (from `batchfit probe --out` on each node or GPU type).
+    #[arg(value_name = "PLAN", required = true)]
+    pub plans: Vec<PathBuf>,
+    /// Global batch to reach with micro-batch × accumulation × world size.
+    #[arg(long)]
+    pub global_batch: u64,
+    /// Data-parallel ranks sharing the global batch.
+    #[arg(long, default_value_t = 1)]
+    pub world_size: u64,
+    /// Allow micro-batches of unequal size (differing by at most one).
+    #[arg(long)]
+    pub allow_uneven: bool,
+    /// Write the merged plan here (atomically).
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+    /// What to print on stdout.
+    #[arg(long, value_enum, default_value = "json")]
+    pub format: FormatArg,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// The plan to verify.
+    #[arg(value_name = "PLAN")]
+    pub plan: PathBuf,
+    /// Write the result here (atomically); default: PLAN itself.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// The simulated device to verify on (sim plans; default: the plan's own `sim_spec`).
+    #[arg(long, value_name = "SPEC")]
+    pub sim: Option<String>,
+    /// What to print on stdout.
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: FormatArg,
+    /// No progress lines on stderr.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CacheAction {
+    /// List the cached plans: key, model, device, micro-batch, date.
+    List,
+    /// Remove every cached plan (only the plans folder; libtorch next to it is never touched).
+    Clear,
 }

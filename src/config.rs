@@ -72,13 +72,7 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         (BackendArg::Cuda, None) => BackendChoice::Cuda,
     };
     let model = ModelSpec {
-        architecture: match a.model {
-            ModelArg::Mlp => Architecture::Mlp {
-                input: a.mlp_input,
-                hidden: a.mlp_hidden.clone(),
-                classes: a.mlp_classes,
-            },
-        },
+        architecture: architecture(a)?,
         optimizer: match a.optimizer {
             OptimizerArg::Sgd => OptimizerKind::Sgd,
             OptimizerArg::Momentum => OptimizerKind::Momentum,
@@ -223,6 +217,77 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         throughput_tolerance: a.throughput_tolerance,
         quiet: a.quiet,
         fault,
+    })
+}
+
+/// The architecture of `--model` with its knobs: a preset's defaults, overridden by the flags given.
+/// A knob of another model family is refused (it would silently do nothing).
+fn architecture(a: &ProbeArgs) -> Result<Architecture, ConfigError> {
+    let gpt_flags = [
+        ("--layers", a.layers),
+        ("--d-model", a.d_model),
+        ("--heads", a.heads),
+        ("--seq-len", a.seq_len),
+        ("--vocab", a.vocab),
+    ];
+    let refuse = |flags: &[(&str, Option<u64>)], family: &str| -> Result<(), ConfigError> {
+        match flags.iter().find(|(_, v)| v.is_some()) {
+            Some((flag, _)) => Err(ConfigError(format!(
+                "{flag} is a {family} option; --model {} does not use it",
+                a.model.name()
+            ))),
+            None => Ok(()),
+        }
+    };
+    let image = [("--image-size", a.image_size)];
+    if a.model == ModelArg::Mlp {
+        refuse(&gpt_flags, "GPT")?;
+        refuse(&image, "ResNet")?;
+        return Ok(Architecture::Mlp {
+            input: a.mlp_input,
+            hidden: a.mlp_hidden.clone(),
+            classes: a.mlp_classes,
+        });
+    }
+    let preset = Architecture::preset(a.model.name()).expect("every --model is a preset");
+    Ok(match preset {
+        Architecture::Gpt {
+            layers,
+            d_model,
+            heads,
+            seq_len,
+            vocab,
+        } => {
+            refuse(&image, "ResNet")?;
+            Architecture::Gpt {
+                layers: a.layers.unwrap_or(layers),
+                d_model: a.d_model.unwrap_or(d_model),
+                heads: a.heads.unwrap_or(heads),
+                seq_len: a.seq_len.unwrap_or(seq_len),
+                vocab: a.vocab.unwrap_or(vocab),
+            }
+        }
+        Architecture::Resnet18 {
+            image_size,
+            classes,
+        } => {
+            refuse(&gpt_flags, "GPT")?;
+            Architecture::Resnet18 {
+                image_size: a.image_size.unwrap_or(image_size),
+                classes,
+            }
+        }
+        Architecture::Resnet50 {
+            image_size,
+            classes,
+        } => {
+            refuse(&gpt_flags, "GPT")?;
+            Architecture::Resnet50 {
+                image_size: a.image_size.unwrap_or(image_size),
+                classes,
+            }
+        }
+        Architecture::Mlp { .. } => unreachable!("handled above"),
     })
 }
 

@@ -14,10 +14,12 @@
 
 pub mod accumulate;
 pub mod backend;
+pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod gpu;
 pub mod interrupt;
+pub mod jobs;
 pub mod models;
 pub mod oom;
 pub mod output;

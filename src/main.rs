@@ -9,6 +9,8 @@ use clap::Parser;
 use std::io::Write;
 use std::process::ExitCode;
 
+mod jobs_cmd;
+
 fn main() -> ExitCode {
     sysmem::configure_malloc();
     let cli = match Cli::try_parse() {
@@ -24,6 +26,10 @@ fn main() -> ExitCode {
         Command::Probe(args) => probe_main(&args),
         Command::Show(args) => show_main(&args),
         Command::Doctor { json, plan } => doctor_main(json, plan.as_deref()),
+        Command::Models { json } => models_main(json),
+        Command::Merge(args) => jobs_cmd::merge_main(&args),
+        Command::Verify(args) => jobs_cmd::verify_main(&args),
+        Command::Cache { action } => jobs_cmd::cache_main(&action),
         Command::Completions { shell } => {
             let mut out = std::io::stdout().lock();
             output::completions(shell, &mut out);
@@ -95,7 +101,8 @@ fn probe_main(args: &batchfit::cli::ProbeArgs) -> ExitCode {
     };
     let quiet = cfg.quiet;
     let mut progress = StderrProgress::new(quiet);
-    let result = probe::run_with(&cfg, &exe, &mut progress);
+    let cache = jobs_cmd::cache_options(args);
+    let result = probe::run_cached(&cfg, &exe, &mut progress, cache.as_ref());
     progress.finish();
     let report = match result {
         Ok(r) => r,
@@ -161,4 +168,52 @@ fn doctor_main(json: bool, plan: Option<&std::path::Path>) -> ExitCode {
         print!("{}", report.to_text());
     }
     ExitCode::from(if report.ok { 0 } else { 3 })
+}
+
+/// `batchfit models`: every built-in model with its parameter count and default input shape.
+fn models_main(json: bool) -> ExitCode {
+    let rows: Vec<(&str, u64, String)> = batchfit::models::ZOO
+        .iter()
+        .map(|name| {
+            let spec = batchfit::models::ModelSpec {
+                architecture: batchfit::models::Architecture::preset(name).expect("zoo preset"),
+                optimizer: Default::default(),
+                precision: Default::default(),
+            };
+            (*name, spec.parameter_count(), spec.input_spec())
+        })
+        .collect();
+    let mut out = std::io::stdout().lock();
+    let written = if json {
+        #[derive(serde::Serialize)]
+        struct Row<'a> {
+            name: &'a str,
+            parameter_count: u64,
+            input_spec: &'a str,
+        }
+        let v: Vec<Row> = rows
+            .iter()
+            .map(|(n, p, i)| Row {
+                name: n,
+                parameter_count: *p,
+                input_spec: i,
+            })
+            .collect();
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&v).expect("list serialises")
+        )
+    } else {
+        let mut s = format!("{:<12} {:>13}  {}\n", "MODEL", "PARAMETERS", "INPUT");
+        for (n, p, i) in &rows {
+            s.push_str(&format!("{n:<12} {p:>13}  {i}\n"));
+        }
+        out.write_all(s.as_bytes())
+    };
+    if let Err(e) = written {
+        eprintln!("batchfit: error: cannot write to stdout: {e}");
+        return ExitCode::from(3);
+    }
+    finish_stdout(out)
 }

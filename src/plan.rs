@@ -162,6 +162,26 @@ pub struct Plan {
     pub trials: Vec<TrialRecord>,
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// `false` for a plan merged from other machines' plans (`batchfit merge`) until `batchfit verify`
+    /// confirms it here; `true` once verified; absent in probe plans (proven where they were made).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified: Option<bool>,
+    /// The plans a merged plan was made from (`batchfit merge`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<PlanSource>,
+    /// The simulated device's curve (sim backend only), so `batchfit verify` can rebuild it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sim_spec: Option<crate::backend::sim::SimSpec>,
+}
+
+/// One input of `batchfit merge`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanSource {
+    /// The plan file as given on the command line.
+    pub path: String,
+    pub device_kind: String,
+    pub device_name: String,
+    pub max_fitting_batch: u64,
 }
 
 /// The search flags as recorded (a copy of [`SearchConfig`] with the time limit in seconds).

@@ -9,6 +9,7 @@ use crate::accumulate;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::sim::SimBackend;
 use crate::backend::{cuda, Backend};
+use crate::cache::CacheOptions;
 use crate::config::{self, BackendChoice, ProbeConfig};
 use crate::plan::{self, ModelInfo, Plan, Recommendation, Runtime, SearchSettings, Status, Tool};
 use crate::search::{Prober, Purpose, SearchOutcome, Stop, StopReason, TrialRecord};
@@ -170,6 +171,17 @@ pub fn run_with(
     exe: &Path,
     progress: &mut dyn Progress,
 ) -> Result<ProbeReport, ProbeError> {
+    run_cached(cfg, exe, progress, None)
+}
+
+/// [`run_with`], answering from the plan cache ([`crate::cache`]) when `cache` allows it and the key
+/// matches, and storing a complete plan there.
+pub fn run_cached(
+    cfg: &ProbeConfig,
+    exe: &Path,
+    progress: &mut dyn Progress,
+    cache: Option<&CacheOptions>,
+) -> Result<ProbeReport, ProbeError> {
     let mut notices = vec![];
     let mut backend = make_backend(cfg, exe, &mut notices)?;
     let device = backend.device().clone();
@@ -231,8 +243,42 @@ pub fn run_with(
         stop_detail: "search in progress".into(),
         trials: vec![],
         warnings: vec![],
+        verified: None,
+        sources: vec![],
+        sim_spec: match &cfg.backend {
+            BackendChoice::Sim(s) => Some(s.clone()),
+            _ => None,
+        },
     };
     let partial = cfg.out.as_deref().map(plan::partial_path);
+    // Fault injection is a test of the trial runner: never answered from, nor stored in, the cache.
+    let cache = cache.filter(|_| cfg.fault.is_none());
+    let cache_key = cache.map(|_| crate::cache::key(&skeleton, cfg));
+    if let (Some(c), Some(key)) = (cache.filter(|c| c.read), &cache_key) {
+        if let Some(plan) = crate::cache::lookup(&c.dir, key) {
+            notices.push(format!(
+                "batchfit: plan from cache ({}, probed {}; --refresh re-probes, --no-cache ignores the cache)",
+                c.dir.join(format!("{key}.json")).display(),
+                crate::cache::format_date(plan.created_unix)
+            ));
+            let written = match &cfg.out {
+                Some(out) => {
+                    plan.write_atomic(out)?;
+                    if let Some(p) = &partial {
+                        let _ = std::fs::remove_file(p);
+                    }
+                    Some(out.clone())
+                }
+                None => None,
+            };
+            return Ok(ProbeReport {
+                plan,
+                ending: Ending::Complete,
+                written,
+                notices,
+            });
+        }
+    }
     progress.line(&format!(
         "batchfit: {} on {} ({}): budget {}, limit {} ({} params)",
         skeleton.model.name,
@@ -416,6 +462,13 @@ pub fn run_with(
         }
         (None, _) => None,
     };
+    if let (Some(c), Some(key), Status::Complete) =
+        (cache.filter(|c| c.write), &cache_key, plan.status)
+    {
+        if let Err(e) = crate::cache::store(&c.dir, key, &plan) {
+            notices.push(format!("batchfit: warning: the plan was not cached: {e}"));
+        }
+    }
     Ok(ProbeReport {
         plan,
         ending,

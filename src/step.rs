@@ -10,7 +10,8 @@
 //! equals that of one batch of all those samples (mean reduction). Removing that scaling makes
 //! `tests::accumulated_gradients_equal_full_batch` fail.
 
-use crate::models::{mlp::Mlp, Architecture, ModelSpec, OptimizerKind};
+use crate::models::{gpt, gpt::Gpt, mlp::Mlp, resnet, resnet::Resnet};
+use crate::models::{Architecture, ModelSpec, OptimizerKind};
 use crate::oom;
 use tch::{nn, COptimizer, Device, Kind, Reduction, TchError, Tensor};
 use thiserror::Error;
@@ -46,39 +47,89 @@ pub trait DataSource {
     fn next_batch(&mut self, n: u64, device: Device) -> Result<(Tensor, Tensor), TchError>;
 }
 
-/// Random inputs and labels of the model's shapes (the default for probing and training).
+/// Random inputs and labels of the model's shapes (the default for probing and training): features
+/// and classes (mlp), token sequences with their next tokens as targets (gpt), images and classes
+/// (resnet).
 pub struct Synthetic {
-    input: i64,
-    classes: i64,
+    kind: SyntheticKind,
+}
+
+enum SyntheticKind {
+    Features { input: i64, classes: i64 },
+    Tokens { seq_len: i64, vocab: i64 },
+    Images { size: i64, classes: i64 },
 }
 
 impl Synthetic {
     pub fn for_spec(spec: &ModelSpec) -> Self {
-        match &spec.architecture {
-            Architecture::Mlp { input, classes, .. } => Synthetic {
+        let kind = match &spec.architecture {
+            Architecture::Mlp { input, classes, .. } => SyntheticKind::Features {
                 input: *input as i64,
                 classes: *classes as i64,
             },
-        }
+            Architecture::Gpt { seq_len, vocab, .. } => SyntheticKind::Tokens {
+                seq_len: *seq_len as i64,
+                vocab: *vocab as i64,
+            },
+            Architecture::Resnet18 {
+                image_size,
+                classes,
+            }
+            | Architecture::Resnet50 {
+                image_size,
+                classes,
+            } => SyntheticKind::Images {
+                size: *image_size as i64,
+                classes: *classes as i64,
+            },
+        };
+        Synthetic { kind }
     }
 }
 
 impl DataSource for Synthetic {
     fn next_batch(&mut self, n: u64, device: Device) -> Result<(Tensor, Tensor), TchError> {
-        let x = Tensor::f_randn([n as i64, self.input], (Kind::Float, device))?;
-        let y = Tensor::f_randint(self.classes, [n as i64], (Kind::Int64, device))?;
-        Ok((x, y))
+        match self.kind {
+            SyntheticKind::Features { input, classes } => {
+                let x = Tensor::f_randn([n as i64, input], (Kind::Float, device))?;
+                let y = Tensor::f_randint(classes, [n as i64], (Kind::Int64, device))?;
+                Ok((x, y))
+            }
+            SyntheticKind::Tokens { seq_len, vocab } => {
+                gpt::synthetic_batch(n, seq_len, vocab, device)
+            }
+            SyntheticKind::Images { size, classes } => {
+                resnet::synthetic_batch(n, size, classes, device)
+            }
+        }
     }
 }
 
 enum Net {
     Mlp(Mlp),
+    Gpt(Gpt),
+    Resnet(Resnet),
 }
 
 impl Net {
-    fn forward(&self, x: &Tensor) -> Result<Tensor, TchError> {
+    /// Logits `[N, classes]` with the matching targets `[N]`: one row per sample, or per token (gpt).
+    fn forward(&self, x: &Tensor, y: &Tensor) -> Result<(Tensor, Tensor), TchError> {
         match self {
-            Net::Mlp(m) => m.forward(x),
+            Net::Mlp(m) => Ok((m.forward(x)?, y.shallow_clone())),
+            Net::Resnet(m) => Ok((m.forward(x)?, y.shallow_clone())),
+            Net::Gpt(m) => {
+                let logits = m.forward(x)?;
+                let v = logits.size().last().copied().unwrap_or(1);
+                Ok((logits.f_reshape([-1, v])?, y.f_reshape([-1])?))
+            }
+        }
+    }
+
+    /// Loss terms per sample: 1, or the sequence length (gpt: one next-token loss per position).
+    fn terms_per_sample(spec: &ModelSpec) -> u64 {
+        match &spec.architecture {
+            Architecture::Gpt { seq_len, .. } => *seq_len,
+            _ => 1,
         }
     }
 }
@@ -89,6 +140,8 @@ pub struct Learner {
     net: Net,
     opt: COptimizer,
     device: Device,
+    /// Loss terms per sample (the loss is their mean).
+    terms: u64,
 }
 
 impl Learner {
@@ -103,6 +156,19 @@ impl Learner {
                 hidden,
                 classes,
             } => Net::Mlp(Mlp::new(&root, *input, hidden, *classes)),
+            Architecture::Gpt {
+                layers,
+                d_model,
+                heads,
+                seq_len,
+                vocab,
+            } => Net::Gpt(Gpt::new(&root, *layers, *d_model, *heads, *seq_len, *vocab)),
+            Architecture::Resnet18 { classes, .. } => {
+                Net::Resnet(Resnet::new(&root, false, *classes))
+            }
+            Architecture::Resnet50 { classes, .. } => {
+                Net::Resnet(Resnet::new(&root, true, *classes))
+            }
         };
         let mut opt = match spec.optimizer {
             OptimizerKind::Sgd => COptimizer::sgd(lr, 0.0, 0.0, 0.0, false)?,
@@ -118,21 +184,22 @@ impl Learner {
             net,
             opt,
             device,
+            terms: Net::terms_per_sample(spec),
         })
     }
 
     /// Forward and backward over the micro-batches, accumulating gradients (no optimizer step).
-    /// Returns the mean loss per sample over all micro-batches.
+    /// Returns the mean loss per sample (gpt: per token) over all micro-batches.
     pub fn accumulate(
         &mut self,
         micro_batches: &[u64],
         data: &mut dyn DataSource,
     ) -> Result<f64, StepError> {
-        let total: u64 = micro_batches.iter().sum();
+        let total: u64 = micro_batches.iter().sum::<u64>() * self.terms;
         let mut loss_sum = 0.0;
         for &n in micro_batches {
             let (x, y) = data.next_batch(n, self.device)?;
-            let logits = self.net.forward(&x)?;
+            let (logits, y) = self.net.forward(&x, &y)?;
             let lp = logits.f_log_softmax(-1, Kind::Float)?;
             let loss = lp.f_nll_loss(&y, None::<Tensor>, Reduction::Sum, -100)?;
             let scaled = loss.f_div_scalar(total as f64)?;
@@ -164,6 +231,7 @@ impl Learner {
             .vs
             .variables()
             .into_iter()
+            .filter(|(_, t)| t.requires_grad())
             .map(|(k, t)| (k, t.grad().detach().copy()))
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
@@ -211,11 +279,33 @@ mod tests {
         tch::manual_seed(7);
         let x = Tensor::randn([24, 16], (Kind::Float, Device::Cpu));
         let y = Tensor::randint(5, [24], (Kind::Int64, Device::Cpu));
-        let mut l = Learner::new(&spec(), Device::Cpu, 1e-3, 1).unwrap();
+        grads_of(&spec(), x, y, split)
+    }
+
+    fn grads_of(spec: &ModelSpec, x: Tensor, y: Tensor, split: &[u64]) -> Vec<(String, Tensor)> {
+        let mut l = Learner::new(spec, Device::Cpu, 1e-3, 1).unwrap();
         let mut d = Fixed { x, y, pos: 0 };
         l.opt.zero_grad().unwrap();
         l.accumulate(split, &mut d).unwrap();
         l.gradients()
+    }
+
+    fn assert_same_grads(
+        full: &[(String, Tensor)],
+        acc: &[(String, Tensor)],
+        split: &[u64],
+        tol: f64,
+    ) {
+        assert_eq!(full.len(), acc.len());
+        for ((n1, g1), (_, g2)) in full.iter().zip(acc.iter()) {
+            let diff = f64::try_from((g1 - g2).abs().max()).unwrap();
+            let scale = f64::try_from(g1.abs().max()).unwrap();
+            assert!(scale > 0.0, "{n1} has a zero gradient");
+            assert!(
+                diff <= tol * scale.max(1.0),
+                "{n1}: split {split:?} differs by {diff} (scale {scale})"
+            );
+        }
     }
 
     #[test]
@@ -229,17 +319,125 @@ mod tests {
             &[1; 24],
         ] {
             let acc = grads_for(split);
-            assert_eq!(full.len(), acc.len());
-            for ((n1, g1), (_, g2)) in full.iter().zip(acc.iter()) {
-                let diff = f64::try_from((g1 - g2).abs().max()).unwrap();
-                let scale = f64::try_from(g1.abs().max()).unwrap();
-                assert!(scale > 0.0, "{n1} has a zero gradient");
+            assert_same_grads(&full, &acc, split, 1e-5);
+        }
+    }
+
+    fn tiny_gpt() -> ModelSpec {
+        ModelSpec {
+            architecture: Architecture::Gpt {
+                layers: 2,
+                d_model: 32,
+                heads: 4,
+                seq_len: 16,
+                vocab: 50,
+            },
+            optimizer: OptimizerKind::Adam,
+            precision: Precision::Fp32,
+        }
+    }
+
+    fn resnet(deep: bool, image_size: u64) -> ModelSpec {
+        let classes = crate::models::RESNET_CLASSES;
+        ModelSpec {
+            architecture: if deep {
+                Architecture::Resnet50 {
+                    image_size,
+                    classes,
+                }
+            } else {
+                Architecture::Resnet18 {
+                    image_size,
+                    classes,
+                }
+            },
+            optimizer: OptimizerKind::Adam,
+            precision: Precision::Fp32,
+        }
+    }
+
+    /// The GPT loss is per token over B×seq next-token targets: accumulation gives the full batch's
+    /// gradients (no batch-coupled layers; unlike BatchNorm in the ResNets).
+    #[test]
+    fn gpt_accumulated_gradients_equal_full_batch() {
+        let spec = tiny_gpt();
+        let data = || {
+            let _g = RNG.lock().unwrap_or_else(|e| e.into_inner());
+            tch::manual_seed(11);
+            let t = Tensor::randint(50, [12, 17], (Kind::Int64, Device::Cpu));
+            (t.narrow(1, 0, 16).copy(), t.narrow(1, 1, 16).copy())
+        };
+        let run = |split: &[u64]| {
+            let (x, y) = data();
+            let _g = RNG.lock().unwrap_or_else(|e| e.into_inner());
+            grads_of(&spec, x, y, split)
+        };
+        let full = run(&[12]);
+        for split in [&[6u64, 6][..], &[5, 4, 3], &[1; 12]] {
+            assert_same_grads(&full, &run(split), split, 1e-4);
+        }
+    }
+
+    /// The analytic parameter counts `batchfit models` prints equal the built models' counts.
+    #[test]
+    fn parameter_counts_match_built_models() {
+        let _g = RNG.lock().unwrap_or_else(|e| e.into_inner());
+        let mut specs = vec![
+            ModelSpec::default_mlp(),
+            tiny_gpt(),
+            resnet(false, 64),
+            resnet(true, 64),
+        ];
+        specs.push(ModelSpec {
+            architecture: Architecture::Gpt {
+                layers: 1,
+                d_model: 24,
+                heads: 3,
+                seq_len: 7,
+                vocab: 11,
+            },
+            ..tiny_gpt()
+        });
+        for spec in specs {
+            let l = Learner::new(&spec, Device::Cpu, 1e-3, 0).unwrap();
+            let built: i64 =
+                l.vs.trainable_variables()
+                    .iter()
+                    .map(|t| t.numel() as i64)
+                    .sum();
+            assert_eq!(built as u64, spec.parameter_count(), "{spec:?}");
+        }
+    }
+
+    /// Each zoo architecture trains a few steps on synthetic data with a finite loss.
+    #[test]
+    fn zoo_models_train_with_finite_loss() {
+        let _g = RNG.lock().unwrap_or_else(|e| e.into_inner());
+        // one intra-op thread: on a loaded machine more threads make this test many times slower
+        crate::trial::configure_threads(1);
+        // the smallest image side keeps the ResNets cheap (their last feature map is 2×2)
+        let side = crate::models::resnet::min_image_size();
+        for (spec, batch) in [
+            (tiny_gpt(), 4u64),
+            (resnet(false, side), 2),
+            (resnet(true, side), 2),
+        ] {
+            let mut l = Learner::new(&spec, Device::Cpu, 1e-3, 2).unwrap();
+            let mut d = Synthetic::for_spec(&spec);
+            for _ in 0..2 {
+                let loss = l.step(&[batch, batch], &mut d).unwrap();
                 assert!(
-                    diff <= 1e-5 * scale.max(1.0),
-                    "{n1}: split {split:?} differs by {diff} (scale {scale})"
+                    loss.is_finite() && loss > 0.0,
+                    "{}: loss {loss}",
+                    spec.name()
                 );
             }
         }
+        // a GPT starts near ln(vocab) per token
+        let spec = tiny_gpt();
+        let mut l = Learner::new(&spec, Device::Cpu, 1e-3, 2).unwrap();
+        let loss = l.step(&[8], &mut Synthetic::for_spec(&spec)).unwrap();
+        assert!((loss - 50f64.ln()).abs() < 0.5, "initial loss {loss}");
     }
 
     #[test]

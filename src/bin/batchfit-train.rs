@@ -23,7 +23,7 @@ Exit codes:
   0  success
   2  bad usage, or a plan that cannot be read (missing, not JSON, missing fields, newer schema)
   3  environment error (device unavailable)
-  5  plan refused: partial, another model or another device (override with --force)
+  5  plan refused: partial, unverified (merged), another model or another device (override with --force)
   6  out of memory during training";
 
 #[derive(Debug, Parser)]
@@ -91,6 +91,18 @@ fn refusals(plan: &Plan) -> Vec<String> {
             plan.stop_detail
         )),
         Status::NothingFits => r.push("the plan says nothing fits".into()),
+    }
+    if plan.verified == Some(false) {
+        r.push(if plan.sources.is_empty() {
+            "the plan is not verified (its last `batchfit verify` failed); re-probe, or use --force"
+                .into()
+        } else {
+            format!(
+                "the plan was merged from {} plans of other machines and is not verified here; run \
+                 `batchfit verify PLAN` on this machine first, or use --force",
+                plan.sources.len()
+            )
+        });
     }
     let rebuilt = plan.model.config.fingerprint();
     if rebuilt != plan.model.fingerprint {

@@ -5,7 +5,9 @@
 //! canonical JSON of the spec, so a plan made for another model is refused. This file knows nothing of tch;
 //! building the networks with tch lives in [`mlp`] and [`crate::step`].
 
+pub mod gpt;
 pub mod mlp;
+pub mod resnet;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -20,6 +22,65 @@ pub enum Architecture {
         hidden: Vec<u64>,
         classes: u64,
     },
+    /// Decoder-only transformer (GPT-2 layout): token + position embeddings, `layers` pre-LayerNorm
+    /// blocks of causal multi-head self-attention and a GELU MLP (×4), final LayerNorm, an LM head tied
+    /// to the token embedding; cross-entropy over the next token at every position.
+    Gpt {
+        layers: u64,
+        d_model: u64,
+        heads: u64,
+        seq_len: u64,
+        vocab: u64,
+    },
+    /// ResNet-18 (basic blocks 2-2-2-2), BatchNorm in train mode, on `image_size`² RGB images.
+    Resnet18 { image_size: u64, classes: u64 },
+    /// ResNet-50 (bottleneck blocks 3-4-6-3, stride on the 3×3 conv as torchvision), BatchNorm in train
+    /// mode, on `image_size`² RGB images.
+    Resnet50 { image_size: u64, classes: u64 },
+}
+
+/// Every model name `--model` accepts, in `batchfit models` order.
+pub const ZOO: &[&str] = &[
+    "mlp",
+    "gpt",
+    "gpt2-small",
+    "gpt2-medium",
+    "resnet18",
+    "resnet50",
+];
+
+/// Default input side of the ResNets (ImageNet).
+pub const DEFAULT_IMAGE_SIZE: u64 = 224;
+/// Classes of the ResNets' classifier (ImageNet).
+pub const RESNET_CLASSES: u64 = 1000;
+
+impl Architecture {
+    /// The architecture a zoo name stands for, with its default knobs (`None` for an unknown name).
+    pub fn preset(name: &str) -> Option<Architecture> {
+        let gpt = |layers, d_model, heads, seq_len, vocab| Architecture::Gpt {
+            layers,
+            d_model,
+            heads,
+            seq_len,
+            vocab,
+        };
+        Some(match name {
+            "mlp" => ModelSpec::default_mlp().architecture,
+            // A small GPT that probes in seconds on a CPU; every knob can be changed by flags.
+            "gpt" => gpt(4, 256, 4, 256, 50257),
+            "gpt2-small" => gpt(12, 768, 12, 1024, 50257),
+            "gpt2-medium" => gpt(24, 1024, 16, 1024, 50257),
+            "resnet18" => Architecture::Resnet18 {
+                image_size: DEFAULT_IMAGE_SIZE,
+                classes: RESNET_CLASSES,
+            },
+            "resnet50" => Architecture::Resnet50 {
+                image_size: DEFAULT_IMAGE_SIZE,
+                classes: RESNET_CLASSES,
+            },
+            _ => return None,
+        })
+    }
 }
 
 /// Optimizer; its state is a large share of memory (Adam: two extra copies of the weights).
@@ -86,9 +147,17 @@ impl ModelSpec {
         }
     }
 
+    /// The model's name: `mlp`, `resnet18`, `resnet50`, `gpt2-small` / `gpt2-medium` when the GPT has
+    /// exactly those presets' knobs, else `gpt`.
     pub fn name(&self) -> &'static str {
         match self.architecture {
             Architecture::Mlp { .. } => "mlp",
+            Architecture::Gpt { .. } => ["gpt2-small", "gpt2-medium"]
+                .into_iter()
+                .find(|n| Architecture::preset(n).as_ref() == Some(&self.architecture))
+                .unwrap_or("gpt"),
+            Architecture::Resnet18 { .. } => "resnet18",
+            Architecture::Resnet50 { .. } => "resnet50",
         }
     }
 
@@ -104,6 +173,19 @@ impl ModelSpec {
                 dims.push(*classes);
                 dims.windows(2).map(|w| w[0] * w[1] + w[1]).sum()
             }
+            Architecture::Gpt {
+                layers,
+                d_model: d,
+                seq_len,
+                vocab,
+                ..
+            } => {
+                // wte + wpe (the LM head is tied to wte) + blocks + final LayerNorm. A block: two
+                // LayerNorms (4d), qkv (3d² + 3d), attention projection (d² + d), MLP (8d² + 5d).
+                vocab * d + seq_len * d + layers * (12 * d * d + 13 * d) + 2 * d
+            }
+            Architecture::Resnet18 { classes, .. } => resnet::parameter_count(false, *classes),
+            Architecture::Resnet50 { classes, .. } => resnet::parameter_count(true, *classes),
         }
     }
 
@@ -111,6 +193,11 @@ impl ModelSpec {
     pub fn input_spec(&self) -> String {
         match &self.architecture {
             Architecture::Mlp { input, .. } => format!("{}[B,{input}]", self.precision.dtype()),
+            Architecture::Gpt { seq_len, .. } => format!("i64[B,{seq_len}]"),
+            Architecture::Resnet18 { image_size, .. }
+            | Architecture::Resnet50 { image_size, .. } => {
+                format!("{}[B,3,{image_size},{image_size}]", self.precision.dtype())
+            }
         }
     }
 
@@ -134,6 +221,55 @@ impl ModelSpec {
                 let big = (1u64 << 31) - 1;
                 if *input > big || *classes > big || hidden.iter().any(|h| *h > big) {
                     return Err("MLP sizes must be below 2^31".into());
+                }
+            }
+            Architecture::Gpt {
+                layers,
+                d_model,
+                heads,
+                seq_len,
+                vocab,
+            } => {
+                let all = [*layers, *d_model, *heads, *seq_len, *vocab];
+                if all.contains(&0) {
+                    return Err(
+                        "GPT sizes must be positive (--layers, --d-model, --heads, --seq-len, --vocab)"
+                            .into(),
+                    );
+                }
+                if all.iter().any(|v| *v >= 1 << 31) {
+                    return Err("GPT sizes must be below 2^31".into());
+                }
+                if d_model % heads != 0 {
+                    return Err(format!(
+                        "--d-model {d_model} must be a multiple of --heads {heads}"
+                    ));
+                }
+                if *vocab < 2 {
+                    return Err("--vocab must be at least 2 for cross-entropy".into());
+                }
+            }
+            Architecture::Resnet18 {
+                image_size,
+                classes,
+            }
+            | Architecture::Resnet50 {
+                image_size,
+                classes,
+            } => {
+                if *classes < 2 || *classes >= 1 << 31 {
+                    return Err("ResNet classes must be between 2 and 2^31".into());
+                }
+                if *image_size >= 1 << 20 {
+                    return Err(format!("--image-size {image_size} is too large"));
+                }
+                let min = resnet::min_image_size();
+                if *image_size < min {
+                    return Err(format!(
+                        "--image-size {image_size} is too small: ResNet's last stage would be 1×1, and \
+                         BatchNorm in train mode needs more than one value per channel at batch 1 \
+                         (use at least {min})"
+                    ));
                 }
             }
         }
@@ -185,5 +321,58 @@ mod tests {
         assert_eq!(j["architecture"]["name"], "mlp");
         let back: ModelSpec = serde_json::from_value(j).unwrap();
         assert_eq!(back, m);
+    }
+
+    #[test]
+    fn zoo_presets() {
+        for name in ZOO {
+            let spec = ModelSpec {
+                architecture: Architecture::preset(name).unwrap(),
+                ..ModelSpec::default_mlp()
+            };
+            assert_eq!(spec.name(), *name);
+            spec.validate().unwrap();
+            let j = serde_json::to_value(&spec).unwrap();
+            let back: ModelSpec = serde_json::from_value(j).unwrap();
+            assert_eq!(back, spec);
+        }
+        assert!(Architecture::preset("vgg").is_none());
+        assert_eq!(
+            ModelSpec::default_mlp().architecture,
+            Architecture::preset("mlp").unwrap()
+        );
+        let j = serde_json::to_value(Architecture::preset("gpt2-small").unwrap()).unwrap();
+        assert_eq!(j["name"], "gpt");
+        assert_eq!(j["d_model"], 768);
+        let j = serde_json::to_value(Architecture::preset("resnet50").unwrap()).unwrap();
+        assert_eq!(j["name"], "resnet50");
+        assert_eq!(j["image_size"], 224);
+    }
+
+    #[test]
+    fn zoo_validation() {
+        let gpt = |heads, vocab| ModelSpec {
+            architecture: Architecture::Gpt {
+                layers: 1,
+                d_model: 64,
+                heads,
+                seq_len: 8,
+                vocab,
+            },
+            ..ModelSpec::default_mlp()
+        };
+        assert!(gpt(4, 10).validate().is_ok());
+        assert!(gpt(3, 10).validate().unwrap_err().contains("multiple"));
+        assert!(gpt(0, 10).validate().is_err());
+        assert!(gpt(4, 1).validate().is_err());
+        let rn = |image_size| ModelSpec {
+            architecture: Architecture::Resnet18 {
+                image_size,
+                classes: RESNET_CLASSES,
+            },
+            ..ModelSpec::default_mlp()
+        };
+        assert!(rn(64).validate().is_ok());
+        assert!(rn(32).validate().unwrap_err().contains("too small"));
     }
 }

@@ -6,7 +6,21 @@ use std::path::{Path, PathBuf};
 pub fn batchfit() -> Command {
     let mut c = Command::cargo_bin("batchfit").unwrap();
     c.env_remove("RUST_BACKTRACE");
+    // Every command gets an empty plan cache of its own, so no test answers from another's cache
+    // (tests of the cache set BATCHFIT_CACHE_DIR themselves, after this).
+    c.env("BATCHFIT_CACHE_DIR", fresh_cache_dir());
     c
+}
+
+/// A new, not yet existing directory under one temporary directory per test binary.
+pub fn fresh_cache_dir() -> PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::OnceLock;
+    static ROOT: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let root = ROOT.get_or_init(|| tempfile::tempdir().unwrap());
+    root.path()
+        .join(format!("cache-{}", N.fetch_add(1, Ordering::Relaxed)))
 }
 
 pub fn trainer() -> Command {

@@ -1,0 +1,448 @@
+//! Plans across machines and runs, on the simulated backend: `batchfit merge`, `batchfit verify`,
+//! the plan cache (`--no-cache`, `--refresh`, `batchfit cache list|clear`), and the trainer's refusal
+//! of an unverified merged plan.
+
+mod common;
+use common::*;
+use predicates::prelude::*;
+use std::path::{Path, PathBuf};
+
+const BIG: &str = "base=1GiB,per-sample=3MiB,capacity=16GiB";
+const SMALL: &str = "base=1GiB,per-sample=3MiB,capacity=8GiB";
+
+/// A complete sim plan written to `out`.
+fn probe_to(sim: &str, out: &Path, extra: &[&str]) {
+    batchfit()
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            sim,
+            "--quiet",
+            "--out",
+        ])
+        .arg(out)
+        .args(extra)
+        .assert()
+        .success();
+}
+
+fn two_plans(d: &tempfile::TempDir) -> (PathBuf, PathBuf) {
+    let (a, b) = (path(d, "a.json"), path(d, "b.json"));
+    probe_to(BIG, &a, &[]);
+    probe_to(SMALL, &b, &[]);
+    (a, b)
+}
+
+fn merge(d: &tempfile::TempDir, plans: &[&Path], extra: &[&str]) -> assert_cmd::assert::Assert {
+    let mut c = batchfit();
+    c.arg("merge")
+        .args(plans)
+        .args(["--out"])
+        .arg(path(d, "m.json"))
+        .args(extra);
+    c.assert()
+}
+
+#[test]
+fn merge_uses_the_smallest_fit_and_resplits() {
+    let d = tmp();
+    let (a, b) = two_plans(&d);
+    let max_a = read_json(&a)["recommendation"]["max_fitting_batch"]
+        .as_u64()
+        .unwrap();
+    let max_b = read_json(&b)["recommendation"]["max_fitting_batch"]
+        .as_u64()
+        .unwrap();
+    assert!(max_b < max_a, "{max_b} < {max_a}");
+    let out = merge(
+        &d,
+        &[&a, &b],
+        &["--global-batch", "8192", "--world-size", "2"],
+    )
+    .success()
+    .stderr(predicate::str::contains("not verified"));
+    let m = read_json(&path(&d, "m.json"));
+    // stdout is the JSON plan too
+    let printed: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    assert_eq!(printed, m);
+    assert_eq!(m["status"], "complete");
+    assert_eq!(m["verified"], false);
+    let r = &m["recommendation"];
+    assert_eq!(r["max_fitting_batch"].as_u64().unwrap(), max_b);
+    let micro = r["micro_batch"].as_u64().unwrap();
+    let acc = r["accumulation"].as_u64().unwrap();
+    assert!(micro <= max_b);
+    assert_eq!(micro * acc * 2, 8192);
+    assert_eq!(r["world_size"], 2);
+    let sources = m["sources"].as_array().unwrap();
+    assert_eq!(sources.len(), 2);
+    assert_eq!(sources[0]["path"], a.display().to_string());
+    assert_eq!(sources[1]["path"], b.display().to_string());
+    assert_eq!(sources[1]["device_name"], read_json(&b)["device"]["name"]);
+    assert_eq!(sources[1]["device_kind"], "sim");
+    assert_eq!(sources[1]["max_fitting_batch"].as_u64().unwrap(), max_b);
+    // the merged plan keeps the smaller device's curve, for verify
+    assert_eq!(m["sim_spec"]["capacity"].as_u64().unwrap(), 8 << 30);
+    // env format
+    merge(
+        &d,
+        &[&a, &b],
+        &["--global-batch", "8192", "--format", "env"],
+    )
+    .success()
+    .stdout(
+        predicate::str::contains("export BATCHFIT_MAX_FITTING_BATCH=").and(
+            predicate::str::contains(format!("BATCHFIT_MAX_FITTING_BATCH={max_b}")),
+        ),
+    );
+}
+
+#[test]
+fn merge_respects_allow_uneven() {
+    let d = tmp();
+    let (a, b) = two_plans(&d);
+    let max_b = read_json(&b)["recommendation"]["max_fitting_batch"]
+        .as_u64()
+        .unwrap();
+    // a prime global batch: only an uneven split gets near the largest fitting size
+    merge(
+        &d,
+        &[&a, &b],
+        &["--global-batch", "10007", "--allow-uneven"],
+    )
+    .success();
+    let r = read_json(&path(&d, "m.json"))["recommendation"].clone();
+    assert_eq!(r["uneven"], true);
+    let sizes: Vec<u64> = r["micro_batches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes.iter().sum::<u64>(), 10007);
+    assert!(sizes.iter().all(|&s| s <= max_b));
+}
+
+#[test]
+fn merge_refuses_other_models_and_partial_plans() {
+    let d = tmp();
+    let a = path(&d, "a.json");
+    probe_to(BIG, &a, &[]);
+    let other = path(&d, "other.json");
+    probe_to(BIG, &other, &["--mlp-hidden", "512"]);
+    merge(&d, &[&a, &other], &["--global-batch", "8192"])
+        .code(2)
+        .stderr(predicate::str::contains("different models"));
+    assert!(!path(&d, "m.json").exists());
+    // a partial plan (stopped by --max-trials)
+    let p = path(&d, "p.json");
+    batchfit()
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            SMALL,
+            "--quiet",
+            "--max-trials",
+            "2",
+            "--out",
+        ])
+        .arg(&p)
+        .assert()
+        .code(5);
+    merge(
+        &d,
+        &[&a, &path(&d, "p.partial.json")],
+        &["--global-batch", "8192"],
+    )
+    .code(2)
+    .stderr(predicate::str::contains("not a complete plan"));
+    // unreadable input
+    merge(
+        &d,
+        &[&a, &path(&d, "missing.json")],
+        &["--global-batch", "8192"],
+    )
+    .code(2);
+}
+
+#[test]
+fn trainer_refuses_an_unverified_merged_plan() {
+    let d = tmp();
+    let (a, b) = two_plans(&d);
+    merge(&d, &[&a, &b], &["--global-batch", "8192"]).success();
+    trainer()
+        .args(["--plan"])
+        .arg(path(&d, "m.json"))
+        .args(["--steps", "1"])
+        .assert()
+        .code(5)
+        .stderr(predicate::str::contains("not verified here"));
+}
+
+#[test]
+fn verify_marks_a_merged_sim_plan_verified() {
+    let d = tmp();
+    let (a, b) = two_plans(&d);
+    merge(&d, &[&a, &b], &["--global-batch", "8192"]).success();
+    let m = path(&d, "m.json");
+    let v = path(&d, "v.json");
+    batchfit()
+        .args(["verify"])
+        .arg(&m)
+        .args(["--out"])
+        .arg(&v)
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("verified"))
+        .stderr(predicate::str::contains("confirm"));
+    let merged = read_json(&m);
+    let plan = read_json(&v);
+    assert_eq!(plan["verified"], true);
+    let before = merged["trials"].as_array().unwrap().len();
+    let trials = plan["trials"].as_array().unwrap();
+    let micro = plan["recommendation"]["micro_batch"].as_u64().unwrap();
+    let last = trials.last().unwrap();
+    assert!(trials.len() > before);
+    assert_eq!(last["batch"].as_u64().unwrap(), micro);
+    assert_eq!(last["purpose"], "confirm");
+    assert_eq!(last["outcome"], "fits");
+    assert_eq!(last["steps"], plan["search"]["confirm_steps"]);
+    // the trainer no longer refuses it as unverified (only as a sim plan)
+    trainer()
+        .args(["--plan"])
+        .arg(&v)
+        .args(["--steps", "1"])
+        .assert()
+        .code(5)
+        .stderr(predicate::str::contains("not verified").not())
+        .stderr(predicate::str::contains("sim backend"));
+}
+
+#[test]
+fn verify_fails_with_exit_4_when_a_size_does_not_fit_here() {
+    let d = tmp();
+    let a = path(&d, "a.json");
+    probe_to(BIG, &a, &["--global-batch", "4096"]);
+    // in place (no --out), on a device whose samples are larger
+    batchfit()
+        .args(["verify", "--quiet"])
+        .arg(&a)
+        .args(["--sim", "base=1GiB,per-sample=4MiB,capacity=16GiB"])
+        .assert()
+        .code(4)
+        .stderr(predicate::str::contains("did not fit"));
+    let plan = read_json(&a);
+    assert_eq!(plan["verified"], false);
+    let last = plan["trials"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["batch"], 4096);
+    assert_eq!(last["outcome"], "oom");
+    assert!(plan["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|w| w.as_str().unwrap().starts_with("verification failed")));
+    trainer()
+        .args(["--plan"])
+        .arg(&a)
+        .assert()
+        .code(5)
+        .stderr(predicate::str::contains("not verified"));
+}
+
+#[test]
+fn verify_of_an_old_sim_plan_needs_sim() {
+    let d = tmp();
+    let a = path(&d, "a.json");
+    probe_to(BIG, &a, &[]);
+    let mut v = read_json(&a);
+    assert_eq!(
+        v.get("verified"),
+        None,
+        "a probe plan leaves verified absent"
+    );
+    v.as_object_mut().unwrap().remove("sim_spec");
+    write_json(&a, &v);
+    // old plans (no verified, sources, sim_spec) still read
+    batchfit().args(["show"]).arg(&a).assert().success();
+    batchfit()
+        .args(["verify", "--quiet"])
+        .arg(&a)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--sim"));
+    batchfit()
+        .args(["verify", "--quiet"])
+        .arg(&a)
+        .args(["--sim", BIG])
+        .assert()
+        .success();
+    assert_eq!(read_json(&a)["verified"], true);
+}
+
+fn cached_probe(cache: &Path, out: &Path, extra: &[&str]) -> assert_cmd::assert::Assert {
+    batchfit()
+        .env("BATCHFIT_CACHE_DIR", cache)
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            BIG,
+            "--global-batch",
+            "8192",
+            "--out",
+        ])
+        .arg(out)
+        .args(extra)
+        .assert()
+}
+
+fn stderr_of(a: &assert_cmd::assert::Assert) -> String {
+    String::from_utf8(a.get_output().stderr.clone()).unwrap()
+}
+
+#[test]
+fn a_repeated_probe_is_answered_from_the_cache() {
+    let d = tmp();
+    let cache = d.path().join("batchfit").join("plans");
+    let (p1, p2) = (path(&d, "p1.json"), path(&d, "p2.json"));
+    let first = cached_probe(&cache, &p1, &[]).success();
+    assert!(stderr_of(&first).contains("trial   1:"));
+    assert!(!stderr_of(&first).contains("from cache"));
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 1);
+
+    // same key: no trial runs, the cached plan is written to --out and printed in --format
+    let second = cached_probe(&cache, &p2, &["--format", "env"]).success();
+    let err = stderr_of(&second);
+    assert!(err.contains("batchfit: plan from cache ("), "{err}");
+    assert!(!err.contains("trial "), "{err}");
+    let stdout = String::from_utf8(second.get_output().stdout.clone()).unwrap();
+    assert!(
+        stdout.contains("export BATCHFIT_MICRO_BATCH=4096"),
+        "{stdout}"
+    );
+    assert_eq!(read_json(&p1), read_json(&p2));
+
+    // --refresh runs the trials again and overwrites the entry
+    let refreshed = cached_probe(&cache, &p2, &["--refresh"]).success();
+    let err = stderr_of(&refreshed);
+    assert!(
+        err.contains("trial   1:") && !err.contains("from cache"),
+        "{err}"
+    );
+    assert_ne!(read_json(&p2)["trials"].as_array().unwrap().len(), 0);
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 1);
+
+    // another margin is another key: a miss, and a second entry
+    let other = cached_probe(&cache, &p2, &["--margin", "0.1"]).success();
+    assert!(!stderr_of(&other).contains("from cache"));
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 2);
+    // and so is another global batch
+    let other = batchfit()
+        .env("BATCHFIT_CACHE_DIR", &cache)
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            BIG,
+            "--global-batch",
+            "4096",
+            "--quiet",
+        ])
+        .assert()
+        .success();
+    assert!(!stderr_of(&other).contains("from cache"));
+
+    // --no-cache neither reads nor writes
+    let none = cached_probe(&cache, &p2, &["--no-cache"]).success();
+    assert!(!stderr_of(&none).contains("from cache"));
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 3);
+}
+
+#[test]
+fn no_cache_writes_nothing_and_partial_plans_are_not_cached() {
+    let d = tmp();
+    let cache = d.path().join("plans");
+    cached_probe(&cache, &path(&d, "p.json"), &["--no-cache", "--quiet"]).success();
+    assert!(!cache.exists());
+    cached_probe(
+        &cache,
+        &path(&d, "q.json"),
+        &["--max-trials", "2", "--quiet"],
+    )
+    .code(5);
+    assert!(!cache.exists() || std::fs::read_dir(&cache).unwrap().count() == 0);
+    // --refresh and --no-cache contradict each other
+    cached_probe(&cache, &path(&d, "q.json"), &["--no-cache", "--refresh"]).code(2);
+}
+
+#[test]
+fn cache_list_and_clear_touch_only_the_plans_folder() {
+    let d = tmp();
+    // the default location under XDG_CACHE_HOME, next to the libtorch install
+    let xdg = d.path().join("xdg");
+    let libtorch = xdg.join("batchfit").join("libtorch-2.11.0");
+    std::fs::create_dir_all(libtorch.join("lib")).unwrap();
+    std::fs::write(libtorch.join("lib").join("marker.json"), "{}").unwrap();
+    std::fs::write(libtorch.join("keep.json"), "{}").unwrap();
+    let run = |args: &[&str]| {
+        let mut c = batchfit();
+        c.env_remove("BATCHFIT_CACHE_DIR")
+            .env("XDG_CACHE_HOME", &xdg)
+            .args(args);
+        c.assert()
+    };
+    run(&[
+        "probe",
+        "--backend",
+        "sim",
+        "--sim",
+        BIG,
+        "--global-batch",
+        "8192",
+        "--quiet",
+    ])
+    .success();
+    let plans = xdg.join("batchfit").join("plans");
+    let entries: Vec<_> = std::fs::read_dir(&plans).unwrap().flatten().collect();
+    assert_eq!(entries.len(), 1);
+    let key = entries[0]
+        .path()
+        .file_stem()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let list = run(&["cache", "list"]).success();
+    let out = String::from_utf8(list.get_output().stdout.clone()).unwrap();
+    assert!(out.starts_with("KEY"), "{out}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with(&key))
+        .expect("entry listed");
+    assert!(
+        row.contains("mlp") && row.contains("sim") && row.contains("4096"),
+        "{row}"
+    );
+
+    run(&["cache", "clear"])
+        .success()
+        .stderr(predicate::str::contains("removed 1"));
+    assert!(plans.is_dir());
+    assert_eq!(std::fs::read_dir(&plans).unwrap().count(), 0);
+    assert!(libtorch.join("lib").join("marker.json").is_file());
+    assert!(libtorch.join("keep.json").is_file());
+    let list = run(&["cache", "list"]).success();
+    let out = String::from_utf8(list.get_output().stdout.clone()).unwrap();
+    assert_eq!(out.lines().count(), 1, "{out}");
+    // clearing an absent cache is fine
+    let mut c = batchfit();
+    c.env("BATCHFIT_CACHE_DIR", d.path().join("nothing-here"))
+        .args(["cache", "clear"])
+        .assert()
+        .success();
+}

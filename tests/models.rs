@@ -1,0 +1,278 @@
+//! The model zoo through the real binaries: `batchfit models`, the `--model` presets and knobs in the
+//! plan, an out-of-memory inside each zoo model classified as `oom`, and probe → train round trips that
+//! rebuild the model from the plan alone.
+
+mod common;
+use common::*;
+use predicates::prelude::*;
+use serde_json::Value;
+
+const SIM: &[&str] = &[
+    "probe",
+    "--backend",
+    "sim",
+    "--sim",
+    "base=1GiB,per-sample=3MiB,capacity=16GiB",
+    "--quiet",
+];
+
+fn sim_plan(extra: &[&str]) -> Value {
+    let out = batchfit().args(SIM).args(extra).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn models_lists_the_zoo() {
+    let out = batchfit().args(["models", "--json"]).output().unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows: Vec<(String, u64, String)> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap().to_string(),
+                r["parameter_count"].as_u64().unwrap(),
+                r["input_spec"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let names: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "mlp",
+            "gpt",
+            "gpt2-small",
+            "gpt2-medium",
+            "resnet18",
+            "resnet50"
+        ]
+    );
+    let get = |n: &str| rows.iter().find(|r| r.0 == n).unwrap().clone();
+    // the published counts of GPT-2 (tied LM head) and torchvision's ResNets
+    assert_eq!(get("gpt2-small").1, 124_439_808);
+    assert_eq!(get("gpt2-medium").1, 354_823_168);
+    assert_eq!(get("resnet18").1, 11_689_512);
+    assert_eq!(get("resnet50").1, 25_557_032);
+    assert_eq!(get("gpt2-small").2, "i64[B,1024]");
+    assert_eq!(get("resnet50").2, "f32[B,3,224,224]");
+    assert_eq!(get("mlp").2, "f32[B,1024]");
+    batchfit()
+        .arg("models")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("gpt2-medium").and(predicate::str::contains("354823168")));
+}
+
+#[test]
+fn presets_and_knobs_reach_the_plan() {
+    let p = sim_plan(&["--model", "gpt2-small"]);
+    assert_eq!(p["model"]["name"], "gpt2-small");
+    assert_eq!(p["model"]["parameter_count"], 124_439_808u64);
+    let a = &p["model"]["config"]["architecture"];
+    assert_eq!(a["name"], "gpt");
+    assert_eq!(
+        (
+            &a["layers"],
+            &a["d_model"],
+            &a["heads"],
+            &a["seq_len"],
+            &a["vocab"]
+        ),
+        (
+            &12.into(),
+            &768.into(),
+            &12.into(),
+            &1024.into(),
+            &50257.into()
+        )
+    );
+    // a knob overrides the preset: the model is then a plain gpt, with another fingerprint
+    let q = sim_plan(&["--model", "gpt2-small", "--seq-len", "512"]);
+    assert_eq!(q["model"]["name"], "gpt");
+    assert_eq!(q["model"]["input_spec"], "i64[B,512]");
+    assert_ne!(q["model"]["fingerprint"], p["model"]["fingerprint"]);
+    let m = sim_plan(&["--model", "gpt2-medium"]);
+    assert_eq!(m["model"]["config"]["architecture"]["layers"], 24);
+    let r = sim_plan(&["--model", "resnet50", "--image-size", "128"]);
+    assert_eq!(r["model"]["name"], "resnet50");
+    assert_eq!(r["model"]["input_spec"], "f32[B,3,128,128]");
+    assert_eq!(r["model"]["config"]["architecture"]["classes"], 1000);
+    // the default model is unchanged
+    let d = sim_plan(&[]);
+    assert_eq!(d["model"]["name"], "mlp");
+    assert_eq!(d["model"]["input_spec"], "f32[B,1024]");
+}
+
+#[test]
+fn bad_model_knobs_are_usage_errors() {
+    for (args, msg) in [
+        (&["--layers", "2"][..], "--model mlp does not use it"),
+        (&["--model", "gpt", "--image-size", "64"], "ResNet option"),
+        (&["--model", "resnet18", "--heads", "2"], "GPT option"),
+        (&["--model", "gpt", "--heads", "3"], "multiple of --heads"),
+        (&["--model", "gpt", "--vocab", "0"], "must be positive"),
+        (&["--model", "resnet18", "--image-size", "32"], "too small"),
+    ] {
+        batchfit()
+            .args(SIM)
+            .args(args)
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(msg));
+    }
+}
+
+/// Probes one size that surely cannot fit and checks that it is a real libtorch allocation failure
+/// inside the model (not of the input batch), classified as `oom`.
+fn assert_oom_inside(model_args: &[&str], budget: &str, batch: u64, input_bytes: u64) {
+    let b = batch.to_string();
+    let out = batchfit()
+        .args(["probe", "--backend", "cpu", "--memory-budget", budget])
+        .args(model_args)
+        .args([
+            "--min-batch",
+            &b,
+            "--max-batch",
+            &b,
+            "--threads",
+            "1",
+            "--quiet",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "nothing fits: {out:?}");
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let t = &plan["trials"][0];
+    assert_eq!(t["outcome"], "oom", "{model_args:?}: {t}");
+    let msg = t["message"].as_str().unwrap();
+    assert!(msg.contains("can't allocate memory"), "{msg}");
+    let tried: u64 = msg
+        .split("you tried to allocate ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no allocation size in {msg}"));
+    assert_ne!(
+        tried, input_bytes,
+        "the OOM must come from the model, not the input: {msg}"
+    );
+}
+
+#[test]
+fn gpt_oom_is_classified_as_oom() {
+    // 8192 sequences of 128 tokens: the embedding output alone is 256 MiB, attention and the MLP far more
+    assert_oom_inside(
+        &[
+            "--model",
+            "gpt",
+            "--layers",
+            "1",
+            "--d-model",
+            "64",
+            "--heads",
+            "2",
+            "--seq-len",
+            "128",
+            "--vocab",
+            "100",
+        ],
+        "800MiB",
+        8192,
+        8192 * 129 * 8,
+    );
+}
+
+#[test]
+fn resnet_oom_is_classified_as_oom() {
+    // 1024 images of 64²: the stem's output alone is 256 MiB per tensor
+    for model in ["resnet18", "resnet50"] {
+        assert_oom_inside(
+            &["--model", model, "--image-size", "64"],
+            "1500MiB",
+            1024,
+            1024 * 3 * 64 * 64 * 4,
+        );
+    }
+}
+
+/// Probe a tiny zoo model on CPU, then train with the plan alone (no model flags).
+fn probe_then_train(model_args: &[&str], budget: &str, max_batch: u64, name: &str) {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    batchfit()
+        .args(["probe", "--backend", "cpu", "--memory-budget", budget])
+        .args(model_args)
+        .args([
+            "--max-batch",
+            &max_batch.to_string(),
+            "--steps",
+            "1",
+            "--confirm-steps",
+            "1",
+        ])
+        .args([
+            "--global-batch",
+            &(2 * max_batch).to_string(),
+            "--threads",
+            "1",
+            "--quiet",
+        ])
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .success();
+    let plan = read_json(&out);
+    assert_eq!(plan["status"], "complete");
+    assert_eq!(plan["model"]["name"], name);
+    assert!(plan["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|t| t["outcome"] == "fits"));
+    trainer()
+        .args(["--steps", "2", "--memory-limit", "plan", "--plan"])
+        .arg(&out)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(format!(
+            "trained 2 steps of {} samples",
+            2 * max_batch
+        )));
+}
+
+#[test]
+fn gpt_probe_then_train() {
+    probe_then_train(
+        &[
+            "--model",
+            "gpt",
+            "--layers",
+            "1",
+            "--d-model",
+            "32",
+            "--heads",
+            "2",
+            "--seq-len",
+            "32",
+            "--vocab",
+            "100",
+        ],
+        "800MiB",
+        16,
+        "gpt",
+    );
+}
+
+#[test]
+fn resnet18_probe_then_train() {
+    probe_then_train(
+        &["--model", "resnet18", "--image-size", "64"],
+        "1500MiB",
+        2,
+        "resnet18",
+    );
+}
