@@ -5,9 +5,9 @@ use batchfit::backend::sim::SimSpec;
 use batchfit::cache::{self, CacheOptions};
 use batchfit::cli::{CacheAction, FormatArg, MergeArgs, ProbeArgs, VerifyArgs};
 use batchfit::jobs::{self, JobError, MergeOptions, VerifyEnding};
+use batchfit::output;
 use batchfit::plan::Plan;
 use batchfit::progress::StderrProgress;
-use batchfit::{interrupt, output};
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -107,16 +107,9 @@ pub fn verify_main(a: &VerifyArgs) -> ExitCode {
         eprintln!("batchfit: error: {e}");
         return ExitCode::from(2);
     }
-    if let Err(e) = interrupt::install() {
-        eprintln!("batchfit: error: cannot install signal handlers: {e}");
-        return ExitCode::from(3);
-    }
-    let exe = match std::env::current_exe() {
+    let exe = match crate::trial_setup() {
         Ok(p) => p,
-        Err(e) => {
-            eprintln!("batchfit: error: cannot find my own executable to start trials: {e}");
-            return ExitCode::from(3);
-        }
+        Err(code) => return code,
     };
     let mut progress = StderrProgress::new(a.quiet);
     let result = jobs::verify(&plan, &exe, sim, &mut progress);

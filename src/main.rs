@@ -88,16 +88,9 @@ fn probe_main(args: &batchfit::cli::ProbeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(e) = interrupt::install() {
-        eprintln!("batchfit: error: cannot install signal handlers: {e}");
-        return ExitCode::from(3);
-    }
-    let exe = match std::env::current_exe() {
+    let exe = match trial_setup() {
         Ok(p) => p,
-        Err(e) => {
-            eprintln!("batchfit: error: cannot find my own executable to start trials: {e}");
-            return ExitCode::from(3);
-        }
+        Err(code) => return code,
     };
     let quiet = cfg.quiet;
     let mut progress = StderrProgress::new(quiet);
@@ -216,4 +209,17 @@ fn models_main(json: bool) -> ExitCode {
         return ExitCode::from(3);
     }
     finish_stdout(out)
+}
+
+/// What every command that runs trials needs first: signal handlers (so an interruption kills the
+/// trials and keeps a partial plan) and this executable's path (trials are its hidden subcommands).
+fn trial_setup() -> Result<std::path::PathBuf, ExitCode> {
+    if let Err(e) = interrupt::install() {
+        eprintln!("batchfit: error: cannot install signal handlers: {e}");
+        return Err(ExitCode::from(3));
+    }
+    std::env::current_exe().map_err(|e| {
+        eprintln!("batchfit: error: cannot find my own executable to start trials: {e}");
+        ExitCode::from(3)
+    })
 }
