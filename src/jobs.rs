@@ -221,6 +221,7 @@ pub fn verify(
                 steps: 0,
                 threads: plan.runtime.threads,
                 seed: plan.runtime.seed,
+                accumulation: 1,
                 fault: None,
             };
             let timeout = Duration::from_secs_f64(plan.search.trial_timeout_seconds.max(1.0));

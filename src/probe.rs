@@ -67,6 +67,7 @@ fn make_backend(
             steps: 0,
             threads: cfg.threads,
             seed: cfg.seed,
+            accumulation: 1,
             fault: cfg.fault,
         };
         Ok(Box::new(
@@ -184,6 +185,10 @@ pub fn run_cached(
 ) -> Result<ProbeReport, ProbeError> {
     let mut notices = vec![];
     let mut backend = make_backend(cfg, exe, &mut notices)?;
+    // The backend choice is news before the search, not after it.
+    for n in notices.drain(..) {
+        progress.line(&n);
+    }
     let device = backend.device().clone();
     let device_kind = device.kind.clone();
     let budget = cfg.budget.unwrap_or_else(|| backend.default_budget());
@@ -291,6 +296,7 @@ pub fn run_cached(
 
     let mut write_error = None;
     let mut non_monotonic: Vec<(u64, bool)> = vec![];
+    let mut accumulation_failures: Vec<(u64, u32)> = vec![];
     let (outcome, split_result) = {
         let sk = &skeleton;
         let partial = partial.clone();
@@ -312,48 +318,86 @@ pub fn run_cached(
         let split_result = match (outcome.max_fitting, outcome.stop_reason.is_complete()) {
             (Some(max), true) => {
                 let (g, w) = cfg.global.unwrap_or((max * world, world));
-                match accumulate::split(g, w, max, cfg.allow_uneven) {
-                    Ok(s) => {
-                        let sizes: Vec<u64> = {
-                            let mut v = s.micro_batches.clone();
-                            v.sort_unstable();
-                            v.dedup();
-                            v
+                // Each split is proven the way the trainer runs it: its micro-batch with its
+                // accumulation (accumulating holds more memory than one micro-batch alone). If that
+                // fails, the split is recomputed below the failing size (a few times at most).
+                let mut cap = max;
+                let mut result = None;
+                for _ in 0..8 {
+                    let s = match accumulate::split(g, w, cap, cfg.allow_uneven) {
+                        Ok(s) => s,
+                        Err(e) => {
+                            result = Some(Err(Stop::Fatal(e.to_string())));
+                            break;
+                        }
+                    };
+                    let acc = s.accumulation.min(u32::MAX as u64) as u32;
+                    let mut sizes = s.micro_batches.clone();
+                    sizes.sort_unstable();
+                    sizes.dedup();
+                    let mut confirmed: Result<(), Stop> = Ok(());
+                    let mut lower_cap = None;
+                    for b in sizes.into_iter().rev() {
+                        // A failure of a size below a proven fit (accumulation 1) means memory is
+                        // not monotonic in the batch size here: re-test once, then resolve
+                        // conservatively (no recommendation of that split) and flag it.
+                        let first = prober.confirm_split(b, acc, Purpose::Split);
+                        if acc > 1 {
+                            match first {
+                                Ok(true) => continue,
+                                Ok(false) => {
+                                    accumulation_failures.push((b, acc));
+                                    lower_cap = Some(b - 1);
+                                }
+                                Err(e) => confirmed = Err(e),
+                            }
+                            break;
+                        }
+                        let again = match first {
+                            Ok(false) => {
+                                let retest = prober.confirm_split(b, acc, Purpose::Retry);
+                                non_monotonic.push((b, matches!(retest, Ok(true))));
+                                retest.map(|_| false)
+                            }
+                            other => other,
                         };
-                        let mut confirmed: Result<(), Stop> = Ok(());
-                        for b in sizes {
-                            // A size below a proven fit that fails means memory is not monotonic in
-                            // the batch size here: re-test once, then resolve conservatively (no
-                            // recommendation of that split) and flag it.
-                            let first = prober.confirm(b, Purpose::Split);
-                            let again = match first {
-                                Ok(false) => {
-                                    let retest = prober.confirm(b, Purpose::Retry);
-                                    non_monotonic.push((b, matches!(retest, Ok(true))));
-                                    retest.map(|_| false)
-                                }
-                                other => other,
-                            };
-                            match again {
-                                Ok(true) => {}
-                                Ok(false) => {
-                                    confirmed = Err(Stop::Fatal(format!(
-                                        "micro-batch {b} chosen by the accumulation split did not fit although {max} \
-                                         did: memory is not monotonic in the batch size here; re-run with --global-batch \
-                                         a multiple of {max}"
-                                    )));
-                                    break;
-                                }
-                                Err(e) => {
-                                    confirmed = Err(e);
-                                    break;
-                                }
+                        match again {
+                            Ok(true) => {}
+                            Ok(false) => {
+                                confirmed = Err(Stop::Fatal(format!(
+                                    "micro-batch {b} chosen by the accumulation split did not fit although {max} \
+                                     did: memory is not monotonic in the batch size here; re-run with --global-batch \
+                                     a multiple of {max}"
+                                )));
+                                break;
+                            }
+                            Err(e) => {
+                                confirmed = Err(e);
+                                break;
                             }
                         }
-                        Some(confirmed.map(|_| s))
                     }
-                    Err(e) => Some(Err(Stop::Fatal(e.to_string()))),
+                    match lower_cap {
+                        Some(c) if c > 0 => cap = c,
+                        Some(_) => {
+                            result = Some(Err(Stop::Fatal(
+                                "no micro-batch fits with gradient accumulation".into(),
+                            )));
+                            break;
+                        }
+                        None => {
+                            result = Some(confirmed.map(|_| s));
+                            break;
+                        }
+                    }
                 }
+                Some(result.unwrap_or_else(|| {
+                    Err(Stop::Fatal(
+                        "every accumulation split tried ran out of memory; lower the global batch or the budget's \
+                         pressure"
+                            .into(),
+                    ))
+                }))
             }
             _ => None,
         };
@@ -369,6 +413,12 @@ pub fn run_cached(
 
     let mut plan = skeleton.clone();
     plan.trials = outcome.trials.clone();
+    for (b, a) in &accumulation_failures {
+        plan.warnings.push(format!(
+            "micro-batch {b} fits alone but ran out of memory with {a} accumulated micro-batches (gradient \
+             accumulation holds more memory); the split was recomputed below {b}"
+        ));
+    }
     for (b, retest_fit) in &non_monotonic {
         plan.warnings.push(format!(
             "non-monotonic memory: micro-batch {b} ran out of memory although {} fit; the re-test {}; \
@@ -399,7 +449,7 @@ pub fn run_cached(
                 .trials
                 .iter()
                 .filter(|t| t.batch == s.micro_batch && t.outcome.fits())
-                .max_by_key(|t| t.steps)
+                .max_by_key(|t| (t.accumulation, t.steps))
                 .expect("split size confirmed");
             let mut r = Recommendation::from_split(&s, max, outcome.first_failing, rec);
             if let Some(a) = throughput::advise(

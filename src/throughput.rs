@@ -119,6 +119,7 @@ mod tests {
             steps,
             purpose: Purpose::Explore,
             isolation: Isolation::None,
+            accumulation: 1,
             outcome: match step_seconds {
                 Some(s) => TrialOutcome::Fits {
                     peak_bytes: 1,

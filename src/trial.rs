@@ -78,6 +78,9 @@ pub struct TrialSpec {
     /// libtorch intra-op threads (the trainer uses the same number).
     pub threads: u32,
     pub seed: i64,
+    /// Micro-batches of `batch` per optimizer step (gradient accumulation).
+    #[serde(default = "one")]
+    pub accumulation: u32,
     #[serde(default)]
     pub fault: Option<FaultAt>,
 }
@@ -162,10 +165,12 @@ pub fn run(spec: &TrialSpec) -> TrialOutcome {
         let mut learner = Learner::new(&spec.model, tch::Device::Cpu, 1e-3, spec.seed)?;
         let mut data = Synthetic::for_spec(&spec.model);
         let mut times = Vec::with_capacity(spec.steps as usize);
+        let micro = vec![spec.batch; spec.accumulation.max(1) as usize];
         for _ in 0..spec.steps {
             let t0 = Instant::now();
-            learner.step(&[spec.batch], &mut data)?;
-            times.push(t0.elapsed().as_secs_f64());
+            learner.step(&micro, &mut data)?;
+            // Seconds per micro-batch, so samples/s = batch / step_seconds also under accumulation.
+            times.push(t0.elapsed().as_secs_f64() / micro.len() as f64);
         }
         Ok(times)
     });
@@ -241,6 +246,12 @@ pub fn child_main(spec_json: &str) -> ! {
 pub struct WorkerRequest {
     pub batch: u64,
     pub steps: u32,
+    #[serde(default = "one")]
+    pub accumulation: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// Entry point of the hidden `__worker TEMPLATE` subcommand (hybrid isolation): `TEMPLATE` is a
@@ -263,6 +274,7 @@ pub fn worker_main(template_json: &str) -> ! {
             serde_json::from_str::<WorkerRequest>(line.trim()).map(|r| TrialSpec {
                 batch: r.batch,
                 steps: r.steps,
+                accumulation: r.accumulation,
                 ..t
             })
         });

@@ -63,9 +63,16 @@ fn cpu_probe_is_proven_by_real_oom() {
     let micro = r["micro_batch"].as_u64().unwrap();
     assert_eq!(micro * r["accumulation"].as_u64().unwrap(), 100000);
     assert!(micro <= max);
-    assert!(trials
-        .iter()
-        .any(|t| t["batch"] == micro && t["outcome"] == "fits" && t["steps"] == 5));
+    // ... the way the trainer runs it: with the plan's accumulation
+    let acc = r["accumulation"].as_u64().unwrap();
+    assert!(acc > 1, "the test needs an accumulation split");
+    assert!(
+        trials.iter().any(|t| t["batch"] == micro
+            && t["outcome"] == "fits"
+            && t["steps"] == 5
+            && t["accumulation"].as_u64().unwrap_or(1) == acc),
+        "{trials:?}"
+    );
 }
 
 #[test]

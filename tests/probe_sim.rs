@@ -294,7 +294,7 @@ fn help_lists_exit_codes() {
 #[test]
 fn non_monotonic_split_is_retested_and_flagged() {
     // Sizes in [~2120, 2500) run out of memory (a jump at 2000), larger ones fit again (a dip at 2500):
-    // the split of 4900 into 2 × 2450 lands in the hole although 4846 fits.
+    // a global batch of 2450 (accumulation 1) lands in the hole although 4846 fits.
     let sim = format!("{SIM},jump=2000:8GiB,dip=2500:8GiB");
     let d = tmp();
     let out = path(&d, "plan.json");
@@ -308,7 +308,7 @@ fn non_monotonic_split_is_retested_and_flagged() {
             "--strategy",
             "bisect",
             "--global-batch",
-            "4900",
+            "2450",
             "--quiet",
             "--out",
         ])
@@ -334,4 +334,41 @@ fn non_monotonic_split_is_retested_and_flagged() {
         .collect();
     assert_eq!(t2450.len(), 2, "tested and re-tested");
     assert!(p["recommendation"].is_null());
+
+    // With accumulation (4900 = 2 × 2450) a failing split is recomputed below the failing size, and
+    // every size recommended was run with its accumulation.
+    let o = batchfit()
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            &sim,
+            "--strategy",
+            "bisect",
+            "--global-batch",
+            "4900",
+            "--quiet",
+        ])
+        .assert()
+        .success();
+    let p: serde_json::Value = serde_json::from_slice(&o.get_output().stdout).unwrap();
+    let r = &p["recommendation"];
+    assert_eq!(
+        (r["micro_batch"].as_u64(), r["accumulation"].as_u64()),
+        (Some(1225), Some(4))
+    );
+    assert!(
+        p["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("micro-batch 2450"),
+        "{}",
+        p["warnings"]
+    );
+    assert!(p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["batch"] == 1225 && t["accumulation"] == 4 && t["outcome"] == "fits"));
 }

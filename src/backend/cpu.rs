@@ -104,6 +104,7 @@ impl Backend for CpuBackend {
             let line = serde_json::to_string(&crate::trial::WorkerRequest {
                 batch: req.batch,
                 steps: req.steps,
+                accumulation: req.accumulation,
             })
             .expect("request serialises");
             let (out, alive) = self
@@ -119,6 +120,7 @@ impl Backend for CpuBackend {
             let spec = TrialSpec {
                 batch: req.batch,
                 steps: req.steps,
+                accumulation: req.accumulation,
                 ..self.template.clone()
             };
             let mut cmd = Command::new(&self.exe);

@@ -22,6 +22,8 @@ pub struct TrialRequest {
     pub steps: u32,
     /// Must run in a fresh process (proof trials). When false, a backend may use a long-lived worker.
     pub fresh: bool,
+    /// Micro-batches of `batch` per optimizer step (gradient accumulation), as the trainer will run them.
+    pub accumulation: u32,
 }
 
 /// Where a trial ran.

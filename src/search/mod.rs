@@ -84,10 +84,20 @@ pub struct TrialRecord {
     pub purpose: Purpose,
     /// `process` (fresh), `worker` (hybrid exploration) or `none` (sim).
     pub isolation: Isolation,
+    /// Micro-batches per optimizer step (1 unless this trial proves an accumulation split).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub accumulation: u32,
     #[serde(flatten)]
     pub outcome: TrialOutcome,
     /// Wall seconds of the whole trial, process start included.
     pub seconds: f64,
+}
+
+fn one() -> u32 {
+    1
+}
+fn is_one(a: &u32) -> bool {
+    *a == 1
 }
 
 /// How the search ended.
@@ -227,6 +237,8 @@ pub struct Prober<'b> {
     /// Cleared once a fresh process fits where the worker ran out of memory: from then on the
     /// worker's state is known to cost memory near the limit, and exploration runs fresh.
     worker_trusted: bool,
+    /// Accumulation of the trials being run (see [`Prober::confirm_split`]).
+    accumulation: u32,
 }
 
 /// Why a run of trials stopped early.
@@ -248,6 +260,7 @@ impl<'b> Prober<'b> {
             trials: vec![],
             on_trial: Box::new(|_, _| {}),
             worker_trusted: true,
+            accumulation: 1,
         }
     }
 
@@ -287,6 +300,7 @@ impl<'b> Prober<'b> {
             batch,
             steps,
             fresh: purpose != Purpose::Explore || !self.worker_trusted,
+            accumulation: self.accumulation,
         };
         let isolation = self.backend.isolation(&req);
         let outcome = match self.backend.run_trial(req) {
@@ -299,6 +313,7 @@ impl<'b> Prober<'b> {
             steps,
             purpose,
             isolation,
+            accumulation: self.accumulation,
             outcome: outcome.clone(),
             seconds: t0.elapsed().as_secs_f64(),
         };
@@ -351,13 +366,28 @@ impl<'b> Prober<'b> {
     }
 
     /// Confirms a size that no fitting trial with `confirm_steps` has covered yet. Returns whether it fits.
+    /// Confirms `batch` run the way the trainer will: `accumulation` micro-batches per optimizer step
+    /// (gradient accumulation holds more memory than one micro-batch alone). Returns whether it fits.
+    pub fn confirm_split(
+        &mut self,
+        batch: u64,
+        accumulation: u32,
+        purpose: Purpose,
+    ) -> Result<bool, Stop> {
+        self.accumulation = accumulation.max(1);
+        let r = self.confirm(batch, purpose);
+        self.accumulation = 1;
+        r
+    }
+
     pub fn confirm(&mut self, batch: u64, purpose: Purpose) -> Result<bool, Stop> {
         let steps = self.cfg.confirm_steps.max(self.cfg.steps);
-        if self
-            .trials
-            .iter()
-            .any(|t| t.batch == batch && t.steps >= steps && t.outcome.fits())
-        {
+        if self.trials.iter().any(|t| {
+            t.batch == batch
+                && t.steps >= steps
+                && t.outcome.fits()
+                && t.accumulation >= self.accumulation
+        }) {
             return Ok(true);
         }
         Ok(self.trial_with_retry(batch, steps, purpose)?.fits())
