@@ -32,6 +32,15 @@ impl From<TchError> for StepError {
     }
 }
 
+/// The text of a caught panic (tch's plain calls panic with libtorch's error message).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or("panic without a message")
+}
+
 /// Turns a libtorch error text into an OOM or another error.
 pub fn classify(msg: &str) -> StepError {
     if oom::is_oom(msg) {

@@ -204,14 +204,9 @@ pub fn run(spec: &TrialSpec) -> TrialOutcome {
             }
         }
         Ok(Err(e)) => outcome_of_error(e),
-        Err(payload) => {
-            let msg = payload
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| payload.downcast_ref::<&str>().copied())
-                .unwrap_or("panic without a message");
-            outcome_of_error(crate::step::classify(msg))
-        }
+        Err(payload) => outcome_of_error(crate::step::classify(crate::step::panic_message(
+            payload.as_ref(),
+        ))),
     }
 }
 

@@ -271,12 +271,9 @@ fn run(a: &Args) -> Result<(), Fail> {
     let (loss, sps) = match result {
         Ok(r) => r?,
         Err(payload) => {
-            let msg = payload
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| payload.downcast_ref::<&str>().copied())
-                .unwrap_or("panic");
-            return Err(step_err(batchfit::step::classify(msg)));
+            return Err(step_err(batchfit::step::classify(
+                batchfit::step::panic_message(payload.as_ref()),
+            )));
         }
     };
     let peak = sysmem::proc_status().map(|s| s.vm_hwm).unwrap_or(0);

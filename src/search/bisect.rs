@@ -1,7 +1,7 @@
 //! Doubling, then bisection: the classic strategy (Lightning's `binsearch` without its flaws: every
 //! answer is a tested size, the bracket is proven, and the grid honours `multiple_of`).
 
-use super::{SearchState, Strategy};
+use super::{upper_bound, SearchState, Strategy};
 
 #[derive(Default)]
 pub struct DoublingBisection {
@@ -18,10 +18,7 @@ impl DoublingBisection {
 impl Strategy for DoublingBisection {
     fn propose(&mut self, st: &SearchState) -> u64 {
         let g = st.grid;
-        let upper = match (st.hi, st.ceiling) {
-            (Some(h), Some(c)) => Some(h.min(c)),
-            (h, c) => h.or(c),
-        };
+        let upper = upper_bound(st.hi, st.ceiling);
         match (st.lo, upper) {
             (None, None) => 0,
             // Nothing fit yet but something above failed with error: walk down by halving.

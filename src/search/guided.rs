@@ -31,7 +31,7 @@
 //! The engine ([`super::Prober`]) decides when the proof is complete and confirms the answer; this
 //! strategy never reports anything, and only proposes sizes strictly inside the open bracket.
 
-use super::{SearchState, Strategy};
+use super::{upper_bound, SearchState, Strategy};
 
 /// Smallest rise of the top peak over another point, as a fraction of the top peak, for the pair to set
 /// a slope: below it, measurement noise of ~0.5–1 % would dominate the slope (and in a flat region there
@@ -105,10 +105,7 @@ pub fn checks(points: &[(u64, u64)]) -> Vec<(f64, f64)> {
 impl Strategy for Guided {
     fn propose(&mut self, st: &SearchState) -> u64 {
         let g = st.grid;
-        let upper = match (st.hi, st.ceiling) {
-            (Some(h), Some(c)) => Some(h.min(c)),
-            (h, c) => h.or(c),
-        };
+        let upper = upper_bound(st.hi, st.ceiling);
         let Some(l) = st.lo else {
             return match upper {
                 None => 0,

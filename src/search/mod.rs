@@ -186,6 +186,14 @@ pub struct SearchState<'a> {
     pub limit_bytes: u64,
 }
 
+/// The exclusive upper end of the open bracket: the smallest oom or error/timeout ceiling, if any.
+pub fn upper_bound(hi: Option<u64>, ceiling: Option<u64>) -> Option<u64> {
+    match (hi, ceiling) {
+        (Some(h), Some(c)) => Some(h.min(c)),
+        (h, c) => h.or(c),
+    }
+}
+
 /// Proposes the next grid index to try. Must return an index strictly between `lo` and
 /// `min(hi, ceiling)` (or index 0 when nothing has been tried).
 pub trait Strategy {
@@ -409,10 +417,7 @@ impl<'b> Prober<'b> {
             (None, None, None);
         loop {
             // Is the bracket closed?
-            let upper = match (hi, ceiling) {
-                (Some(h), Some(c)) => Some(h.min(c)),
-                (h, c) => h.or(c),
-            };
+            let upper = upper_bound(hi, ceiling);
             let closed = match (lo, upper) {
                 (Some(l), Some(u)) => l + 1 >= u,
                 (Some(l), None) => l == grid.last_index,
