@@ -74,6 +74,15 @@ struct KeyInput<'a> {
     world_size: u64,
     allow_uneven: bool,
     throughput_tolerance: f64,
+    /// cuda: the card's identity and the allocator settings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_uuid: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_driver: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    alloc_conf: Option<&'a str>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    compare_alloc_conf: bool,
 }
 
 /// The cache key of a probe: `skeleton` is the plan before any trial (device, model, budget, search
@@ -103,6 +112,10 @@ pub fn key(skeleton: &Plan, cfg: &ProbeConfig) -> String {
         world_size: cfg.world_size,
         allow_uneven: cfg.allow_uneven,
         throughput_tolerance: cfg.throughput_tolerance,
+        gpu_uuid: skeleton.gpu.as_ref().map(|g| g.uuid.as_str()),
+        gpu_driver: skeleton.gpu.as_ref().map(|g| g.driver.as_str()),
+        alloc_conf: skeleton.gpu.as_ref().and_then(|g| g.alloc_conf.as_deref()),
+        compare_alloc_conf: cfg.compare_alloc_conf,
     };
     let json = serde_json::to_string(&input).expect("key serialises");
     let digest = Sha256::digest(json.as_bytes());

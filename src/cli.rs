@@ -119,37 +119,23 @@ pub enum OptimizerArg {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ModelArg {
-    /// Fully connected network (see --mlp-*).
-    Mlp,
-    /// Decoder-only transformer (see --layers, --d-model, --heads, --seq-len, --vocab); default 4
-    /// layers, d-model 256, 4 heads, seq-len 256, vocab 50257.
-    Gpt,
-    /// GPT with GPT-2 small's shape: 12 layers, d-model 768, 12 heads, seq-len 1024, vocab 50257.
-    #[value(name = "gpt2-small")]
-    Gpt2Small,
-    /// GPT with GPT-2 medium's shape: 24 layers, d-model 1024, 16 heads, seq-len 1024, vocab 50257.
-    #[value(name = "gpt2-medium")]
-    Gpt2Medium,
-    /// ResNet-18 on --image-size² RGB images, 1000 classes.
-    Resnet18,
-    /// ResNet-50 on --image-size² RGB images, 1000 classes.
-    Resnet50,
+pub enum PrecisionArg {
+    /// f32 weights, activations and optimizer state.
+    Fp32,
+    /// bf16 weights, activations, gradients and optimizer state.
+    Bf16,
+    /// Autocast to bf16 with f32 master weights (CUDA only).
+    #[value(name = "amp-bf16")]
+    AmpBf16,
+    /// Autocast to f16 with f32 master weights (CUDA only).
+    #[value(name = "amp-fp16")]
+    AmpFp16,
 }
 
-impl ModelArg {
-    /// The zoo name (as `batchfit models` lists it).
-    pub fn name(self) -> &'static str {
-        match self {
-            ModelArg::Mlp => "mlp",
-            ModelArg::Gpt => "gpt",
-            ModelArg::Gpt2Small => "gpt2-small",
-            ModelArg::Gpt2Medium => "gpt2-medium",
-            ModelArg::Resnet18 => "resnet18",
-            ModelArg::Resnet50 => "resnet50",
-        }
-    }
-}
+/// What `--model` takes (listed in its help): the zoo names, or a TorchScript file.
+pub const MODEL_HELP: &str = "Model to train in each trial: mlp, gpt, gpt2-small, gpt2-medium, \
+    resnet18, resnet50, vit-b16 (see `batchfit models`), or a TorchScript file (PATH.pt, exported with \
+    scripts/export_torchscript.py) with --input and --loss";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum FormatArg {
@@ -172,6 +158,9 @@ pub struct ShowArgs {
     /// What to print on stdout.
     #[arg(long, value_enum, default_value = "text")]
     pub format: FormatArg,
+    /// Also draw the plan (peak memory and samples/s against the batch size) into FILE.svg or FILE.png.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -186,9 +175,20 @@ pub struct ProbeArgs {
     #[arg(long, value_name = "SPEC")]
     pub sim: Option<String>,
 
-    /// Model to train in each trial.
-    #[arg(long, value_enum, default_value = "mlp")]
-    pub model: ModelArg,
+    #[arg(long, default_value = "mlp", value_name = "NAME|FILE.pt", help = MODEL_HELP)]
+    pub model: String,
+    /// TorchScript model input, repeatable in the order of forward()'s arguments: DTYPE[DIMS] with B
+    /// for the batch dimension, integers with their value range, e.g. 'f32[B,3,224,224]',
+    /// 'i64[B,1024]<50257'.
+    #[arg(long = "input", value_name = "SPEC")]
+    pub inputs: Vec<String>,
+    /// TorchScript model loss on its output: cross-entropy:NUM_CLASSES (logits [B,…,C]), mse, or mean
+    /// (the output is already a loss per sample).
+    #[arg(long, value_name = "LOSS")]
+    pub loss: Option<String>,
+    /// Numeric precision (recorded in the model fingerprint).
+    #[arg(long, value_enum, default_value = "fp32")]
+    pub precision: PrecisionArg,
     /// MLP input features.
     #[arg(long, default_value_t = 1024)]
     pub mlp_input: u64,
@@ -198,13 +198,13 @@ pub struct ProbeArgs {
     /// MLP output classes (cross-entropy).
     #[arg(long, default_value_t = 10)]
     pub mlp_classes: u64,
-    /// GPT: transformer blocks (overrides the preset's).
+    /// GPT, ViT: transformer blocks (overrides the preset's).
     #[arg(long)]
     pub layers: Option<u64>,
-    /// GPT: model width (a multiple of --heads).
+    /// GPT, ViT: model width (a multiple of --heads).
     #[arg(long)]
     pub d_model: Option<u64>,
-    /// GPT: attention heads.
+    /// GPT, ViT: attention heads.
     #[arg(long)]
     pub heads: Option<u64>,
     /// GPT: tokens per sample (the batch counts sequences).
@@ -213,9 +213,12 @@ pub struct ProbeArgs {
     /// GPT: vocabulary size.
     #[arg(long)]
     pub vocab: Option<u64>,
-    /// ResNet: image height and width (default 224).
+    /// ResNet, ViT: image height and width (default 224).
     #[arg(long)]
     pub image_size: Option<u64>,
+    /// ViT: patch side (default 16; --image-size must be a multiple).
+    #[arg(long)]
+    pub patch: Option<u64>,
     /// Optimizer (its state is part of the memory).
     #[arg(long, value_enum, default_value = "adam")]
     pub optimizer: OptimizerArg,
@@ -224,9 +227,11 @@ pub struct ProbeArgs {
     /// cgroup limit; sim its capacity.
     #[arg(long, value_name = "SIZE")]
     pub memory_budget: Option<String>,
-    /// Memory kept free for what a trial does not contain (evaluation, data loaders).
-    #[arg(long, value_name = "SIZE", default_value = "0")]
-    pub reserve: String,
+    /// Memory kept free for what a trial does not contain (evaluation, data loaders, pinned memory).
+    /// Default 0; on cuda with --world-size > 1, one copy of the gradients (DDP's gradient buckets),
+    /// stated in the plan.
+    #[arg(long, value_name = "SIZE")]
+    pub reserve: Option<String>,
     /// Safety margin: the limit is (budget − reserve) × (1 − margin). In [0, 0.9].
     #[arg(long, default_value_t = 0.05)]
     pub margin: f64,
@@ -234,9 +239,9 @@ pub struct ProbeArgs {
     /// Global batch to reach with micro-batch × accumulation × world size.
     #[arg(long)]
     pub global_batch: Option<u64>,
-    /// Data-parallel ranks sharing the global batch.
-    #[arg(long, default_value_t = 1)]
-    pub world_size: u64,
+    /// Data-parallel ranks sharing the global batch. Default: the number of --gpus (cuda), else 1.
+    #[arg(long)]
+    pub world_size: Option<u64>,
     /// Split the global batch into micro-batches of unequal size (differing by at most one) instead of
     /// requiring an exact split.
     #[arg(long)]
@@ -269,6 +274,19 @@ pub struct ProbeArgs {
     /// How trials are isolated (cpu).
     #[arg(long, value_enum, default_value = "process")]
     pub isolation: IsolationArg,
+    /// GPUs to probe (cuda): `all` or indices like 0,2 (NVML order). Each is probed in parallel; the
+    /// plan takes the smallest micro-batch, confirms it on every GPU and records each GPU's result.
+    /// Default: 0.
+    #[arg(long, value_name = "all|0,2,…")]
+    pub gpus: Option<String>,
+    /// cuda: count a trial that completes only after the caching allocator flushed its cache and
+    /// retried (outcome `retries`: slow, and close to an OOM) as a fit.
+    #[arg(long)]
+    pub allow_retries: bool,
+    /// cuda: probe once more with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and report the
+    /// difference in the plan.
+    #[arg(long)]
+    pub compare_alloc_conf: bool,
     /// Kill a trial after this many seconds (recorded as `timeout`, never a fit).
     #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
     pub trial_timeout: f64,
@@ -284,6 +302,10 @@ pub struct ProbeArgs {
     /// NAME.partial.EXT beside it instead and leaves this file as it was.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
+    /// Draw the plan (peak memory and samples/s against the batch size, the limit and margin, the
+    /// fitted line) into FILE.svg or FILE.png once the plan is written (partial plans too).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
     /// What to print on stdout.
     #[arg(long, value_enum, default_value = "json")]
     pub format: FormatArg,

@@ -5,9 +5,9 @@ use crate::accumulate;
 use crate::backend::cpu::IsolationMode;
 use crate::backend::sim::SimSpec;
 use crate::cli::{
-    BackendArg, FormatArg, IsolationArg, ModelArg, OptimizerArg, ProbeArgs, StrategyArg,
+    BackendArg, FormatArg, IsolationArg, OptimizerArg, PrecisionArg, ProbeArgs, StrategyArg,
 };
-use crate::models::{Architecture, ModelSpec, OptimizerKind, Precision};
+use crate::models::{Architecture, InputSpec, LossSpec, ModelSpec, OptimizerKind, Precision};
 use crate::plan;
 use crate::search::{Grid, SearchConfig, StrategyKind};
 use crate::trial::FaultAt;
@@ -34,10 +34,20 @@ pub struct ProbeConfig {
     pub model: ModelSpec,
     pub budget: Option<u64>,
     pub reserve: u64,
+    /// `--reserve` was given (else the cuda backend may apply DDP's default reserve).
+    pub reserve_given: bool,
     pub margin: f64,
     /// (global batch, world size)
     pub global: Option<(u64, u64)>,
     pub world_size: u64,
+    /// `--world-size` was given (else it defaults to the number of `--gpus` on cuda).
+    pub world_size_given: bool,
+    /// `--gpus` as given (checked for syntax here, against NVML when the backend starts).
+    pub gpus: Option<String>,
+    /// `--compare-alloc-conf`.
+    pub compare_alloc_conf: bool,
+    /// `PYTORCH_CUDA_ALLOC_CONF` for cuda trials (from the environment; recorded in the plan).
+    pub alloc_conf: Option<String>,
     pub allow_uneven: bool,
     pub search: SearchConfig,
     pub trial_timeout: Duration,
@@ -45,6 +55,8 @@ pub struct ProbeConfig {
     pub threads: u32,
     pub seed: i64,
     pub out: Option<PathBuf>,
+    /// `--plot FILE.svg|FILE.png`: drawn once the plan is written (format and directory checked here).
+    pub plot: Option<PathBuf>,
     pub format: FormatArg,
     /// `--throughput-tolerance`: a smaller tested size within this fraction of the best samples/s is
     /// advised (`fastest_micro_batch`).
@@ -79,9 +91,49 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             OptimizerArg::Adam => OptimizerKind::Adam,
             OptimizerArg::Adamw => OptimizerKind::Adamw,
         },
-        precision: Precision::Fp32,
+        precision: match a.precision {
+            PrecisionArg::Fp32 => Precision::Fp32,
+            PrecisionArg::Bf16 => Precision::Bf16,
+            PrecisionArg::AmpBf16 => Precision::AmpBf16,
+            PrecisionArg::AmpFp16 => Precision::AmpFp16,
+        },
     };
     model.validate().map_err(ConfigError)?;
+    // --allow-retries also applies to sim curves with retries=N (the search logic without a GPU).
+    let cuda_only = [
+        ("--gpus", a.gpus.is_some(), true),
+        ("--compare-alloc-conf", a.compare_alloc_conf, true),
+        ("--allow-retries", a.allow_retries, false),
+    ];
+    for (flag, _, not_sim) in cuda_only.iter().filter(|(_, given, _)| *given) {
+        let refused = match backend {
+            BackendChoice::Cpu => true,
+            BackendChoice::Sim(_) => *not_sim,
+            _ => false,
+        };
+        if refused {
+            return err(format!(
+                "{flag} is a cuda option; drop it, or use --backend cuda (or auto on a GPU machine)"
+            ));
+        }
+    }
+    if let Some(g) = &a.gpus {
+        let ok = g.trim() == "all"
+            || g.split(',')
+                .all(|p| !p.trim().is_empty() && p.trim().parse::<u32>().is_ok());
+        if !ok {
+            return err(format!(
+                "--gpus {g:?}: expected `all` or GPU indices like 0,2 (see `batchfit doctor`)"
+            ));
+        }
+    }
+    if model.precision.is_amp() && backend == BackendChoice::Cpu {
+        return err(format!(
+            "--precision {} is autocast mixed precision, which batchfit runs on CUDA only; on cpu use \
+             --precision bf16 (or fp32)",
+            model.precision.as_str()
+        ));
+    }
 
     let budget = a
         .memory_budget
@@ -91,12 +143,12 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     if budget == Some(0) {
         return err("--memory-budget must be greater than 0".into());
     }
-    let reserve = size("--reserve", &a.reserve)?;
+    let reserve = size("--reserve", a.reserve.as_deref().unwrap_or("0"))?;
     if let Some(b) = budget {
         if reserve >= b {
             return err(format!(
                 "--reserve ({}) must be smaller than --memory-budget ({})",
-                a.reserve,
+                a.reserve.as_deref().unwrap_or("0"),
                 a.memory_budget.as_deref().unwrap_or("")
             ));
         }
@@ -107,13 +159,14 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             a.margin
         ));
     }
-    if a.world_size == 0 {
+    let world_size = a.world_size.unwrap_or(1);
+    if world_size == 0 {
         return err("--world-size must be at least 1".into());
     }
     let global = match a.global_batch {
         Some(g) => {
-            accumulate::check_global(g, a.world_size).map_err(|e| ConfigError(e.to_string()))?;
-            Some((g, a.world_size))
+            accumulate::check_global(g, world_size).map_err(|e| ConfigError(e.to_string()))?;
+            Some((g, world_size))
         }
         None => None,
     };
@@ -176,6 +229,9 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     if let Some(out) = &a.out {
         plan::check_writable(out).map_err(ConfigError)?;
     }
+    if let Some(p) = &a.plot {
+        crate::plot::check_target(p).map_err(|e| ConfigError(e.to_string()))?;
+    }
     let fault = a
         .inject_fault
         .as_deref()
@@ -187,9 +243,16 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         model,
         budget,
         reserve,
+        reserve_given: a.reserve.is_some(),
         margin: a.margin,
         global,
-        world_size: a.world_size,
+        world_size,
+        world_size_given: a.world_size.is_some(),
+        gpus: a.gpus.clone(),
+        compare_alloc_conf: a.compare_alloc_conf,
+        alloc_conf: std::env::var("PYTORCH_CUDA_ALLOC_CONF")
+            .ok()
+            .filter(|v| !v.trim().is_empty()),
         allow_uneven: a.allow_uneven,
         search: SearchConfig {
             strategy: match a.strategy {
@@ -204,6 +267,7 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             multiple_of: a.multiple_of,
             max_trials: a.max_trials,
             time_limit,
+            allow_retries: a.allow_retries,
         },
         trial_timeout,
         isolation: match a.isolation {
@@ -213,6 +277,7 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         threads,
         seed: a.seed,
         out: a.out.clone(),
+        plot: a.plot.clone(),
         format: a.format,
         throughput_tolerance: a.throughput_tolerance,
         quiet: a.quiet,
@@ -220,37 +285,61 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     })
 }
 
-/// The architecture of `--model` with its knobs: a preset's defaults, overridden by the flags given.
-/// A knob of another model family is refused (it would silently do nothing).
+/// The architecture of `--model` with its knobs: a preset's defaults, overridden by the flags given,
+/// or a TorchScript file with its inputs and loss. A knob of another model family is refused (it
+/// would silently do nothing).
 fn architecture(a: &ProbeArgs) -> Result<Architecture, ConfigError> {
-    let gpt_flags = [
+    let model = a.model.as_str();
+    let transformer = [
         ("--layers", a.layers),
         ("--d-model", a.d_model),
         ("--heads", a.heads),
-        ("--seq-len", a.seq_len),
-        ("--vocab", a.vocab),
     ];
+    let gpt_only = [("--seq-len", a.seq_len), ("--vocab", a.vocab)];
+    let image = [("--image-size", a.image_size)];
+    let patch = [("--patch", a.patch)];
     let refuse = |flags: &[(&str, Option<u64>)], family: &str| -> Result<(), ConfigError> {
         match flags.iter().find(|(_, v)| v.is_some()) {
             Some((flag, _)) => Err(ConfigError(format!(
-                "{flag} is a {family} option; --model {} does not use it",
-                a.model.name()
+                "{flag} is a {family} option; --model {model} does not use it"
             ))),
             None => Ok(()),
         }
     };
-    let image = [("--image-size", a.image_size)];
-    if a.model == ModelArg::Mlp {
-        refuse(&gpt_flags, "GPT")?;
-        refuse(&image, "ResNet")?;
-        return Ok(Architecture::Mlp {
-            input: a.mlp_input,
-            hidden: a.mlp_hidden.clone(),
-            classes: a.mlp_classes,
-        });
+    let Some(preset) = Architecture::preset(model) else {
+        return torchscript(a);
+    };
+    if !a.inputs.is_empty() || a.loss.is_some() {
+        return Err(ConfigError(format!(
+            "--input and --loss describe a TorchScript model; the built-in --model {model} has its own \
+             ({})",
+            ModelSpec {
+                architecture: preset,
+                optimizer: OptimizerKind::Adam,
+                precision: Precision::Fp32,
+            }
+            .input_spec()
+        )));
     }
-    let preset = Architecture::preset(a.model.name()).expect("every --model is a preset");
+    let mlp_flags_given =
+        a.mlp_input != 1024 || a.mlp_hidden != [2048, 2048] || a.mlp_classes != 10;
+    if !matches!(preset, Architecture::Mlp { .. }) && mlp_flags_given {
+        return Err(ConfigError(format!(
+            "--mlp-input, --mlp-hidden and --mlp-classes are MLP options; --model {model} does not use them"
+        )));
+    }
     Ok(match preset {
+        Architecture::Mlp { .. } => {
+            refuse(&transformer, "GPT and ViT")?;
+            refuse(&gpt_only, "GPT")?;
+            refuse(&image, "ResNet and ViT")?;
+            refuse(&patch, "ViT")?;
+            Architecture::Mlp {
+                input: a.mlp_input,
+                hidden: a.mlp_hidden.clone(),
+                classes: a.mlp_classes,
+            }
+        }
         Architecture::Gpt {
             layers,
             d_model,
@@ -258,7 +347,8 @@ fn architecture(a: &ProbeArgs) -> Result<Architecture, ConfigError> {
             seq_len,
             vocab,
         } => {
-            refuse(&image, "ResNet")?;
+            refuse(&image, "ResNet and ViT")?;
+            refuse(&patch, "ViT")?;
             Architecture::Gpt {
                 layers: a.layers.unwrap_or(layers),
                 d_model: a.d_model.unwrap_or(d_model),
@@ -271,7 +361,9 @@ fn architecture(a: &ProbeArgs) -> Result<Architecture, ConfigError> {
             image_size,
             classes,
         } => {
-            refuse(&gpt_flags, "GPT")?;
+            refuse(&transformer, "GPT and ViT")?;
+            refuse(&gpt_only, "GPT")?;
+            refuse(&patch, "ViT")?;
             Architecture::Resnet18 {
                 image_size: a.image_size.unwrap_or(image_size),
                 classes,
@@ -281,13 +373,97 @@ fn architecture(a: &ProbeArgs) -> Result<Architecture, ConfigError> {
             image_size,
             classes,
         } => {
-            refuse(&gpt_flags, "GPT")?;
+            refuse(&transformer, "GPT and ViT")?;
+            refuse(&gpt_only, "GPT")?;
+            refuse(&patch, "ViT")?;
             Architecture::Resnet50 {
                 image_size: a.image_size.unwrap_or(image_size),
                 classes,
             }
         }
-        Architecture::Mlp { .. } => unreachable!("handled above"),
+        Architecture::Vit {
+            layers,
+            d_model,
+            heads,
+            patch,
+            image_size,
+            classes,
+        } => {
+            refuse(&gpt_only, "GPT")?;
+            Architecture::Vit {
+                layers: a.layers.unwrap_or(layers),
+                d_model: a.d_model.unwrap_or(d_model),
+                heads: a.heads.unwrap_or(heads),
+                patch: a.patch.unwrap_or(patch),
+                image_size: a.image_size.unwrap_or(image_size),
+                classes,
+            }
+        }
+        Architecture::Torchscript { .. } => unreachable!("not a preset"),
+    })
+}
+
+/// `--model PATH`: a TorchScript file, checked now (exists, readable, really TorchScript) so a bad file
+/// never costs a trial; its content hash goes into the fingerprint.
+fn torchscript(a: &ProbeArgs) -> Result<Architecture, ConfigError> {
+    let model = a.model.as_str();
+    let path = std::path::Path::new(model);
+    let looks_like_file = model.contains('/')
+        || [".pt", ".pth", ".ts", ".jit", ".zip"]
+            .iter()
+            .any(|e| model.ends_with(e))
+        || path.exists();
+    if !looks_like_file {
+        return Err(ConfigError(format!(
+            "unknown model {model:?}: use one of {} (see `batchfit models`), or a TorchScript file \
+             PATH.pt with --input and --loss",
+            crate::models::ZOO.join(", ")
+        )));
+    }
+    let zoo_flags = [
+        ("--layers", a.layers),
+        ("--d-model", a.d_model),
+        ("--heads", a.heads),
+        ("--seq-len", a.seq_len),
+        ("--vocab", a.vocab),
+        ("--image-size", a.image_size),
+        ("--patch", a.patch),
+    ];
+    if let Some((flag, _)) = zoo_flags.iter().find(|(_, v)| v.is_some()) {
+        return Err(ConfigError(format!(
+            "{flag} is an option of the built-in models; a TorchScript model's shapes come from --input"
+        )));
+    }
+    if a.inputs.is_empty() {
+        return Err(ConfigError(format!(
+            "--model {model} is a TorchScript file: give its inputs with --input, e.g. --input \
+             'f32[B,3,224,224]' (repeat --input for each argument of forward())"
+        )));
+    }
+    let inputs = a
+        .inputs
+        .iter()
+        .map(|s| s.parse::<InputSpec>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ConfigError(e.to_string()))?;
+    let loss: LossSpec = a
+        .loss
+        .as_deref()
+        .ok_or_else(|| {
+            ConfigError(format!(
+                "--model {model} is a TorchScript file: say how to form its loss with --loss \
+                 cross-entropy:NUM_CLASSES, mse or mean"
+            ))
+        })?
+        .parse()
+        .map_err(|e: crate::models::input::LossSpecError| ConfigError(e.to_string()))?;
+    let file = crate::models::script::inspect(path).map_err(|e| ConfigError(e.to_string()))?;
+    Ok(Architecture::Torchscript {
+        file: file.path,
+        sha256: file.sha256,
+        parameters: file.parameters,
+        inputs,
+        loss,
     })
 }
 

@@ -8,7 +8,7 @@
 use crate::accumulate;
 use crate::backend::cpu::{CpuBackend, IsolationMode};
 use crate::backend::sim::{SimBackend, SimSpec};
-use crate::backend::{cuda, Backend};
+use crate::backend::Backend;
 use crate::config;
 use crate::plan::{Plan, PlanError, PlanSource, Recommendation, Status, Tool};
 use crate::probe::Progress;
@@ -223,6 +223,7 @@ pub fn verify(
                 seed: plan.runtime.seed,
                 accumulation: 1,
                 fault: None,
+                cuda_device: None,
             };
             let timeout = Duration::from_secs_f64(plan.search.trial_timeout_seconds.max(1.0));
             Box::new(
@@ -230,7 +231,34 @@ pub fn verify(
                     .map_err(|e| JobError::Environment(e.to_string()))?,
             )
         }
-        "cuda" => return Err(JobError::Environment(cuda::unavailable().to_string())),
+        "cuda" => {
+            if sim.is_some() {
+                return Err(JobError::Usage(
+                    "--sim is only used with plans of the sim backend".into(),
+                ));
+            }
+            let template = TrialSpec {
+                model: plan.model.config.clone(),
+                batch: 0,
+                steps: 0,
+                threads: plan.runtime.threads,
+                seed: plan.runtime.seed,
+                accumulation: 1,
+                fault: None,
+                cuda_device: None,
+            };
+            let timeout = Duration::from_secs_f64(plan.search.trial_timeout_seconds.max(1.0));
+            Box::new(
+                crate::probe::standalone_cuda_backend(
+                    plan.gpu.as_ref().map_or(0, |g| g.index),
+                    template,
+                    plan.gpu.as_ref().and_then(|g| g.alloc_conf.clone()),
+                    timeout,
+                    exe,
+                )
+                .map_err(JobError::Environment)?,
+            )
+        }
         other => {
             return Err(JobError::Usage(format!(
                 "unknown device kind {other:?} in the plan"
@@ -256,6 +284,7 @@ pub fn verify(
         multiple_of: plan.search.multiple_of,
         max_trials: None,
         time_limit: None,
+        allow_retries: plan.search.allow_retries,
     };
     progress.line(&format!(
         "batchfit: verifying micro-batches {:?} of {} on {} ({}): limit {}",

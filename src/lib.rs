@@ -10,20 +10,23 @@
 //!   training step that `batchfit-train` reuses;
 //! * [`plan`]: the versioned JSON contract with the trainer and job scripts; [`accumulate`]: the split;
 //! * [`output`]: the plan as json/text/env/deepspeed, completions and the man page; [`throughput`]:
-//!   samples/s advice; [`progress`]: progress on stderr.
+//!   samples/s advice; [`progress`]: progress on stderr; [`plot`]: `--plot` (SVG/PNG of a plan).
 
 pub mod accumulate;
 pub mod backend;
 pub mod cache;
 pub mod cli;
 pub mod config;
+pub mod data;
 pub mod gpu;
 pub mod interrupt;
 pub mod jobs;
 pub mod models;
+pub mod multi_gpu;
 pub mod oom;
 pub mod output;
 pub mod plan;
+pub mod plot;
 pub mod probe;
 pub mod progress;
 pub mod search;

@@ -61,6 +61,10 @@ fn finish_stdout(mut out: std::io::StdoutLock) -> ExitCode {
 
 /// `batchfit show PLAN --format ...`: an existing plan in another format.
 fn show_main(args: &ShowArgs) -> ExitCode {
+    if let Some(Err(e)) = args.plot.as_deref().map(batchfit::plot::check_target) {
+        eprintln!("batchfit: error: {e}");
+        return ExitCode::from(2);
+    }
     let plan = match Plan::read(&args.plan) {
         Ok(p) => p,
         Err(e) => {
@@ -69,15 +73,27 @@ fn show_main(args: &ShowArgs) -> ExitCode {
         }
     };
     match output::render(&plan, args.format, Some(&args.plan)) {
-        Ok(s) => {
-            print!("{s}");
-            ExitCode::SUCCESS
-        }
+        Ok(s) => print!("{s}"),
         Err(e) => {
             eprintln!("batchfit: error: {e}");
-            ExitCode::from(2)
+            return ExitCode::from(2);
         }
     }
+    match args.plot.as_deref().map(|p| plot_plan(&plan, p)) {
+        Some(Err(code)) => code,
+        _ => ExitCode::SUCCESS,
+    }
+}
+
+/// `--plot FILE`: draws the plan; a failure is reported and exits 3 (2 for a bad file name).
+fn plot_plan(plan: &Plan, path: &std::path::Path) -> Result<(), ExitCode> {
+    batchfit::plot::render(plan, path).map_err(|e| {
+        eprintln!("batchfit: error: {e}");
+        ExitCode::from(match e {
+            batchfit::plot::PlotError::Target(_) => 2,
+            _ => 3,
+        })
+    })
 }
 
 fn probe_main(args: &batchfit::cli::ProbeArgs) -> ExitCode {
@@ -125,7 +141,22 @@ fn probe_main(args: &batchfit::cli::ProbeArgs) -> ExitCode {
     if let Some(p) = report.written.as_ref().filter(|_| !quiet) {
         eprintln!("batchfit: plan written to {}", p.display());
     }
+    // Drawn after the plan is written (partial plans too); a failure leaves the plan as written and
+    // exits 3, unless the probe's own exit code already says something went wrong.
+    let plotted = match cfg.plot.as_deref() {
+        Some(p) => match plot_plan(&report.plan, p) {
+            Ok(()) => {
+                if !quiet {
+                    eprintln!("batchfit: plot drawn to {}", p.display());
+                }
+                true
+            }
+            Err(_) => false,
+        },
+        None => true,
+    };
     ExitCode::from(match report.ending {
+        Ending::Complete if !plotted => 3,
         Ending::Complete => 0,
         Ending::NothingFits => 1,
         Ending::TrialErrors => 4,
@@ -142,8 +173,8 @@ fn doctor_main(json: bool, plan: Option<&std::path::Path>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let report = match batchfit::gpu::nvml::RealNvml::get() {
-        Ok(n) => batchfit::gpu::doctor::diagnose(&n, plan.as_ref()),
+    let report = match batchfit::gpu::fake::query() {
+        Ok(n) => batchfit::gpu::doctor::diagnose(n.as_ref(), plan.as_ref()),
         Err(e) => batchfit::gpu::doctor::diagnose(
             &batchfit::gpu::FakeGpus {
                 fail: Some(e),

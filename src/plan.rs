@@ -172,6 +172,68 @@ pub struct Plan {
     /// The simulated device's curve (sim backend only), so `batchfit verify` can rebuild it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sim_spec: Option<crate::backend::sim::SimSpec>,
+    /// The GPU(s) as NVML saw them at the start, and how the footprint was measured (cuda only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuSection>,
+    /// Why `reserve_bytes` is what it is when batchfit chose it (DDP's gradient buckets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve_note: Option<String>,
+}
+
+/// The cuda backend's view of the card(s).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuSection {
+    /// NVML index of the GPU the plan's numbers are from (the one with the smallest answer when
+    /// several were probed).
+    pub index: u32,
+    pub uuid: String,
+    pub driver: String,
+    /// Other processes on the card at the start, and what they held: not available to this job.
+    pub other_processes: Vec<crate::gpu::GpuProcess>,
+    pub other_processes_bytes: u64,
+    /// `PYTORCH_CUDA_ALLOC_CONF` of the trials as the user set it (batchfit adds
+    /// `per_process_memory_fraction` = limit / total to each trial's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alloc_conf: Option<String>,
+    /// How the recommended size's footprint was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub footprint_method: Option<crate::backend::FootprintMethod>,
+    /// One entry per probed GPU (`--gpus`), each with its own largest fitting size and its check of
+    /// the plan's micro-batch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_gpu: Vec<PerGpu>,
+    /// `--compare-alloc-conf`: the same probe with `expandable_segments:True`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alloc_conf_comparison: Option<AllocConfComparison>,
+    /// Scripted GPUs (`BATCHFIT_FAKE_GPUS`, tests only): not a measurement.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fake: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PerGpu {
+    pub index: u32,
+    pub name: String,
+    pub uuid: String,
+    pub free_bytes_at_start: u64,
+    pub max_fitting_batch: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_failing_batch: Option<u64>,
+    pub trials: usize,
+    /// The plan's micro-batch(es) with its accumulation ran on this GPU and fit.
+    pub confirmed: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AllocConfComparison {
+    pub alloc_conf: String,
+    pub max_fitting_batch: Option<u64>,
+    pub peak_bytes: Option<u64>,
+    pub trials: usize,
+    /// Largest fitting size with the comparison setting minus the plan's (positive: it fits more).
+    pub difference: Option<i64>,
 }
 
 /// One input of `batchfit merge`.
@@ -199,6 +261,9 @@ pub struct SearchSettings {
     /// `process` or `hybrid` (cpu); absent for sim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<crate::backend::cpu::IsolationMode>,
+    /// `--allow-retries`: trials that needed allocator retries counted as fits.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_retries: bool,
 }
 
 impl SearchSettings {
@@ -218,6 +283,7 @@ impl SearchSettings {
             time_limit_seconds: c.time_limit.map(|d| d.as_secs_f64()),
             trial_timeout_seconds,
             isolation,
+            allow_retries: c.allow_retries,
         }
     }
 }

@@ -7,10 +7,13 @@
 
 use crate::accumulate;
 use crate::backend::cpu::CpuBackend;
+use crate::backend::cuda::{CudaBackend, Executor};
 use crate::backend::sim::SimBackend;
-use crate::backend::{cuda, Backend};
+use crate::backend::Backend;
 use crate::cache::CacheOptions;
 use crate::config::{self, BackendChoice, ProbeConfig};
+use crate::gpu::{GpuError, GpuProcess, GpuQuery};
+use crate::plan::GpuSection;
 use crate::plan::{self, ModelInfo, Plan, Recommendation, Runtime, SearchSettings, Status, Tool};
 use crate::search::{Prober, Purpose, SearchOutcome, Stop, StopReason, TrialRecord};
 use crate::sysmem;
@@ -18,6 +21,7 @@ use crate::throughput;
 use crate::trial::TrialSpec;
 use crate::units::format_size;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use thiserror::Error;
 
@@ -55,57 +59,311 @@ pub struct ProbeReport {
     pub notices: Vec<String>,
 }
 
-fn make_backend(
-    cfg: &ProbeConfig,
-    exe: &Path,
-    notices: &mut Vec<String>,
-) -> Result<Box<dyn Backend>, ProbeError> {
-    let cpu = || -> Result<Box<dyn Backend>, ProbeError> {
-        let template = TrialSpec {
-            model: cfg.model.clone(),
-            batch: 0,
-            steps: 0,
-            threads: cfg.threads,
-            seed: cfg.seed,
-            accumulation: 1,
-            fault: cfg.fault,
+/// The resolved cuda set-up: NVML (or the fake GPUs of tests), the GPUs to probe, how trials run.
+pub struct CudaSetup {
+    pub gpus: Arc<dyn GpuQuery + Send + Sync>,
+    pub fake: Option<crate::gpu::fake::Fake>,
+    pub indices: Vec<u32>,
+    pub driver: String,
+}
+
+impl CudaSetup {
+    fn resolve(cfg: &ProbeConfig) -> Result<CudaSetup, ProbeError> {
+        let env = |e: GpuError| match e {
+            GpuError::NoSuchDevice { .. } => {
+                ProbeError::Usage(format!("--gpus: {e}; `batchfit doctor` lists them"))
+            }
+            GpuError::Query(m) if m.starts_with("--gpus") => ProbeError::Usage(m),
+            other => ProbeError::Environment(other.to_string()),
         };
-        Ok(Box::new(
-            CpuBackend::new(
-                exe.to_path_buf(),
-                template,
-                cfg.trial_timeout,
-                cfg.isolation,
-            )
-            .map_err(|e| ProbeError::Environment(e.to_string()))?,
-        ))
-    };
-    match &cfg.backend {
-        BackendChoice::Sim(spec) => Ok(Box::new(SimBackend::new(spec.clone()))),
-        BackendChoice::Cpu => cpu(),
-        BackendChoice::Cuda => Err(ProbeError::Environment(cuda::unavailable().to_string())),
-        BackendChoice::Auto => {
-            notices.push(format!(
-                "batchfit: --backend auto: using the cpu backend ({})",
-                auto_reason()
-            ));
-            cpu()
+        let fake = crate::gpu::fake::Fake::from_env()
+            .transpose()
+            .map_err(env)?;
+        let gpus: Arc<dyn GpuQuery + Send + Sync> = match &fake {
+            Some(f) => Arc::new(f.gpus.clone()),
+            None => {
+                if !tch::Cuda::is_available() {
+                    // NVML may work while libtorch cannot use the GPU (driver/runtime mismatch).
+                    let nvml = crate::gpu::nvml::RealNvml::get().map_err(env)?;
+                    return Err(ProbeError::Environment(format!(
+                        "NVML sees {} GPU(s) but libtorch sees no CUDA device (driver too old for \
+                         CUDA {}, or CUDA_VISIBLE_DEVICES hides them); use --backend cpu or sim",
+                        nvml.device_count().unwrap_or(0),
+                        "13"
+                    )));
+                }
+                Arc::new(crate::gpu::nvml::RealNvml::get().map_err(env)?)
+            }
+        };
+        let indices =
+            crate::gpu::select(cfg.gpus.as_deref().unwrap_or("0"), gpus.as_ref()).map_err(env)?;
+        let driver = gpus.driver_version().map_err(env)?;
+        Ok(CudaSetup {
+            gpus,
+            fake,
+            indices,
+            driver,
+        })
+    }
+
+    /// The backend of GPU `index`.
+    pub fn backend(
+        &self,
+        index: u32,
+        cfg: &ProbeConfig,
+        exe: &Path,
+    ) -> Result<CudaBackend, ProbeError> {
+        let exec = match &self.fake {
+            Some(f) => Executor::Fake(SimBackend::new(f.sim(index).ok_or_else(|| {
+                ProbeError::Environment(format!(
+                    "{}: no sim curve for GPU {index}",
+                    crate::gpu::fake::ENV
+                ))
+            })?)),
+            None => Executor::Real {
+                exe: exe.to_path_buf(),
+                template: trial_template(cfg),
+            },
+        };
+        CudaBackend::new(
+            self.gpus.clone(),
+            index,
+            exec,
+            cfg.alloc_conf.clone(),
+            cfg.trial_timeout,
+        )
+        .map_err(|e| ProbeError::Environment(e.to_string()))
+    }
+
+    /// The plan's `gpu` section for GPU `index` (as NVML saw it at the start).
+    fn section(&self, b: &CudaBackend, cfg: &ProbeConfig) -> GpuSection {
+        let g = b.gpu();
+        let me = std::process::id();
+        let others: Vec<GpuProcess> = g
+            .processes
+            .iter()
+            .filter(|p| p.pid != me)
+            .cloned()
+            .collect();
+        GpuSection {
+            index: g.index,
+            uuid: g.uuid.clone(),
+            driver: self.driver.clone(),
+            other_processes_bytes: others.iter().filter_map(|p| p.used_bytes).sum(),
+            other_processes: others,
+            alloc_conf: cfg.alloc_conf.clone(),
+            footprint_method: None,
+            per_gpu: vec![],
+            alloc_conf_comparison: None,
+            fake: self.fake.is_some(),
         }
     }
 }
 
-/// Why `--backend auto` chose the cpu: CUDA is picked only when tch sees CUDA *and* NVML initialises,
-/// and GPU trials are available in this build.
-fn auto_reason() -> String {
-    let nvml = crate::gpu::nvml::RealNvml::get();
+pub(crate) fn trial_template(cfg: &ProbeConfig) -> TrialSpec {
+    TrialSpec {
+        model: cfg.model.clone(),
+        batch: 0,
+        steps: 0,
+        threads: cfg.threads,
+        seed: cfg.seed,
+        accumulation: 1,
+        fault: cfg.fault,
+        cuda_device: None,
+    }
+}
+
+/// A cuda backend for GPU `index` outside a probe (`batchfit verify` of a cuda plan): NVML or the
+/// fake GPUs of tests, trials from `template`.
+pub fn standalone_cuda_backend(
+    index: u32,
+    template: TrialSpec,
+    alloc_conf: Option<String>,
+    timeout: std::time::Duration,
+    exe: &Path,
+) -> Result<CudaBackend, String> {
+    let fake = crate::gpu::fake::Fake::from_env()
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    let (gpus, exec): (Arc<dyn GpuQuery + Send + Sync>, Executor) = match fake {
+        Some(f) => {
+            let sim = f
+                .sim(index)
+                .ok_or_else(|| format!("{}: no sim curve", crate::gpu::fake::ENV))?;
+            (Arc::new(f.gpus), Executor::Fake(SimBackend::new(sim)))
+        }
+        None => (
+            Arc::new(crate::gpu::nvml::RealNvml::get().map_err(|e| e.to_string())?),
+            Executor::Real {
+                exe: exe.to_path_buf(),
+                template,
+            },
+        ),
+    };
+    CudaBackend::new(gpus, index, exec, alloc_conf, timeout).map_err(|e| e.to_string())
+}
+
+/// Whether `--backend auto` may pick CUDA: libtorch sees CUDA *and* NVML initialises (or the fake GPUs
+/// of tests are set); `Err` says why not.
+fn cuda_usable() -> Result<(), String> {
+    if std::env::var_os(crate::gpu::fake::ENV).is_some() {
+        return Ok(());
+    }
     if !tch::Cuda::is_available() {
-        return "libtorch sees no CUDA device".into();
+        return Err("libtorch sees no CUDA device".into());
     }
-    if let Err(e) = nvml {
-        return format!("NVML is unavailable: {e}");
+    crate::gpu::nvml::RealNvml::get()
+        .map(|_| ())
+        .map_err(|e| format!("NVML is unavailable: {e}"))
+}
+
+/// The backend the config asks for, resolved (auto → cuda or cpu, with a notice).
+enum Resolved {
+    Sim(crate::backend::sim::SimSpec),
+    Cpu,
+    Cuda(CudaSetup),
+}
+
+fn resolve(cfg: &ProbeConfig, notices: &mut Vec<String>) -> Result<Resolved, ProbeError> {
+    match &cfg.backend {
+        BackendChoice::Sim(spec) => Ok(Resolved::Sim(spec.clone())),
+        BackendChoice::Cpu => Ok(Resolved::Cpu),
+        BackendChoice::Cuda => Ok(Resolved::Cuda(CudaSetup::resolve(cfg)?)),
+        BackendChoice::Auto => match cuda_usable() {
+            Ok(()) => {
+                let setup = CudaSetup::resolve(cfg)?;
+                notices.push(format!(
+                    "batchfit: --backend auto: using cuda (GPU {})",
+                    setup
+                        .indices
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+                Ok(Resolved::Cuda(setup))
+            }
+            Err(why) if cfg.model.precision.is_amp() => Err(ProbeError::Usage(format!(
+                "--precision {} needs CUDA, and --backend auto chose the cpu ({why}); use --precision \
+                 bf16 or fp32 on cpu",
+                cfg.model.precision.as_str()
+            ))),
+            Err(why) if cfg.gpus.is_some() || cfg.compare_alloc_conf => {
+                Err(ProbeError::Environment(format!(
+                    "--gpus and --compare-alloc-conf need CUDA, and there is none here: {why}"
+                )))
+            }
+            Err(why) => {
+                notices.push(format!(
+                    "batchfit: --backend auto: using the cpu backend ({why})"
+                ));
+                Ok(Resolved::Cpu)
+            }
+        },
     }
-    "a GPU is present, but GPU trials are not available in this build yet; --backend cuda says more"
-        .into()
+}
+
+fn cpu_backend(cfg: &ProbeConfig, exe: &Path) -> Result<Box<dyn Backend>, ProbeError> {
+    Ok(Box::new(
+        CpuBackend::new(
+            exe.to_path_buf(),
+            trial_template(cfg),
+            cfg.trial_timeout,
+            cfg.isolation,
+        )
+        .map_err(|e| ProbeError::Environment(e.to_string()))?,
+    ))
+}
+
+/// Gradient bytes per parameter (DDP's buckets hold one copy of the gradients).
+fn gradient_bytes(cfg: &ProbeConfig) -> u64 {
+    match cfg.model.precision {
+        crate::models::Precision::Bf16 => 2,
+        _ => 4,
+    }
+}
+
+/// The cuda config with the world size defaulting to the number of GPUs and, for DDP (world size > 1)
+/// without `--reserve`, one copy of the gradients reserved.
+fn cuda_effective(
+    cfg: &ProbeConfig,
+    setup: &CudaSetup,
+) -> Result<(ProbeConfig, Option<String>), ProbeError> {
+    let mut c = cfg.clone();
+    if !c.world_size_given {
+        c.world_size = setup.indices.len() as u64;
+        if let Some((g, _)) = c.global {
+            accumulate::check_global(g, c.world_size).map_err(|e| {
+                ProbeError::Usage(format!(
+                    "{e} (the world size defaults to the {} GPU(s) of --gpus; give --world-size)",
+                    setup.indices.len()
+                ))
+            })?;
+            c.global = Some((g, c.world_size));
+        }
+    }
+    let mut note = None;
+    if c.world_size > 1 && !c.reserve_given {
+        let bytes = c.model.parameter_count() * gradient_bytes(&c);
+        c.reserve = bytes;
+        note = Some(format!(
+            "--reserve defaulted to {} for world size {}: DDP's gradient buckets hold about one copy of \
+             the gradients ({} parameters × {} bytes) beside what a trial measures; give --reserve to \
+             change it",
+            format_size(bytes),
+            c.world_size,
+            c.model.parameter_count(),
+            gradient_bytes(&c)
+        ));
+    }
+    Ok((c, note))
+}
+
+/// `--compare-alloc-conf`: the same probe once more with `expandable_segments:True` added to
+/// `PYTORCH_CUDA_ALLOC_CONF` (fewer, growable segments: less fragmentation), reported beside the plan.
+fn compare_alloc_conf(
+    cfg: &ProbeConfig,
+    exe: &Path,
+    progress: &mut dyn Progress,
+    plan: &Plan,
+) -> Result<plan::AllocConfComparison, ProbeError> {
+    let conf = match cfg.alloc_conf.as_deref() {
+        Some(c) if c.contains("expandable_segments") => c
+            .split(',')
+            .map(|p| {
+                if p.trim().starts_with("expandable_segments") {
+                    "expandable_segments:True"
+                } else {
+                    p
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+        Some(c) => format!("{c},expandable_segments:True"),
+        None => "expandable_segments:True".to_string(),
+    };
+    progress.line(&format!(
+        "batchfit: --compare-alloc-conf: probing again with PYTORCH_CUDA_ALLOC_CONF={conf}"
+    ));
+    let mut c = cfg.clone();
+    c.compare_alloc_conf = false;
+    c.out = None;
+    c.global = None;
+    c.alloc_conf = Some(conf.clone());
+    c.world_size_given = true;
+    let other = run_cached(&c, exe, progress, None)?.plan;
+    let theirs = other.recommendation.as_ref().map(|r| r.max_fitting_batch);
+    let ours = plan.recommendation.as_ref().map(|r| r.max_fitting_batch);
+    Ok(plan::AllocConfComparison {
+        alloc_conf: conf,
+        max_fitting_batch: theirs,
+        peak_bytes: other.recommendation.as_ref().map(|r| r.peak_bytes),
+        trials: other.trials.len(),
+        difference: match (theirs, ours) {
+            (Some(t), Some(o)) => Some(t as i64 - o as i64),
+            _ => None,
+        },
+    })
 }
 
 fn now_unix() -> u64 {
@@ -184,11 +442,30 @@ pub fn run_cached(
     cache: Option<&CacheOptions>,
 ) -> Result<ProbeReport, ProbeError> {
     let mut notices = vec![];
-    let mut backend = make_backend(cfg, exe, &mut notices)?;
+    let resolved = resolve(cfg, &mut notices)?;
     // The backend choice is news before the search, not after it.
     for n in notices.drain(..) {
         progress.line(&n);
     }
+    let (owned_cfg, gpu_section, reserve_note, mut backend): (
+        Option<ProbeConfig>,
+        Option<GpuSection>,
+        Option<String>,
+        Box<dyn Backend>,
+    ) = match resolved {
+        Resolved::Sim(spec) => (None, None, None, Box::new(SimBackend::new(spec))),
+        Resolved::Cpu => (None, None, None, cpu_backend(cfg, exe)?),
+        Resolved::Cuda(setup) => {
+            let (c, note) = cuda_effective(cfg, &setup)?;
+            if setup.indices.len() > 1 {
+                return crate::multi_gpu::run(&c, note, exe, progress, &setup);
+            }
+            let b = setup.backend(setup.indices[0], &c, exe)?;
+            let section = setup.section(&b, &c);
+            (Some(c), Some(section), note, Box::new(b))
+        }
+    };
+    let cfg = owned_cfg.as_ref().unwrap_or(cfg);
     let device = backend.device().clone();
     let device_kind = device.kind.clone();
     let budget = cfg.budget.unwrap_or_else(|| backend.default_budget());
@@ -254,6 +531,8 @@ pub fn run_cached(
             BackendChoice::Sim(s) => Some(s.clone()),
             _ => None,
         },
+        gpu: gpu_section,
+        reserve_note,
     };
     let partial = cfg.out.as_deref().map(plan::partial_path);
     // Fault injection is a test of the trial runner: never answered from, nor stored in, the cache.
@@ -497,6 +776,19 @@ pub fn run_cached(
         }
     }
 
+    if let (Some(g), Some(r)) = (plan.gpu.as_mut(), plan.recommendation.as_ref()) {
+        g.footprint_method = plan
+            .trials
+            .iter()
+            .filter(|t| t.batch == r.micro_batch && t.outcome.fits())
+            .find_map(|t| t.outcome.gpu().map(|m| m.method));
+    }
+    if cfg.compare_alloc_conf && plan.status == Status::Complete && plan.gpu.is_some() {
+        let comparison = compare_alloc_conf(cfg, exe, progress, &plan)?;
+        if let Some(g) = plan.gpu.as_mut() {
+            g.alloc_conf_comparison = Some(comparison);
+        }
+    }
     let written = match (&cfg.out, plan.status) {
         (Some(out), Status::Complete) => {
             plan.write_atomic(out)?;

@@ -10,8 +10,8 @@
 //! equals that of one batch of all those samples (mean reduction). Removing that scaling makes
 //! `tests::accumulated_gradients_equal_full_batch` fail.
 
-use crate::models::{gpt, gpt::Gpt, mlp::Mlp, resnet, resnet::Resnet};
-use crate::models::{Architecture, ModelSpec, OptimizerKind};
+use crate::models::{gpt, gpt::Gpt, mlp::Mlp, resnet, resnet::Resnet, vit::Vit};
+use crate::models::{Architecture, InputSpec, LossSpec, ModelSpec, OptimizerKind, Precision};
 use crate::oom;
 use tch::{nn, COptimizer, Device, Kind, Reduction, TchError, Tensor};
 use thiserror::Error;
@@ -50,15 +50,23 @@ pub fn classify(msg: &str) -> StepError {
     }
 }
 
+/// One micro-batch: the model's inputs and, when the data has them, its targets (class ids, or a
+/// tensor of the output's shape for `mse`). Without targets, random ones of the right shape are drawn
+/// after the forward pass (synthetic data for TorchScript models, whose output shape is only known then).
+pub struct Batch {
+    pub inputs: Vec<Tensor>,
+    pub target: Option<Tensor>,
+}
+
 /// Where micro-batches come from.
 pub trait DataSource {
-    /// A batch of `n` samples: inputs and integer class targets, on `device`.
-    fn next_batch(&mut self, n: u64, device: Device) -> Result<(Tensor, Tensor), TchError>;
+    /// A batch of `n` samples on `device`.
+    fn next_batch(&mut self, n: u64, device: Device) -> Result<Batch, TchError>;
 }
 
 /// Random inputs and labels of the model's shapes (the default for probing and training): features
 /// and classes (mlp), token sequences with their next tokens as targets (gpt), images and classes
-/// (resnet).
+/// (resnet, vit), and for TorchScript models tensors of each `--input` spec.
 pub struct Synthetic {
     kind: SyntheticKind,
 }
@@ -67,6 +75,7 @@ enum SyntheticKind {
     Features { input: i64, classes: i64 },
     Tokens { seq_len: i64, vocab: i64 },
     Images { size: i64, classes: i64 },
+    Inputs(Vec<InputSpec>),
 }
 
 impl Synthetic {
@@ -87,30 +96,70 @@ impl Synthetic {
             | Architecture::Resnet50 {
                 image_size,
                 classes,
+            }
+            | Architecture::Vit {
+                image_size,
+                classes,
+                ..
             } => SyntheticKind::Images {
                 size: *image_size as i64,
                 classes: *classes as i64,
             },
+            Architecture::Torchscript { inputs, .. } => SyntheticKind::Inputs(inputs.clone()),
         };
         Synthetic { kind }
     }
 }
 
+/// The libtorch kind of an input dtype.
+pub fn input_kind(d: crate::models::input::InputDtype) -> Kind {
+    use crate::models::input::InputDtype as D;
+    match d {
+        D::F32 => Kind::Float,
+        D::F64 => Kind::Double,
+        D::F16 => Kind::Half,
+        D::Bf16 => Kind::BFloat16,
+        D::I64 => Kind::Int64,
+        D::I32 => Kind::Int,
+        D::U8 => Kind::Uint8,
+    }
+}
+
 impl DataSource for Synthetic {
-    fn next_batch(&mut self, n: u64, device: Device) -> Result<(Tensor, Tensor), TchError> {
-        match self.kind {
+    fn next_batch(&mut self, n: u64, device: Device) -> Result<Batch, TchError> {
+        let (x, y) = match &self.kind {
             SyntheticKind::Features { input, classes } => {
-                let x = Tensor::f_randn([n as i64, input], (Kind::Float, device))?;
-                let y = Tensor::f_randint(classes, [n as i64], (Kind::Int64, device))?;
-                Ok((x, y))
+                let x = Tensor::f_randn([n as i64, *input], (Kind::Float, device))?;
+                let y = Tensor::f_randint(*classes, [n as i64], (Kind::Int64, device))?;
+                (x, y)
             }
             SyntheticKind::Tokens { seq_len, vocab } => {
-                gpt::synthetic_batch(n, seq_len, vocab, device)
+                gpt::synthetic_batch(n, *seq_len, *vocab, device)?
             }
             SyntheticKind::Images { size, classes } => {
-                resnet::synthetic_batch(n, size, classes, device)
+                resnet::synthetic_batch(n, *size, *classes, device)?
             }
-        }
+            SyntheticKind::Inputs(specs) => {
+                let inputs = specs
+                    .iter()
+                    .map(|s| {
+                        let kind = input_kind(s.dtype);
+                        match s.high {
+                            Some(h) => Tensor::f_randint(h as i64, s.shape(n), (kind, device)),
+                            None => Tensor::f_randn(s.shape(n), (kind, device)),
+                        }
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                return Ok(Batch {
+                    inputs,
+                    target: None,
+                });
+            }
+        };
+        Ok(Batch {
+            inputs: vec![x],
+            target: Some(y),
+        })
     }
 }
 
@@ -118,27 +167,87 @@ enum Net {
     Mlp(Mlp),
     Gpt(Gpt),
     Resnet(Resnet),
+    Vit(Vit),
+    Script {
+        module: tch::TrainableCModule,
+        loss: LossSpec,
+    },
 }
 
-impl Net {
-    /// Logits `[N, classes]` with the matching targets `[N]`: one row per sample, or per token (gpt).
-    fn forward(&self, x: &Tensor, y: &Tensor) -> Result<(Tensor, Tensor), TchError> {
-        match self {
-            Net::Mlp(m) => Ok((m.forward(x)?, y.shallow_clone())),
-            Net::Resnet(m) => Ok((m.forward(x)?, y.shallow_clone())),
-            Net::Gpt(m) => {
-                let logits = m.forward(x)?;
-                let v = logits.size().last().copied().unwrap_or(1);
-                Ok((logits.f_reshape([-1, v])?, y.f_reshape([-1])?))
-            }
-        }
-    }
+/// The static loss scale of `amp-fp16` (gradients are unscaled before the optimizer step).
+const FP16_LOSS_SCALE: f64 = 1024.0;
 
-    /// Loss terms per sample: 1, or the sequence length (gpt: one next-token loss per position).
-    fn terms_per_sample(spec: &ModelSpec) -> u64 {
-        match &spec.architecture {
-            Architecture::Gpt { seq_len, .. } => *seq_len,
-            _ => 1,
+impl Net {
+    /// The summed loss of a micro-batch of `n` samples (an f32 scalar) and its number of loss terms
+    /// (samples, tokens or output elements): the loss is the mean over terms.
+    fn loss_sum(&self, batch: &Batch, n: u64) -> Result<(Tensor, u64), StepError> {
+        let x = batch
+            .inputs
+            .first()
+            .ok_or_else(|| StepError::Other("a batch without inputs".into()))?;
+        let class_loss = |logits: Tensor, y: &Tensor| -> Result<(Tensor, u64), StepError> {
+            let v = logits.size().last().copied().unwrap_or(1);
+            let logits = logits.f_reshape([-1, v])?;
+            let y = y.f_reshape([-1])?;
+            let terms = y.numel() as u64;
+            let lp = logits.f_log_softmax(-1, Kind::Float)?;
+            Ok((
+                lp.f_nll_loss(&y, None::<Tensor>, Reduction::Sum, -100)?,
+                terms,
+            ))
+        };
+        let target = || {
+            batch.target.as_ref().ok_or_else(|| {
+                StepError::Other("the data has no targets (y) for a built-in model".into())
+            })
+        };
+        match self {
+            Net::Mlp(m) => class_loss(m.forward(x)?, target()?),
+            Net::Resnet(m) => class_loss(m.forward(x)?, target()?),
+            Net::Vit(m) => class_loss(m.forward(x)?, target()?),
+            Net::Gpt(m) => class_loss(m.forward(x)?, target()?),
+            Net::Script { module, loss } => {
+                let out = module.forward_ts(&batch.inputs)?;
+                let dims = out.size();
+                if dims.first().copied() != Some(n as i64) {
+                    return Err(StepError::Other(format!(
+                        "the TorchScript model's output has shape {dims:?}, not [{n}, …]: its first \
+                         dimension must be the batch"
+                    )));
+                }
+                match *loss {
+                    LossSpec::CrossEntropy { classes } => {
+                        if dims.len() < 2 || dims[dims.len() - 1] != classes as i64 {
+                            return Err(StepError::Other(format!(
+                                "the TorchScript model's output has shape {dims:?}, but --loss \
+                                 cross-entropy:{classes} needs logits [B, …, {classes}]"
+                            )));
+                        }
+                        let y = match &batch.target {
+                            Some(y) => y.shallow_clone(),
+                            None => Tensor::f_randint(
+                                classes as i64,
+                                &dims[..dims.len() - 1],
+                                (Kind::Int64, out.device()),
+                            )?,
+                        };
+                        class_loss(out, &y)
+                    }
+                    LossSpec::Mse => {
+                        let out = out.f_to_kind(Kind::Float)?;
+                        let y = match &batch.target {
+                            Some(y) => y.f_to_kind(Kind::Float)?,
+                            None => out.f_randn_like()?,
+                        };
+                        let terms = out.numel() as u64;
+                        Ok((out.f_sub(&y)?.f_square()?.f_sum(Kind::Float)?, terms))
+                    }
+                    LossSpec::Mean => {
+                        let terms = out.numel() as u64;
+                        Ok((out.f_sum(Kind::Float)?, terms))
+                    }
+                }
+            }
         }
     }
 }
@@ -149,15 +258,22 @@ pub struct Learner {
     net: Net,
     opt: COptimizer,
     device: Device,
-    /// Loss terms per sample (the loss is their mean).
-    terms: u64,
+    precision: Precision,
 }
 
 impl Learner {
-    /// Builds the model of `spec` on `device` with weights from `seed`.
+    /// Builds the model of `spec` on `device` with weights from `seed`. What libtorch cannot run on
+    /// the device (autocast off CUDA) is refused here.
     pub fn new(spec: &ModelSpec, device: Device, lr: f64, seed: i64) -> Result<Self, StepError> {
+        if spec.precision.is_amp() && !device.is_cuda() {
+            return Err(StepError::Other(format!(
+                "--precision {} is autocast mixed precision, which batchfit runs on CUDA only; use \
+                 bf16 or fp32 on {device:?}",
+                spec.precision.as_str()
+            )));
+        }
         tch::manual_seed(seed);
-        let vs = nn::VarStore::new(device);
+        let mut vs = nn::VarStore::new(device);
         let root = vs.root();
         let net = match &spec.architecture {
             Architecture::Mlp {
@@ -178,7 +294,34 @@ impl Learner {
             Architecture::Resnet50 { classes, .. } => {
                 Net::Resnet(Resnet::new(&root, true, *classes))
             }
+            Architecture::Vit {
+                layers,
+                d_model,
+                heads,
+                patch,
+                image_size,
+                classes,
+            } => Net::Vit(Vit::new(
+                &root,
+                *layers,
+                *d_model,
+                *heads,
+                *patch,
+                *image_size,
+                *classes,
+            )),
+            Architecture::Torchscript { file, loss, .. } => {
+                let mut module = tch::TrainableCModule::load(file, root)?;
+                module.set_train();
+                Net::Script {
+                    module,
+                    loss: *loss,
+                }
+            }
         };
+        if spec.precision == Precision::Bf16 {
+            vs.bfloat16();
+        }
         let mut opt = match spec.optimizer {
             OptimizerKind::Sgd => COptimizer::sgd(lr, 0.0, 0.0, 0.0, false)?,
             OptimizerKind::Momentum => COptimizer::sgd(lr, 0.9, 0.0, 0.0, false)?,
@@ -193,31 +336,74 @@ impl Learner {
             net,
             opt,
             device,
-            terms: Net::terms_per_sample(spec),
+            precision: spec.precision,
+        })
+    }
+
+    /// Float inputs follow the weights' dtype (bf16 precision casts f32 data to bf16).
+    fn cast_inputs(&self, batch: Batch) -> Result<Batch, TchError> {
+        if self.precision != Precision::Bf16 {
+            return Ok(batch);
+        }
+        let inputs = batch
+            .inputs
+            .into_iter()
+            .map(|t| {
+                if t.is_floating_point() {
+                    t.f_to_kind(Kind::BFloat16)
+                } else {
+                    Ok(t)
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Batch {
+            inputs,
+            target: batch.target,
         })
     }
 
     /// Forward and backward over the micro-batches, accumulating gradients (no optimizer step).
-    /// Returns the mean loss per sample (gpt: per token) over all micro-batches.
+    /// Returns the mean loss per term (sample, token or output element) over all micro-batches.
     pub fn accumulate(
         &mut self,
         micro_batches: &[u64],
         data: &mut dyn DataSource,
     ) -> Result<f64, StepError> {
-        let total: u64 = micro_batches.iter().sum::<u64>() * self.terms;
-        let mut loss_sum = 0.0;
+        let total_samples: u64 = micro_batches.iter().sum();
+        let (mut loss_sum, mut terms_sum) = (0.0, 0u64);
+        let scale = if self.precision == Precision::AmpFp16 {
+            FP16_LOSS_SCALE
+        } else {
+            1.0
+        };
         for &n in micro_batches {
-            let (x, y) = data.next_batch(n, self.device)?;
-            let (logits, y) = self.net.forward(&x, &y)?;
-            let lp = logits.f_log_softmax(-1, Kind::Float)?;
-            let loss = lp.f_nll_loss(&y, None::<Tensor>, Reduction::Sum, -100)?;
-            let scaled = loss.f_div_scalar(total as f64)?;
-            scaled.f_backward()?;
+            let batch = self.cast_inputs(data.next_batch(n, self.device)?)?;
+            let (loss, terms) = autocast(self.precision, || self.net.loss_sum(&batch, n))?;
+            if terms == 0 {
+                return Err(StepError::Other(
+                    "the loss has no terms (empty output)".into(),
+                ));
+            }
+            // mean over all terms of the optimizer step, whatever the micro-batch sizes
+            let divisor = terms as f64 / n as f64 * total_samples as f64;
+            loss.f_mul_scalar(scale / divisor)?.f_backward()?;
             loss_sum += f64::try_from(&loss).map_err(|e| StepError::Other(e.to_string()))?;
+            terms_sum += terms;
         }
-        let mean = loss_sum / total as f64;
+        let mean = loss_sum / terms_sum as f64;
         if !mean.is_finite() {
             return Err(StepError::NonFinite(mean));
+        }
+        if scale != 1.0 {
+            tch::no_grad(|| -> Result<(), TchError> {
+                for t in self.vs.trainable_variables() {
+                    let mut g = t.grad();
+                    if g.defined() {
+                        let _ = g.f_div_scalar_(scale)?;
+                    }
+                }
+                Ok(())
+            })?;
         }
         Ok(mean)
     }
@@ -248,6 +434,22 @@ impl Learner {
     }
 }
 
+/// Runs `f` (the forward pass and loss) under CUDA autocast for the `amp-*` precisions, restoring the
+/// previous state afterwards. tch's own `autocast` takes no dtype, so the dtype is set through the
+/// allocator shim ([`crate::gpu::allocator`]).
+fn autocast<T>(
+    precision: Precision,
+    f: impl FnOnce() -> Result<T, StepError>,
+) -> Result<T, StepError> {
+    use crate::gpu::allocator::{autocast, AutocastDtype};
+    let dtype = match precision {
+        Precision::AmpBf16 => AutocastDtype::Bf16,
+        Precision::AmpFp16 => AutocastDtype::Fp16,
+        _ => return f(),
+    };
+    autocast(Some(dtype), f).map_err(|e| StepError::Other(e.to_string()))?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,9 +462,12 @@ mod tests {
         pos: i64,
     }
     impl DataSource for Fixed {
-        fn next_batch(&mut self, n: u64, _d: Device) -> Result<(Tensor, Tensor), TchError> {
+        fn next_batch(&mut self, n: u64, _d: Device) -> Result<Batch, TchError> {
             let n = n as i64;
-            let out = (self.x.narrow(0, self.pos, n), self.y.narrow(0, self.pos, n));
+            let out = Batch {
+                inputs: vec![self.x.narrow(0, self.pos, n)],
+                target: Some(self.y.narrow(0, self.pos, n)),
+            };
             self.pos += n;
             Ok(out)
         }

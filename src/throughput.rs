@@ -125,11 +125,13 @@ mod tests {
                     peak_bytes: 1,
                     rss_peak_bytes: None,
                     step_seconds: s,
+                    gpu: None,
                 },
                 None => TrialOutcome::Oom {
                     message: "oom".into(),
                     peak_bytes: None,
                     rss_peak_bytes: None,
+                    gpu: None,
                 },
             },
             seconds: 0.1,

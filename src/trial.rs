@@ -10,7 +10,7 @@
 //! nothing (so it cannot allocate), the panic payload is read after unwinding has freed the step's
 //! tensors, and the parent kills a child that outlives `--trial-timeout`.
 
-use crate::backend::TrialOutcome;
+use crate::backend::{AllocatorReport, FootprintMethod, GpuMeasure, TrialOutcome};
 use crate::models::ModelSpec;
 use crate::step::{Learner, StepError, Synthetic};
 use crate::sysmem;
@@ -83,6 +83,10 @@ pub struct TrialSpec {
     pub accumulation: u32,
     #[serde(default)]
     pub fault: Option<FaultAt>,
+    /// Run on this CUDA device (NVML's index; trials run with `CUDA_DEVICE_ORDER=PCI_BUS_ID` so both
+    /// orders agree) instead of the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_device: Option<u32>,
 }
 
 /// libtorch threads: set identically by trials and the trainer.
@@ -160,31 +164,57 @@ pub fn run(spec: &TrialSpec) -> TrialOutcome {
         }
     }
     configure_threads(spec.threads);
+    if let Some(index) = spec.cuda_device {
+        return run_cuda(spec, index);
+    }
     let sampler = DataSampler::start();
-    let result = std::panic::catch_unwind(|| -> Result<Vec<f64>, StepError> {
-        let mut learner = Learner::new(&spec.model, tch::Device::Cpu, 1e-3, spec.seed)?;
-        let mut data = Synthetic::for_spec(&spec.model);
-        let mut times = Vec::with_capacity(spec.steps as usize);
-        let micro = vec![spec.batch; spec.accumulation.max(1) as usize];
-        for _ in 0..spec.steps {
-            let t0 = Instant::now();
-            learner.step(&micro, &mut data)?;
-            // Seconds per micro-batch, so samples/s = batch / step_seconds also under accumulation.
-            times.push(t0.elapsed().as_secs_f64() / micro.len() as f64);
-        }
-        Ok(times)
-    });
+    let result = train(spec, tch::Device::Cpu);
     let sampled = sampler.finish();
     let end = sysmem::proc_status().unwrap_or_default();
     // The quantity RLIMIT_DATA acts on. (An estimate from the RSS high-water mark was tried and
     // over-counts: it includes library pages faulted in during the steps.)
     let peak = sampled.max(end.vm_data);
     let rss = Some(end.vm_hwm);
+    outcome(result, peak, rss, None)
+}
+
+/// The training steps of a trial; `Ok` holds the seconds per micro-batch of each step.
+fn train(
+    spec: &TrialSpec,
+    device: tch::Device,
+) -> std::thread::Result<Result<Vec<f64>, StepError>> {
+    std::panic::catch_unwind(|| -> Result<Vec<f64>, StepError> {
+        let mut learner = Learner::new(&spec.model, device, 1e-3, spec.seed)?;
+        let mut data = Synthetic::for_spec(&spec.model);
+        let mut times = Vec::with_capacity(spec.steps as usize);
+        let micro = vec![spec.batch; spec.accumulation.max(1) as usize];
+        for _ in 0..spec.steps {
+            let t0 = Instant::now();
+            learner.step(&micro, &mut data)?;
+            if let tch::Device::Cuda(i) = device {
+                // kernels run asynchronously: a step ends when the device is done
+                tch::Cuda::synchronize(i as i64);
+            }
+            // Seconds per micro-batch, so samples/s = batch / step_seconds also under accumulation.
+            times.push(t0.elapsed().as_secs_f64() / micro.len() as f64);
+        }
+        Ok(times)
+    })
+}
+
+/// Turns the steps' result into an outcome with the measured peak.
+fn outcome(
+    result: std::thread::Result<Result<Vec<f64>, StepError>>,
+    peak: u64,
+    rss: Option<u64>,
+    gpu: Option<GpuMeasure>,
+) -> TrialOutcome {
     let outcome_of_error = |e: StepError| match e {
         StepError::Oom(m) => TrialOutcome::Oom {
             message: m,
             peak_bytes: Some(peak),
             rss_peak_bytes: rss,
+            gpu,
         },
         other => TrialOutcome::Error {
             message: other.to_string(),
@@ -197,10 +227,19 @@ pub fn run(spec: &TrialSpec) -> TrialOutcome {
             } else {
                 median(&mut times)
             };
-            TrialOutcome::Fits {
-                peak_bytes: peak,
-                rss_peak_bytes: rss,
-                step_seconds,
+            match gpu.and_then(|g| g.allocator) {
+                Some(a) if a.alloc_retries > 0 => TrialOutcome::Retries {
+                    retries: a.alloc_retries,
+                    peak_bytes: peak,
+                    step_seconds,
+                    gpu,
+                },
+                _ => TrialOutcome::Fits {
+                    peak_bytes: peak,
+                    rss_peak_bytes: rss,
+                    step_seconds,
+                    gpu,
+                },
             }
         }
         Ok(Err(e)) => outcome_of_error(e),
@@ -208,6 +247,82 @@ pub fn run(spec: &TrialSpec) -> TrialOutcome {
             payload.as_ref(),
         ))),
     }
+}
+
+/// A trial on CUDA device `index`: the caching allocator's statistics (through the shim) around the
+/// steps, and NVML's view of this process at the end. The parent samples NVML during the trial and
+/// decides with the larger of its samples and this report.
+fn run_cuda(spec: &TrialSpec, index: u32) -> TrialOutcome {
+    use crate::gpu::allocator;
+    use crate::gpu::GpuQuery;
+    let dev = index as usize;
+    if !tch::Cuda::is_available() || (index as i64) >= tch::Cuda::device_count() {
+        return TrialOutcome::Error {
+            message: format!(
+                "libtorch sees {} CUDA device(s); cuda:{index} is not one of them",
+                tch::Cuda::device_count()
+            ),
+        };
+    }
+    // Start from an empty cache and fresh peaks (a fresh process has them; a worker needs them).
+    let before = allocator::empty_cache()
+        .and_then(|_| allocator::reset_peak(dev))
+        .and_then(|_| allocator::stats(dev));
+    let before = match before {
+        Ok(s) => s,
+        Err(e) => {
+            return TrialOutcome::Error {
+                message: format!("cannot read the CUDA allocator's statistics: {e}"),
+            }
+        }
+    };
+    let result = train(spec, tch::Device::Cuda(dev));
+    let after = match allocator::stats(dev) {
+        Ok(s) => s,
+        Err(e) => {
+            return TrialOutcome::Error {
+                message: format!("cannot read the CUDA allocator's statistics: {e}"),
+            }
+        }
+    };
+    let report = AllocatorReport {
+        peak_allocated_bytes: after.peak_allocated_bytes,
+        peak_reserved_bytes: after.peak_reserved_bytes,
+        reserved_bytes: after.reserved_bytes,
+        alloc_retries: after.alloc_retries.saturating_sub(before.alloc_retries),
+        ooms: after.ooms.saturating_sub(before.ooms),
+    };
+    // What the card gives up beyond the allocator's reserve (CUDA context, cuBLAS/cuDNN workspaces):
+    // NVML's figure for this process now minus what the allocator holds now.
+    let me = std::process::id();
+    let nvml_now = crate::gpu::nvml::RealNvml::get()
+        .ok()
+        .and_then(|n| n.process_used(index, me).ok().flatten());
+    let (peak, gpu) = match nvml_now {
+        Some(now) => {
+            let outside = now.saturating_sub(report.reserved_bytes);
+            let peak = report.peak_reserved_bytes + outside;
+            (
+                peak,
+                GpuMeasure {
+                    nvml_peak_bytes: peak.max(now),
+                    method: FootprintMethod::NvmlProcess,
+                    allocator: Some(report),
+                },
+            )
+        }
+        // NVML cannot attribute memory to this PID (another PID namespace): the parent measures the
+        // device's change in used memory instead; report the allocator's peak meanwhile.
+        None => (
+            report.peak_reserved_bytes,
+            GpuMeasure {
+                nvml_peak_bytes: 0,
+                method: FootprintMethod::NvmlDeviceDelta,
+                allocator: Some(report),
+            },
+        ),
+    };
+    outcome(result, peak, None, Some(gpu))
 }
 
 /// Entry point of the hidden subcommand: set up, report start, run, print the result, `_exit(0)`.

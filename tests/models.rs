@@ -48,7 +48,8 @@ fn models_lists_the_zoo() {
             "gpt2-small",
             "gpt2-medium",
             "resnet18",
-            "resnet50"
+            "resnet50",
+            "vit-b16"
         ]
     );
     let get = |n: &str| rows.iter().find(|r| r.0 == n).unwrap().clone();
@@ -57,7 +58,9 @@ fn models_lists_the_zoo() {
     assert_eq!(get("gpt2-medium").1, 354_823_168);
     assert_eq!(get("resnet18").1, 11_689_512);
     assert_eq!(get("resnet50").1, 25_557_032);
-    assert_eq!(get("gpt2-small").2, "i64[B,1024]");
+    assert_eq!(get("vit-b16").1, 86_567_656); // torchvision's vit_b_16
+    assert_eq!(get("vit-b16").2, "f32[B,3,224,224]");
+    assert_eq!(get("gpt2-small").2, "i64[B,1024]<50257");
     assert_eq!(get("resnet50").2, "f32[B,3,224,224]");
     assert_eq!(get("mlp").2, "f32[B,1024]");
     batchfit()
@@ -93,7 +96,7 @@ fn presets_and_knobs_reach_the_plan() {
     // a knob overrides the preset: the model is then a plain gpt, with another fingerprint
     let q = sim_plan(&["--model", "gpt2-small", "--seq-len", "512"]);
     assert_eq!(q["model"]["name"], "gpt");
-    assert_eq!(q["model"]["input_spec"], "i64[B,512]");
+    assert_eq!(q["model"]["input_spec"], "i64[B,512]<50257");
     assert_ne!(q["model"]["fingerprint"], p["model"]["fingerprint"]);
     let m = sim_plan(&["--model", "gpt2-medium"]);
     assert_eq!(m["model"]["config"]["architecture"]["layers"], 24);
@@ -101,18 +104,63 @@ fn presets_and_knobs_reach_the_plan() {
     assert_eq!(r["model"]["name"], "resnet50");
     assert_eq!(r["model"]["input_spec"], "f32[B,3,128,128]");
     assert_eq!(r["model"]["config"]["architecture"]["classes"], 1000);
+    let v = sim_plan(&["--model", "vit-b16"]);
+    assert_eq!(v["model"]["name"], "vit-b16");
+    assert_eq!(v["model"]["parameter_count"], 86_567_656u64);
+    let v2 = sim_plan(&["--model", "vit-b16", "--image-size", "384", "--patch", "32"]);
+    assert_eq!(v2["model"]["name"], "vit");
+    assert_eq!(v2["model"]["config"]["architecture"]["patch"], 32);
+    assert_eq!(v2["model"]["input_spec"], "f32[B,3,384,384]");
+    // precision and optimizer are part of the fingerprint
+    let bf = sim_plan(&["--precision", "bf16"]);
+    assert_eq!(bf["model"]["dtype"], "bf16");
+    assert_eq!(bf["model"]["config"]["precision"], "bf16");
+    let amp = sim_plan(&["--precision", "amp-bf16"]);
+    assert_eq!(amp["model"]["config"]["precision"], "amp-bf16");
+    let sgd = sim_plan(&["--optimizer", "sgd"]);
     // the default model is unchanged
     let d = sim_plan(&[]);
     assert_eq!(d["model"]["name"], "mlp");
     assert_eq!(d["model"]["input_spec"], "f32[B,1024]");
+    let fps: std::collections::HashSet<String> = [&d, &bf, &amp, &sgd]
+        .iter()
+        .map(|p| p["model"]["fingerprint"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        fps.len(),
+        4,
+        "precision and optimizer change the fingerprint"
+    );
 }
 
 #[test]
 fn bad_model_knobs_are_usage_errors() {
     for (args, msg) in [
         (&["--layers", "2"][..], "--model mlp does not use it"),
-        (&["--model", "gpt", "--image-size", "64"], "ResNet option"),
-        (&["--model", "resnet18", "--heads", "2"], "GPT option"),
+        (
+            &["--model", "gpt", "--image-size", "64"],
+            "ResNet and ViT option",
+        ),
+        (
+            &["--model", "resnet18", "--heads", "2"],
+            "GPT and ViT option",
+        ),
+        (&["--model", "vit-b16", "--seq-len", "2"], "GPT option"),
+        (&["--model", "gpt", "--patch", "8"], "ViT option"),
+        (&["--model", "resnet18", "--mlp-input", "8"], "MLP options"),
+        (
+            &["--model", "vit-b16", "--image-size", "100"],
+            "multiple of --patch",
+        ),
+        (
+            &["--model", "vit-b16", "--heads", "5"],
+            "multiple of --heads",
+        ),
+        (&["--model", "vgg16"], "unknown model"),
+        (
+            &["--model", "gpt", "--input", "i64[B,8]<9"],
+            "describe a TorchScript model",
+        ),
         (&["--model", "gpt", "--heads", "3"], "multiple of --heads"),
         (&["--model", "gpt", "--vocab", "0"], "must be positive"),
         (&["--model", "resnet18", "--image-size", "32"], "too small"),
@@ -183,6 +231,31 @@ fn gpt_oom_is_classified_as_oom() {
         "800MiB",
         8192,
         8192 * 129 * 8,
+    );
+}
+
+#[test]
+fn vit_oom_is_classified_as_oom() {
+    // 8192 images of 64² in 8² patches: the input is 384 MiB (it fits beside libtorch's ~600 MiB),
+    // the 65-token activations far more
+    assert_oom_inside(
+        &[
+            "--model",
+            "vit-b16",
+            "--layers",
+            "1",
+            "--d-model",
+            "64",
+            "--heads",
+            "2",
+            "--image-size",
+            "64",
+            "--patch",
+            "8",
+        ],
+        "2GiB",
+        8192,
+        8192 * 3 * 64 * 64 * 4,
     );
 }
 
@@ -275,4 +348,70 @@ fn resnet18_probe_then_train() {
         2,
         "resnet18",
     );
+}
+
+#[test]
+fn vit_probe_then_train() {
+    probe_then_train(
+        &[
+            "--model",
+            "vit-b16",
+            "--layers",
+            "1",
+            "--d-model",
+            "32",
+            "--heads",
+            "2",
+            "--image-size",
+            "32",
+            "--patch",
+            "8",
+        ],
+        "800MiB",
+        8,
+        "vit",
+    );
+}
+
+/// bf16 weights and activations train on CPU, from the plan alone.
+#[test]
+fn bf16_probe_then_train() {
+    probe_then_train(
+        &[
+            "--mlp-input",
+            "32",
+            "--mlp-hidden",
+            "64",
+            "--precision",
+            "bf16",
+        ],
+        "800MiB",
+        64,
+        "mlp",
+    );
+}
+
+/// Autocast runs on CUDA only: refused before any trial on cpu, explicit or chosen by auto.
+#[test]
+fn amp_is_refused_off_cuda() {
+    for backend in ["cpu", "auto"] {
+        if backend == "auto" && tch::Cuda::is_available() {
+            eprintln!(
+                "not testing --backend auto with amp: this machine has CUDA, so auto picks it"
+            );
+            continue;
+        }
+        batchfit()
+            .args([
+                "probe",
+                "--backend",
+                backend,
+                "--precision",
+                "amp-bf16",
+                "--quiet",
+            ])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains("CUDA").and(predicate::str::contains("bf16")));
+    }
 }

@@ -446,3 +446,74 @@ fn auto_backend_says_why_it_uses_the_cpu() {
             "--backend auto: using the cpu backend (",
         ));
 }
+
+#[test]
+fn plot_draws_the_plan_and_refuses_other_formats_before_any_trial() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let svg = path(&d, "plot.svg");
+    probe(&["--global-batch", "8192", "--format", "text", "--out"])
+        .arg(&out)
+        .arg("--plot")
+        .arg(&svg)
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("plot drawn to"));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg"), "{}", &text[..text.len().min(200)]);
+    for label in [
+        "peak memory (GiB)",
+        "micro-batch size (samples)",
+        "samples/s",
+        "fitted line: 3.00 MiB/sample + 1.00 GiB",
+        "recommended micro-batch 4096",
+    ] {
+        assert!(text.contains(label), "no {label:?} in the plot");
+    }
+    // the plan and the plot, no temporary file beside them
+    assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 2);
+
+    // `show` draws an existing plan; PNG by the extension
+    let png = path(&d, "plot.png");
+    batchfit()
+        .arg("show")
+        .arg(&out)
+        .arg("--plot")
+        .arg(&png)
+        .assert()
+        .success();
+    assert_eq!(&std::fs::read(&png).unwrap()[..8], b"\x89PNG\r\n\x1a\n");
+
+    // a partial plan is drawn too, and says so
+    let partial = path(&d, "partial.svg");
+    probe(&["--max-trials", "2", "--quiet", "--plot"])
+        .arg(&partial)
+        .assert()
+        .code(5);
+    assert!(std::fs::read_to_string(&partial)
+        .unwrap()
+        .contains("PARTIAL"));
+
+    // another extension: exit 2 before any trial runs, nothing written
+    let txt = path(&d, "x.txt");
+    let out2 = path(&d, "p2.json");
+    probe(&["--out"])
+        .arg(&out2)
+        .arg("--plot")
+        .arg(&txt)
+        .assert()
+        .code(2)
+        .stdout(predicate::str::is_empty())
+        .stderr(predicate::str::contains("cannot draw a .txt image"))
+        .stderr(predicate::str::contains("trial   1:").not());
+    assert!(!txt.exists() && !out2.exists());
+    batchfit()
+        .arg("show")
+        .arg(&out)
+        .arg("--plot")
+        .arg(&txt)
+        .assert()
+        .code(2)
+        .stdout(predicate::str::is_empty());
+    assert!(!txt.exists());
+}

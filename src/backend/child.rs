@@ -123,6 +123,7 @@ fn classify_exit(
                     message: "killed by the kernel's OOM killer".into(),
                     peak_bytes: None,
                     rss_peak_bytes: None,
+                    gpu: None,
                 };
             }
         }
@@ -140,6 +141,7 @@ fn classify_exit(
             message: oom::first_line(stderr),
             peak_bytes: None,
             rss_peak_bytes: None,
+            gpu: None,
         };
     }
     TrialOutcome::Error {
@@ -155,6 +157,17 @@ pub fn run_trial_child(
     cmd: Command,
     data_limit: Option<u64>,
     timeout: Duration,
+) -> Result<TrialOutcome, BackendError> {
+    run_trial_child_sampled(cmd, data_limit, timeout, &mut |_| {})
+}
+
+/// [`run_trial_child`], calling `sample(pid)` about every 5 ms while the child runs (the cuda backend
+/// samples NVML's used memory of the trial's process there).
+pub fn run_trial_child_sampled(
+    cmd: Command,
+    data_limit: Option<u64>,
+    timeout: Duration,
+    sample: &mut dyn FnMut(u32),
 ) -> Result<TrialOutcome, BackendError> {
     let kills_before = oom_kills();
     let t0 = Instant::now();
@@ -178,7 +191,10 @@ pub fn run_trial_child(
         }
         match child.try_wait() {
             Ok(Some(s)) => break s,
-            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Ok(None) => {
+                sample(pid);
+                std::thread::sleep(Duration::from_millis(5))
+            }
             Err(e) => {
                 return Err(BackendError::Environment(format!(
                     "waiting for a trial process: {e}"

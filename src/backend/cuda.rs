@@ -1,12 +1,463 @@
-//! The CUDA backend. It compiles everywhere; until GPU trials land it refuses clearly instead of
-//! panicking, naming the backends that work.
+//! The CUDA backend: real training steps on `cuda:i` in a fresh child process per trial, with the
+//! footprint measured the two ways that matter (see [`crate::backend::GpuMeasure`]):
+//!
+//! * **what the card gives up**, from NVML: the trial process's used memory (CUDA context + the caching
+//!   allocator's reserve + library workspaces), sampled every few milliseconds by this parent and
+//!   reported by the child at its end; where NVML cannot attribute memory to the trial's PID (another
+//!   PID namespace), the device's change in used memory since before the trial. This decides the fit.
+//! * **what the allocator saw**, through the C++ shim ([`crate::gpu::allocator`]): peak allocated and
+//!   reserved bytes, allocation retries, OOMs. A trial that needed retries (the allocator flushed its
+//!   cache to satisfy a request) is outcome `retries`, which bounds the search like an OOM.
+//!
+//! Each trial runs under `PYTORCH_CUDA_ALLOC_CONF` = the user's setting plus
+//! `per_process_memory_fraction` = limit / total, so the allocator itself raises "CUDA out of memory"
+//! at the limit (as `RLIMIT_DATA` does on the cpu backend) and a trial never takes memory other jobs
+//! on the card are using. The CUDA context lies outside that fraction; NVML's figure counts it.
+//!
+//! The backend compiles everywhere. Without a driver, NVML's error (naming the cpu and sim backends)
+//! is returned before any trial. For tests, `BATCHFIT_FAKE_GPUS=FILE` (see [`crate::gpu::fake`])
+//! replaces NVML with scripted GPUs and the trials with simulated curves, the way hyperfine's mock
+//! executor lets its integration tests run the real binary.
 
-use super::BackendError;
+use super::child::run_trial_child_sampled;
+use super::sim::SimBackend;
+use super::{
+    Backend, BackendError, DeviceInfo, FootprintMethod, GpuMeasure, Isolation, TrialOutcome,
+    TrialRequest,
+};
+use crate::gpu::{GpuInfo, GpuQuery};
+use crate::trial::TrialSpec;
+use crate::units::format_size;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
 
-pub fn unavailable() -> BackendError {
-    BackendError::Environment(
-        "the cuda backend is not available in this build yet; use --backend cpu (real training steps under a \
-         RAM limit) or --backend sim (a simulated memory curve)"
-            .into(),
-    )
+/// How trials run.
+pub enum Executor {
+    /// Child processes of this executable (`batchfit __trial`) on the GPU.
+    Real { exe: PathBuf, template: TrialSpec },
+    /// A simulated memory curve (tests with fake GPUs).
+    Fake(SimBackend),
+}
+
+pub struct CudaBackend {
+    gpus: Arc<dyn GpuQuery + Send + Sync>,
+    index: u32,
+    info: GpuInfo,
+    device: DeviceInfo,
+    limit: u64,
+    exec: Executor,
+    alloc_conf: Option<String>,
+    timeout: Duration,
+}
+
+/// `PYTORCH_CUDA_ALLOC_CONF` for a trial: the user's options (any `per_process_memory_fraction` of
+/// theirs replaced) plus the fraction that makes the allocator stop at the limit.
+pub fn trial_alloc_conf(user: Option<&str>, limit: u64, total: u64) -> String {
+    let fraction = (limit as f64 / total.max(1) as f64).clamp(0.0, 1.0);
+    let mut parts: Vec<String> = user
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty() && !p.starts_with("per_process_memory_fraction"))
+        .map(String::from)
+        .collect();
+    parts.push(format!("per_process_memory_fraction:{fraction:.6}"));
+    parts.join(",")
+}
+
+impl CudaBackend {
+    /// The backend for GPU `index`. Fails (with NVML's own reason) when the GPU cannot be queried.
+    pub fn new(
+        gpus: Arc<dyn GpuQuery + Send + Sync>,
+        index: u32,
+        exec: Executor,
+        alloc_conf: Option<String>,
+        timeout: Duration,
+    ) -> Result<Self, BackendError> {
+        let info = gpus
+            .device(index)
+            .map_err(|e| BackendError::Environment(e.to_string()))?;
+        if info.total_bytes == 0 || info.free_bytes == 0 {
+            return Err(BackendError::Environment(format!(
+                "NVML reports {} free of {} on GPU {index} ({}): nothing to probe",
+                format_size(info.free_bytes),
+                format_size(info.total_bytes),
+                info.name
+            )));
+        }
+        let device = DeviceInfo {
+            kind: "cuda".into(),
+            name: info.name.clone(),
+            total_bytes: info.total_bytes,
+            free_bytes_at_start: info.free_bytes,
+        };
+        Ok(CudaBackend {
+            gpus,
+            index,
+            limit: info.free_bytes,
+            info,
+            device,
+            exec,
+            alloc_conf,
+            timeout,
+        })
+    }
+
+    /// The GPU as NVML saw it at the start (other processes included).
+    pub fn gpu(&self) -> &GpuInfo {
+        &self.info
+    }
+
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    fn run_real(
+        &self,
+        exe: &std::path::Path,
+        template: &TrialSpec,
+        req: TrialRequest,
+    ) -> Result<TrialOutcome, BackendError> {
+        let spec = TrialSpec {
+            batch: req.batch,
+            steps: req.steps,
+            accumulation: req.accumulation,
+            cuda_device: Some(self.index),
+            ..template.clone()
+        };
+        let mut cmd = Command::new(exe);
+        cmd.arg("__trial")
+            .arg(serde_json::to_string(&spec).expect("spec serialises"))
+            .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+            .env(
+                "PYTORCH_CUDA_ALLOC_CONF",
+                trial_alloc_conf(
+                    self.alloc_conf.as_deref(),
+                    self.limit,
+                    self.info.total_bytes,
+                ),
+            );
+        let baseline = self
+            .gpus
+            .device(self.index)
+            .map_err(|e| BackendError::Environment(e.to_string()))?
+            .used_bytes;
+        let (mut pid_peak, mut device_peak) = (None::<u64>, None::<u64>);
+        let gpus = &self.gpus;
+        let index = self.index;
+        let out = run_trial_child_sampled(cmd, None, self.timeout, &mut |pid| {
+            if let Ok(Some(b)) = gpus.process_used(index, pid) {
+                pid_peak = Some(pid_peak.map_or(b, |p| p.max(b)));
+            }
+            if let Ok(d) = gpus.device(index) {
+                device_peak = Some(device_peak.map_or(d.used_bytes, |p| p.max(d.used_bytes)));
+            }
+        })?;
+        let delta = device_peak.map(|d| d.saturating_sub(baseline));
+        Ok(self.decide(out, pid_peak, delta))
+    }
+
+    /// Combines the child's report with this parent's NVML samples and applies the limit to the
+    /// footprint the card gives up. A measurement that failed is an error, never a zero.
+    fn decide(
+        &self,
+        out: TrialOutcome,
+        pid_peak: Option<u64>,
+        device_delta: Option<u64>,
+    ) -> TrialOutcome {
+        let measured = |child: Option<GpuMeasure>| -> Option<GpuMeasure> {
+            let allocator = child.and_then(|g| g.allocator);
+            let child_nvml = child
+                .filter(|g| g.method == FootprintMethod::NvmlProcess)
+                .map(|g| g.nvml_peak_bytes);
+            if pid_peak.is_some() || child_nvml.is_some() {
+                let peak = pid_peak.unwrap_or(0).max(child_nvml.unwrap_or(0));
+                Some(GpuMeasure {
+                    nvml_peak_bytes: peak,
+                    method: FootprintMethod::NvmlProcess,
+                    allocator,
+                })
+            } else {
+                // The device's change in used memory, or at least the allocator's peak reserve.
+                let floor = allocator.map(|a| a.peak_reserved_bytes);
+                let peak = match (device_delta, floor) {
+                    (None, None) => return None,
+                    (d, f) => d.unwrap_or(0).max(f.unwrap_or(0)),
+                };
+                (peak > 0).then_some(GpuMeasure {
+                    nvml_peak_bytes: peak,
+                    method: FootprintMethod::NvmlDeviceDelta,
+                    allocator,
+                })
+            }
+        };
+        match out {
+            TrialOutcome::Fits {
+                step_seconds, gpu, ..
+            } => match measured(gpu) {
+                None => TrialOutcome::Error {
+                    message:
+                        "the trial fit, but neither NVML nor the allocator measured its GPU memory"
+                            .into(),
+                },
+                Some(g) if g.nvml_peak_bytes > self.limit => TrialOutcome::Oom {
+                    message: format!(
+                        "the trial's footprint on the card ({}, {}) is above the {} limit",
+                        format_size(g.nvml_peak_bytes),
+                        method_name(g.method),
+                        format_size(self.limit)
+                    ),
+                    peak_bytes: Some(g.nvml_peak_bytes),
+                    rss_peak_bytes: None,
+                    gpu: Some(g),
+                },
+                Some(g) => TrialOutcome::Fits {
+                    peak_bytes: g.nvml_peak_bytes,
+                    rss_peak_bytes: None,
+                    step_seconds,
+                    gpu: Some(g),
+                },
+            },
+            TrialOutcome::Retries {
+                retries,
+                step_seconds,
+                gpu,
+                ..
+            } => match measured(gpu) {
+                None => TrialOutcome::Error {
+                    message: "neither NVML nor the allocator measured the trial's GPU memory"
+                        .into(),
+                },
+                Some(g) => TrialOutcome::Retries {
+                    retries,
+                    peak_bytes: g.nvml_peak_bytes,
+                    step_seconds,
+                    gpu: Some(g),
+                },
+            },
+            TrialOutcome::Oom { message, gpu, .. } => {
+                let g = measured(gpu);
+                TrialOutcome::Oom {
+                    message,
+                    peak_bytes: g.map(|g| g.nvml_peak_bytes),
+                    rss_peak_bytes: None,
+                    gpu: g,
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+pub fn method_name(m: FootprintMethod) -> &'static str {
+    match m {
+        FootprintMethod::NvmlProcess => "NVML, trial process",
+        FootprintMethod::NvmlDeviceDelta => "NVML, device used-memory change",
+    }
+}
+
+impl Backend for CudaBackend {
+    fn device(&self) -> &DeviceInfo {
+        &self.device
+    }
+    /// NVML's free memory at the start: what other processes hold is not available to this job.
+    fn default_budget(&self) -> u64 {
+        self.info.free_bytes
+    }
+    fn set_limit(&mut self, limit_bytes: u64) {
+        self.limit = limit_bytes;
+        if let Executor::Fake(sim) = &mut self.exec {
+            sim.set_limit(limit_bytes);
+        }
+    }
+    fn isolation(&self, _req: &TrialRequest) -> Isolation {
+        match self.exec {
+            Executor::Real { .. } => Isolation::Process,
+            Executor::Fake(_) => Isolation::None,
+        }
+    }
+    fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
+        match &mut self.exec {
+            Executor::Fake(sim) => {
+                let out = sim.run_trial(req)?;
+                let peak = sim.spec().peak(req.batch, req.steps);
+                let g = GpuMeasure {
+                    nvml_peak_bytes: peak,
+                    method: FootprintMethod::NvmlProcess,
+                    allocator: None,
+                };
+                Ok(match out {
+                    TrialOutcome::Fits { step_seconds, .. } => TrialOutcome::Fits {
+                        peak_bytes: peak,
+                        rss_peak_bytes: None,
+                        step_seconds,
+                        gpu: Some(g),
+                    },
+                    TrialOutcome::Retries {
+                        retries,
+                        step_seconds,
+                        ..
+                    } => TrialOutcome::Retries {
+                        retries,
+                        peak_bytes: peak,
+                        step_seconds,
+                        gpu: Some(g),
+                    },
+                    TrialOutcome::Oom { .. } => TrialOutcome::Oom {
+                        message: format!(
+                            "CUDA out of memory (simulated). Tried to use {} of a {} limit",
+                            format_size(peak),
+                            format_size(self.limit)
+                        ),
+                        peak_bytes: None,
+                        rss_peak_bytes: None,
+                        gpu: None,
+                    },
+                    other => other,
+                })
+            }
+            Executor::Real { exe, template } => {
+                let (exe, template) = (exe.clone(), template.clone());
+                self.run_real(&exe, &template, req)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::AllocatorReport;
+    use crate::gpu::fake_h200;
+
+    fn backend(limit: u64) -> CudaBackend {
+        let gpus: Arc<dyn GpuQuery + Send + Sync> = Arc::new(fake_h200(vec![]));
+        let mut b = CudaBackend::new(
+            gpus,
+            0,
+            Executor::Fake(SimBackend::new(crate::backend::sim::SimSpec::affine(
+                1 << 30,
+                1 << 20,
+                141 << 30,
+            ))),
+            None,
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        b.set_limit(limit);
+        b
+    }
+
+    fn fits(gpu: Option<GpuMeasure>) -> TrialOutcome {
+        TrialOutcome::Fits {
+            peak_bytes: 1,
+            rss_peak_bytes: None,
+            step_seconds: 0.1,
+            gpu,
+        }
+    }
+
+    fn alloc(peak_reserved: u64) -> AllocatorReport {
+        AllocatorReport {
+            peak_allocated_bytes: peak_reserved / 2,
+            peak_reserved_bytes: peak_reserved,
+            reserved_bytes: peak_reserved,
+            alloc_retries: 0,
+            ooms: 0,
+        }
+    }
+
+    #[test]
+    fn footprint_is_the_larger_nvml_figure_and_decides_the_fit() {
+        let b = backend(10 << 30);
+        let child = GpuMeasure {
+            nvml_peak_bytes: 6 << 30,
+            method: FootprintMethod::NvmlProcess,
+            allocator: Some(alloc(5 << 30)),
+        };
+        // the parent's samples saw more than the child's end-of-trial estimate
+        match b.decide(fits(Some(child)), Some(7 << 30), Some(9 << 30)) {
+            TrialOutcome::Fits {
+                peak_bytes, gpu, ..
+            } => {
+                assert_eq!(peak_bytes, 7 << 30);
+                assert_eq!(gpu.unwrap().method, FootprintMethod::NvmlProcess);
+            }
+            o => panic!("{o:?}"),
+        }
+        // above the limit on the card: an oom, whatever the allocator thinks
+        let o = b.decide(fits(Some(child)), Some(11 << 30), None);
+        assert!(o.is_oom(), "{o:?}");
+        assert!(o.message().unwrap().contains("above the"), "{o:?}");
+    }
+
+    #[test]
+    fn falls_back_to_the_device_delta_and_fails_loudly_without_any_measure() {
+        let b = backend(10 << 30);
+        let child = GpuMeasure {
+            nvml_peak_bytes: 0,
+            method: FootprintMethod::NvmlDeviceDelta,
+            allocator: Some(alloc(3 << 30)),
+        };
+        match b.decide(fits(Some(child)), None, Some(4 << 30)) {
+            TrialOutcome::Fits {
+                peak_bytes, gpu, ..
+            } => {
+                assert_eq!(peak_bytes, 4 << 30);
+                assert_eq!(gpu.unwrap().method, FootprintMethod::NvmlDeviceDelta);
+            }
+            o => panic!("{o:?}"),
+        }
+        // no sample of the delta: the allocator's reserve is the floor
+        match b.decide(fits(Some(child)), None, None) {
+            TrialOutcome::Fits { peak_bytes, .. } => assert_eq!(peak_bytes, 3 << 30),
+            o => panic!("{o:?}"),
+        }
+        // nothing measured at all: an error, never a zero
+        let o = b.decide(fits(None), None, None);
+        assert_eq!(o.kind(), "error", "{o:?}");
+    }
+
+    #[test]
+    fn alloc_conf_for_trials() {
+        assert_eq!(
+            trial_alloc_conf(None, 50, 100),
+            "per_process_memory_fraction:0.500000"
+        );
+        assert_eq!(
+            trial_alloc_conf(
+                Some("expandable_segments:True, per_process_memory_fraction:0.9"),
+                25,
+                100
+            ),
+            "expandable_segments:True,per_process_memory_fraction:0.250000"
+        );
+    }
+
+    #[test]
+    fn budget_is_nvml_free_memory() {
+        let gpus: Arc<dyn GpuQuery + Send + Sync> =
+            Arc::new(fake_h200(vec![crate::gpu::GpuProcess {
+                pid: 1234,
+                used_bytes: Some(20 << 30),
+            }]));
+        let free = gpus.device(0).unwrap().free_bytes;
+        let b = CudaBackend::new(
+            gpus,
+            0,
+            Executor::Fake(SimBackend::new(crate::backend::sim::SimSpec::affine(
+                1,
+                1,
+                1 << 40,
+            ))),
+            None,
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        assert_eq!(b.default_budget(), free);
+        assert!(free < b.device().total_bytes - (20 << 30));
+        assert_eq!(b.gpu().processes.len(), 1);
+    }
 }

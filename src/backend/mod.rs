@@ -52,6 +52,9 @@ pub enum TrialOutcome {
         /// Median seconds per training step (the first step, which allocates optimizer state, excluded
         /// when there are at least two).
         step_seconds: f64,
+        /// CUDA: both measurements of the footprint (cuda backend only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gpu: Option<GpuMeasure>,
     },
     /// The device ran out of memory: proof that this batch does not fit.
     Oom {
@@ -60,6 +63,18 @@ pub enum TrialOutcome {
         peak_bytes: Option<u64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         rss_peak_bytes: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gpu: Option<GpuMeasure>,
+    },
+    /// CUDA: the steps completed, but only after the caching allocator freed its cache and retried an
+    /// allocation. Such a size runs slowly (and fails under a little more pressure), so it bounds the
+    /// search like an OOM unless `--allow-retries` counts it as a fit.
+    Retries {
+        retries: u64,
+        peak_bytes: u64,
+        step_seconds: f64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gpu: Option<GpuMeasure>,
     },
     /// Killed after the trial timeout: neither a fit nor proof of a limit.
     Timeout { seconds: f64 },
@@ -74,10 +89,26 @@ impl TrialOutcome {
     pub fn is_oom(&self) -> bool {
         matches!(self, TrialOutcome::Oom { .. })
     }
+    /// Proof that this size is too large: an OOM, or a completion that needed allocator retries.
+    pub fn is_bound(&self) -> bool {
+        matches!(
+            self,
+            TrialOutcome::Oom { .. } | TrialOutcome::Retries { .. }
+        )
+    }
+    pub fn gpu(&self) -> Option<&GpuMeasure> {
+        match self {
+            TrialOutcome::Fits { gpu, .. }
+            | TrialOutcome::Oom { gpu, .. }
+            | TrialOutcome::Retries { gpu, .. } => gpu.as_ref(),
+            _ => None,
+        }
+    }
     pub fn kind(&self) -> &'static str {
         match self {
             TrialOutcome::Fits { .. } => "fits",
             TrialOutcome::Oom { .. } => "oom",
+            TrialOutcome::Retries { .. } => "retries",
             TrialOutcome::Timeout { .. } => "timeout",
             TrialOutcome::Error { .. } => "error",
         }
@@ -86,6 +117,7 @@ impl TrialOutcome {
         match self {
             TrialOutcome::Fits { peak_bytes, .. } => Some(*peak_bytes),
             TrialOutcome::Oom { peak_bytes, .. } => *peak_bytes,
+            TrialOutcome::Retries { peak_bytes, .. } => Some(*peak_bytes),
             _ => None,
         }
     }
@@ -106,9 +138,45 @@ impl TrialOutcome {
         match self {
             TrialOutcome::Oom { message, .. } | TrialOutcome::Error { message } => Some(message),
             TrialOutcome::Timeout { .. } => Some("killed after the trial timeout"),
+            TrialOutcome::Retries { .. } => Some(
+                "completed only after the CUDA caching allocator freed its cache and retried \
+                 (slow; --allow-retries counts it as a fit)",
+            ),
             TrialOutcome::Fits { .. } => None,
         }
     }
+}
+
+/// How a CUDA trial's footprint was measured: NVML's used memory for the trial's process, or (where
+/// NVML cannot attribute memory to it, e.g. another PID namespace) the device's change in used memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FootprintMethod {
+    NvmlProcess,
+    NvmlDeviceDelta,
+}
+
+/// The caching allocator's own statistics for a trial (through the C++ shim).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct AllocatorReport {
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    /// Reserved at the end of the steps.
+    pub reserved_bytes: u64,
+    pub alloc_retries: u64,
+    pub ooms: u64,
+}
+
+/// Both measurements of a CUDA trial: what the card gave up (NVML) and what the allocator saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuMeasure {
+    /// Peak of NVML's used memory for the trial (CUDA context + allocator reserve + libraries), by
+    /// `method`. This is the footprint the limit acts on.
+    pub nvml_peak_bytes: u64,
+    pub method: FootprintMethod,
+    /// The allocator's statistics (absent when the child died before reporting them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator: Option<AllocatorReport>,
 }
 
 /// Facts about the device a plan was made on. `batchfit-train` compares kind, name and total memory.

@@ -15,7 +15,9 @@
 //! * `noise=F`          the *reported* peak varies by up to ±F (fraction, < 0.5) of itself, deterministically
 //!                      per (batch, steps, seed); the fit decision uses the true value;
 //! * `seed=N`           seed for the noise;
-//! * `fail-at=N`        trials at exactly N samples end in `error` (to exercise error handling).
+//! * `fail-at=N`        trials at exactly N samples end in `error` (to exercise error handling);
+//! * `retries=N`        fitting trials at N samples or more complete only with caching-allocator retries
+//!                      (outcome `retries`, as a CUDA trial near the limit; see `--allow-retries`).
 //!
 //! peak(b) = base + per-sample × max(b, knee) + Σ jumps with N ≤ b (+ late × b when steps > 3).
 //! Step time is modeled as 1 ms + 1 µs × b.
@@ -51,6 +53,8 @@ pub struct SimSpec {
     pub seed: u64,
     #[serde(default)]
     pub fail_at: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries_from: Option<u64>,
 }
 
 impl SimSpec {
@@ -66,6 +70,7 @@ impl SimSpec {
             noise: 0.0,
             seed: 0,
             fail_at: None,
+            retries_from: None,
         }
     }
 
@@ -136,6 +141,7 @@ impl SimSpec {
                 }
                 "seed" => s.seed = count(v)?,
                 "fail-at" => s.fail_at = Some(count(v)?),
+                "retries" => s.retries_from = Some(count(v)?),
                 other => return Err(err(format!("unknown key {other:?}"))),
             }
         }
@@ -269,23 +275,35 @@ impl Backend for SimBackend {
         }
         let peak = self.spec.peak(req.batch, req.steps);
         let reported = self.spec.reported_peak(req.batch, req.steps);
-        Ok(if peak <= self.limit {
-            TrialOutcome::Fits {
-                peak_bytes: reported,
-                rss_peak_bytes: None,
-                step_seconds: 1e-3 + 1e-6 * req.batch as f64,
-            }
-        } else {
-            TrialOutcome::Oom {
-                message: format!(
-                    "simulated out of memory: tried to use {} of a {} limit",
-                    format_size(peak),
-                    format_size(self.limit)
-                ),
-                peak_bytes: None,
-                rss_peak_bytes: None,
-            }
-        })
+        let step_seconds = 1e-3 + 1e-6 * req.batch as f64;
+        Ok(
+            if peak <= self.limit && self.spec.retries_from.is_some_and(|r| req.batch >= r) {
+                TrialOutcome::Retries {
+                    retries: 1,
+                    peak_bytes: reported,
+                    step_seconds,
+                    gpu: None,
+                }
+            } else if peak <= self.limit {
+                TrialOutcome::Fits {
+                    peak_bytes: reported,
+                    rss_peak_bytes: None,
+                    step_seconds,
+                    gpu: None,
+                }
+            } else {
+                TrialOutcome::Oom {
+                    message: format!(
+                        "simulated out of memory: tried to use {} of a {} limit",
+                        format_size(peak),
+                        format_size(self.limit)
+                    ),
+                    peak_bytes: None,
+                    rss_peak_bytes: None,
+                    gpu: None,
+                }
+            },
+        )
     }
 }
 

@@ -8,9 +8,9 @@
 //! --force), 6 out of memory during training.
 
 use anyhow::{anyhow, Context};
-use batchfit::models::ModelSpec;
+use batchfit::models::{Architecture, ModelSpec};
 use batchfit::plan::{Plan, Status};
-use batchfit::step::{Learner, StepError, Synthetic};
+use batchfit::step::{DataSource, Learner, StepError, Synthetic};
 use batchfit::units::{format_size, parse_size};
 use batchfit::{sysmem, trial};
 use clap::Parser;
@@ -50,6 +50,15 @@ struct Args {
     /// Run under a data-segment limit (cpu): `plan` (the plan's limit), a size like 1GiB, or `none`.
     #[arg(long, default_value = "none")]
     memory_limit: String,
+    /// Train on real data: a .safetensors or .npz file with tensors `x` (inputs; `x0`, `x1`, … for
+    /// several) and `y` (targets), samples along the first dimension. Default: synthetic data of the
+    /// model's shapes, as in probing.
+    #[arg(long, value_name = "FILE")]
+    data: Option<PathBuf>,
+    /// Where the TorchScript model file is now (default: the path in the plan). Its SHA-256 must
+    /// match the plan's.
+    #[arg(long, value_name = "FILE.pt")]
+    model_file: Option<PathBuf>,
     /// Only the final summary.
     #[arg(long, short)]
     quiet: bool,
@@ -216,7 +225,48 @@ fn run(a: &Args) -> Result<(), Fail> {
                 .map_err(fail(3))?;
         }
     }
-    let spec: ModelSpec = plan.model.config.clone();
+    let mut spec: ModelSpec = plan.model.config.clone();
+    if let Architecture::Torchscript { file, sha256, .. } = &mut spec.architecture {
+        let path = a
+            .model_file
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(&*file));
+        match batchfit::models::script::verify(&path, sha256) {
+            Ok(()) => {}
+            Err(e @ batchfit::models::script::ScriptError::Changed { .. }) if !a.force => {
+                return Err(Fail(5, anyhow!("refusing {}: {e}", a.plan.display())));
+            }
+            Err(e @ batchfit::models::script::ScriptError::Changed { .. }) => {
+                eprintln!("batchfit-train: warning (--force): {e}");
+            }
+            Err(e) => {
+                return Err(Fail(
+                    2,
+                    anyhow!("{e} (the plan's model; pass --model-file PATH if it moved)"),
+                ))
+            }
+        }
+        *file = path.to_string_lossy().into_owned();
+    } else if a.model_file.is_some() {
+        return Err(Fail(
+            2,
+            anyhow!(
+                "--model-file is for TorchScript plans; this plan's model is the built-in {}",
+                plan.model.name
+            ),
+        ));
+    }
+    let file_data = match &a.data {
+        Some(path) => Some(batchfit::data::FileData::load(path, &spec).map_err(fail(2))?),
+        None => None,
+    };
+    if let (Some(d), false) = (&file_data, a.quiet) {
+        eprintln!(
+            "batchfit-train: data: {} ({} samples)",
+            a.data.as_ref().expect("set").display(),
+            d.rows()
+        );
+    }
     let per_step: u64 = micro_batches.iter().sum();
     if !a.quiet {
         eprintln!(
@@ -251,11 +301,16 @@ fn run(a: &Args) -> Result<(), Fail> {
         || -> Result<(f64, f64), Fail> {
             let mut learner =
                 Learner::new(&spec, tch::Device::Cpu, a.lr, plan.runtime.seed).map_err(step_err)?;
-            let mut data = Synthetic::for_spec(&spec);
+            let mut data: Box<dyn DataSource> = match file_data {
+                Some(d) => Box::new(d),
+                None => Box::new(Synthetic::for_spec(&spec)),
+            };
             let mut last = (f64::NAN, 0.0);
             for s in 1..=a.steps {
                 let t0 = Instant::now();
-                let loss = learner.step(&micro_batches, &mut data).map_err(step_err)?;
+                let loss = learner
+                    .step(&micro_batches, data.as_mut())
+                    .map_err(step_err)?;
                 let sps = per_step as f64 / t0.elapsed().as_secs_f64();
                 if !a.quiet {
                     println!(

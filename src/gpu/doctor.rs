@@ -98,6 +98,49 @@ pub fn diagnose(q: &dyn GpuQuery, plan: Option<&Plan>) -> DoctorReport {
                 format_size(headroom),
                 p.margin * 100.0
             ));
+            // The allocator's view of the recommended size (cuda plans): what is reserved but not in
+            // tensors is the cache and its fragmentation, which nvidia-smi counts as used.
+            if let Some(a) = p
+                .trials
+                .iter()
+                .filter(|t| t.batch == rec.micro_batch && t.outcome.fits())
+                .filter_map(|t| t.outcome.gpu().and_then(|g| g.allocator.map(|a| (g, a))))
+                .max_by_key(|(_, a)| a.peak_reserved_bytes)
+            {
+                let (g, a) = a;
+                r.findings.push(format!(
+                    "at micro-batch {}: tensors peaked at {}, the caching allocator reserved {} ({} reserved but \
+                     unallocated: cache and fragmentation), and the card gave up {} in all ({}; the rest is the CUDA \
+                     context and library workspaces)",
+                    rec.micro_batch,
+                    format_size(a.peak_allocated_bytes),
+                    format_size(a.peak_reserved_bytes),
+                    format_size(a.peak_reserved_bytes.saturating_sub(a.peak_allocated_bytes)),
+                    format_size(g.nvml_peak_bytes),
+                    crate::backend::cuda::method_name(g.method)
+                ));
+            }
+            let retried: Vec<String> = p
+                .trials
+                .iter()
+                .filter(|t| t.outcome.kind() == "retries")
+                .map(|t| t.batch.to_string())
+                .collect();
+            if !retried.is_empty() {
+                r.findings.push(format!(
+                    "trials at micro-batch {} completed only after the allocator freed its cache and retried: \
+                     such sizes run slowly and fail under a little more pressure (the plan stays below them)",
+                    retried.join(", ")
+                ));
+            }
+            if let Some(gs) = p.gpu.as_ref().filter(|g| !g.other_processes.is_empty()) {
+                r.findings.push(format!(
+                    "when the plan was made, {} other process(es) held {} on GPU {}; the plan's budget excludes it",
+                    gs.other_processes.len(),
+                    format_size(gs.other_processes_bytes),
+                    gs.index
+                ));
+            }
             if let Some(g) = r.gpus.iter().find(|g| g.name == p.device.name) {
                 if g.free_bytes < p.device.free_bytes_at_start {
                     r.findings.push(format!(

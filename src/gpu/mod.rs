@@ -6,7 +6,9 @@
 //! says. NVML is loaded at run time, so binaries build and run anywhere; without a driver the error is
 //! kept as a value and reported clearly, never as zeros.
 
+pub mod allocator;
 pub mod doctor;
+pub mod fake;
 pub mod nvml;
 
 use serde::{Deserialize, Serialize};

@@ -7,7 +7,8 @@
 
 use tch::{nn, Device, Kind, TchError, Tensor};
 
-struct Block {
+/// A pre-LayerNorm transformer block (GPT-2 names), shared with the ViT.
+pub(crate) struct Block {
     ln_1: nn::LayerNorm,
     c_attn: nn::Linear,
     attn_proj: nn::Linear,
@@ -25,15 +26,60 @@ pub struct Gpt {
     heads: i64,
 }
 
-fn layer_norm(p: nn::Path, d: i64) -> nn::LayerNorm {
+impl Block {
+    pub(crate) fn new(b: &nn::Path, d: i64) -> Self {
+        Block {
+            ln_1: layer_norm(b / "ln_1", d),
+            c_attn: nn::linear(b / "attn" / "c_attn", d, 3 * d, Default::default()),
+            attn_proj: nn::linear(b / "attn" / "c_proj", d, d, Default::default()),
+            ln_2: layer_norm(b / "ln_2", d),
+            c_fc: nn::linear(b / "mlp" / "c_fc", d, 4 * d, Default::default()),
+            mlp_proj: nn::linear(b / "mlp" / "c_proj", 4 * d, d, Default::default()),
+        }
+    }
+
+    /// `h` of shape `[batch, tokens, d]`; attention over all tokens, or causal.
+    pub(crate) fn forward(&self, h: &Tensor, heads: i64, causal: bool) -> Result<Tensor, TchError> {
+        let (b, t, d) = h.size3()?;
+        let hd = d / heads;
+        let a = ln(h, &self.ln_1, d)?;
+        let qkv = linear(&a, &self.c_attn)?;
+        let parts = qkv.f_split(d, -1)?;
+        let split_heads = |t_: &Tensor| -> Result<Tensor, TchError> {
+            t_.f_reshape([b, t, heads, hd])?.f_transpose(1, 2)
+        };
+        let (q, k, v) = (
+            split_heads(&parts[0])?,
+            split_heads(&parts[1])?,
+            split_heads(&parts[2])?,
+        );
+        let y = Tensor::f_scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            None::<Tensor>,
+            0.0,
+            causal,
+            None,
+            false,
+        )?;
+        let y = y.f_transpose(1, 2)?.f_reshape([b, t, d])?;
+        let h = h.f_add(&linear(&y, &self.attn_proj)?)?;
+        let m = ln(&h, &self.ln_2, d)?;
+        let m = linear(&m, &self.c_fc)?.f_gelu("tanh")?;
+        h.f_add(&linear(&m, &self.mlp_proj)?)
+    }
+}
+
+pub(crate) fn layer_norm(p: nn::Path, d: i64) -> nn::LayerNorm {
     nn::layer_norm(p, vec![d], Default::default())
 }
 
-fn ln(x: &Tensor, l: &nn::LayerNorm, d: i64) -> Result<Tensor, TchError> {
+pub(crate) fn ln(x: &Tensor, l: &nn::LayerNorm, d: i64) -> Result<Tensor, TchError> {
     x.f_layer_norm([d], l.ws.as_ref(), l.bs.as_ref(), 1e-5, true)
 }
 
-fn linear(x: &Tensor, l: &nn::Linear) -> Result<Tensor, TchError> {
+pub(crate) fn linear(x: &Tensor, l: &nn::Linear) -> Result<Tensor, TchError> {
     x.f_linear(&l.ws, l.bs.as_ref())
 }
 
@@ -56,19 +102,7 @@ impl Gpt {
         };
         let wte = nn::embedding(p / "wte", vocab as i64, d, emb);
         let wpe = nn::embedding(p / "wpe", seq_len as i64, d, emb);
-        let blocks = (0..layers)
-            .map(|i| {
-                let b = p / "h" / i;
-                Block {
-                    ln_1: layer_norm(&b / "ln_1", d),
-                    c_attn: nn::linear(&b / "attn" / "c_attn", d, 3 * d, Default::default()),
-                    attn_proj: nn::linear(&b / "attn" / "c_proj", d, d, Default::default()),
-                    ln_2: layer_norm(&b / "ln_2", d),
-                    c_fc: nn::linear(&b / "mlp" / "c_fc", d, 4 * d, Default::default()),
-                    mlp_proj: nn::linear(&b / "mlp" / "c_proj", 4 * d, d, Default::default()),
-                }
-            })
-            .collect();
+        let blocks = (0..layers).map(|i| Block::new(&(p / "h" / i), d)).collect();
         Gpt {
             wte,
             wpe,
@@ -81,38 +115,15 @@ impl Gpt {
 
     /// Logits of shape `[batch, seq, vocab]` for tokens `x` of shape `[batch, seq]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, TchError> {
-        let (b, t) = x.size2()?;
-        let (d, nh) = (self.d_model, self.heads);
-        let hd = d / nh;
+        let (_, t) = x.size2()?;
         let pos = Tensor::f_arange(t, (Kind::Int64, x.device()))?;
         let tok = Tensor::f_embedding(&self.wte.ws, x, -1, false, false)?;
         let pe = Tensor::f_embedding(&self.wpe.ws, &pos, -1, false, false)?;
         let mut h = tok.f_add(&pe)?;
         for blk in &self.blocks {
-            let a = ln(&h, &blk.ln_1, d)?;
-            let qkv = linear(&a, &blk.c_attn)?;
-            let parts = qkv.f_split(d, -1)?;
-            let heads = |t_: &Tensor| -> Result<Tensor, TchError> {
-                t_.f_reshape([b, t, nh, hd])?.f_transpose(1, 2)
-            };
-            let (q, k, v) = (heads(&parts[0])?, heads(&parts[1])?, heads(&parts[2])?);
-            let y = Tensor::f_scaled_dot_product_attention(
-                &q,
-                &k,
-                &v,
-                None::<Tensor>,
-                0.0,
-                true,
-                None,
-                false,
-            )?;
-            let y = y.f_transpose(1, 2)?.f_reshape([b, t, d])?;
-            h = h.f_add(&linear(&y, &blk.attn_proj)?)?;
-            let m = ln(&h, &blk.ln_2, d)?;
-            let m = linear(&m, &blk.c_fc)?.f_gelu("tanh")?;
-            h = h.f_add(&linear(&m, &blk.mlp_proj)?)?;
+            h = blk.forward(&h, self.heads, true)?;
         }
-        let h = ln(&h, &self.ln_f, d)?;
+        let h = ln(&h, &self.ln_f, self.d_model)?;
         h.f_linear(&self.wte.ws, None::<Tensor>)
     }
 }

@@ -6,8 +6,13 @@
 //! building the networks with tch lives in [`mlp`] and [`crate::step`].
 
 pub mod gpt;
+pub mod input;
 pub mod mlp;
 pub mod resnet;
+pub mod script;
+pub mod vit;
+
+pub use input::{InputSpec, LossSpec};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -37,6 +42,29 @@ pub enum Architecture {
     /// ResNet-50 (bottleneck blocks 3-4-6-3, stride on the 3×3 conv as torchvision), BatchNorm in train
     /// mode, on `image_size`² RGB images.
     Resnet50 { image_size: u64, classes: u64 },
+    /// Vision Transformer (ViT-B/16 layout): `patch`² patches of `image_size`² RGB images embedded by a
+    /// strided convolution, a class token and learned position embeddings, `layers` pre-LayerNorm
+    /// blocks (bidirectional attention, GELU MLP ×4), a final LayerNorm and a linear head on the class
+    /// token; cross-entropy over `classes`.
+    Vit {
+        layers: u64,
+        d_model: u64,
+        heads: u64,
+        patch: u64,
+        image_size: u64,
+        classes: u64,
+    },
+    /// A TorchScript module exported from PyTorch (`scripts/export_torchscript.py`), trained through
+    /// libtorch's trainable module. `file` is where it was found (not part of the fingerprint, so a
+    /// moved file still matches); `sha256` is its content, which is.
+    Torchscript {
+        file: String,
+        sha256: String,
+        /// Trainable parameters (counted when the file was loaded at validation).
+        parameters: u64,
+        inputs: Vec<InputSpec>,
+        loss: LossSpec,
+    },
 }
 
 /// Every model name `--model` accepts, in `batchfit models` order.
@@ -47,6 +75,7 @@ pub const ZOO: &[&str] = &[
     "gpt2-medium",
     "resnet18",
     "resnet50",
+    "vit-b16",
 ];
 
 /// Default input side of the ResNets (ImageNet).
@@ -75,6 +104,14 @@ impl Architecture {
                 classes: RESNET_CLASSES,
             },
             "resnet50" => Architecture::Resnet50 {
+                image_size: DEFAULT_IMAGE_SIZE,
+                classes: RESNET_CLASSES,
+            },
+            "vit-b16" => Architecture::Vit {
+                layers: 12,
+                d_model: 768,
+                heads: 12,
+                patch: 16,
                 image_size: DEFAULT_IMAGE_SIZE,
                 classes: RESNET_CLASSES,
             },
@@ -113,15 +150,45 @@ impl OptimizerKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum Precision {
+    /// Weights, activations and optimizer state in f32.
     #[default]
     Fp32,
+    /// Weights, activations, gradients and optimizer state in bf16 (the loss in f32).
+    Bf16,
+    /// Autocast to bf16 with f32 master weights (CUDA only).
+    AmpBf16,
+    /// Autocast to f16 with f32 master weights and a static loss scale (CUDA only).
+    AmpFp16,
 }
 
 impl Precision {
+    pub const ALL: [Precision; 4] = [
+        Precision::Fp32,
+        Precision::Bf16,
+        Precision::AmpBf16,
+        Precision::AmpFp16,
+    ];
+
+    /// The dtype of the weights and of float inputs.
     pub fn dtype(self) -> &'static str {
         match self {
-            Precision::Fp32 => "f32",
+            Precision::Bf16 => "bf16",
+            _ => "f32",
         }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Bf16 => "bf16",
+            Precision::AmpBf16 => "amp-bf16",
+            Precision::AmpFp16 => "amp-fp16",
+        }
+    }
+
+    /// Autocast (mixed precision): libtorch implements it for CUDA here.
+    pub fn is_amp(self) -> bool {
+        matches!(self, Precision::AmpBf16 | Precision::AmpFp16)
     }
 }
 
@@ -148,16 +215,25 @@ impl ModelSpec {
     }
 
     /// The model's name: `mlp`, `resnet18`, `resnet50`, `gpt2-small` / `gpt2-medium` when the GPT has
-    /// exactly those presets' knobs, else `gpt`.
-    pub fn name(&self) -> &'static str {
-        match self.architecture {
-            Architecture::Mlp { .. } => "mlp",
-            Architecture::Gpt { .. } => ["gpt2-small", "gpt2-medium"]
-                .into_iter()
+    /// exactly those presets' knobs, else `gpt`; `vit-b16` likewise, else `vit`; a TorchScript model's
+    /// file name.
+    pub fn name(&self) -> String {
+        let preset_or = |presets: &[&str], family: &str| -> String {
+            presets
+                .iter()
                 .find(|n| Architecture::preset(n).as_ref() == Some(&self.architecture))
-                .unwrap_or("gpt"),
-            Architecture::Resnet18 { .. } => "resnet18",
-            Architecture::Resnet50 { .. } => "resnet50",
+                .unwrap_or(&family)
+                .to_string()
+        };
+        match &self.architecture {
+            Architecture::Mlp { .. } => "mlp".into(),
+            Architecture::Gpt { .. } => preset_or(&["gpt2-small", "gpt2-medium"], "gpt"),
+            Architecture::Resnet18 { .. } => "resnet18".into(),
+            Architecture::Resnet50 { .. } => "resnet50".into(),
+            Architecture::Vit { .. } => preset_or(&["vit-b16"], "vit"),
+            Architecture::Torchscript { file, .. } => std::path::Path::new(file)
+                .file_name()
+                .map_or_else(|| file.clone(), |f| f.to_string_lossy().into_owned()),
         }
     }
 
@@ -186,18 +262,46 @@ impl ModelSpec {
             }
             Architecture::Resnet18 { classes, .. } => resnet::parameter_count(false, *classes),
             Architecture::Resnet50 { classes, .. } => resnet::parameter_count(true, *classes),
+            Architecture::Vit {
+                layers,
+                d_model: d,
+                patch,
+                image_size,
+                classes,
+                ..
+            } => {
+                let tokens = (image_size / patch).pow(2) + 1;
+                // patch conv (3·p²·d + d), class token, position embeddings, blocks (as GPT's),
+                // final LayerNorm, head
+                3 * patch * patch * d
+                    + d
+                    + d
+                    + tokens * d
+                    + layers * (12 * d * d + 13 * d)
+                    + 2 * d
+                    + d * classes
+                    + classes
+            }
+            Architecture::Torchscript { parameters, .. } => *parameters,
         }
     }
 
-    /// The input spec in the `dtype[B,dims…]` notation, `B` marking the batch dimension.
+    /// The input spec in the `dtype[B,dims…]` notation, `B` marking the batch dimension (several
+    /// inputs separated by spaces).
     pub fn input_spec(&self) -> String {
         match &self.architecture {
             Architecture::Mlp { input, .. } => format!("{}[B,{input}]", self.precision.dtype()),
-            Architecture::Gpt { seq_len, .. } => format!("i64[B,{seq_len}]"),
+            Architecture::Gpt { seq_len, vocab, .. } => format!("i64[B,{seq_len}]<{vocab}"),
             Architecture::Resnet18 { image_size, .. }
-            | Architecture::Resnet50 { image_size, .. } => {
+            | Architecture::Resnet50 { image_size, .. }
+            | Architecture::Vit { image_size, .. } => {
                 format!("{}[B,3,{image_size},{image_size}]", self.precision.dtype())
             }
+            Architecture::Torchscript { inputs, .. } => inputs
+                .iter()
+                .map(InputSpec::to_string)
+                .collect::<Vec<_>>()
+                .join(" "),
         }
     }
 
@@ -272,14 +376,66 @@ impl ModelSpec {
                     ));
                 }
             }
+            Architecture::Vit {
+                layers,
+                d_model,
+                heads,
+                patch,
+                image_size,
+                classes,
+            } => {
+                let all = [*layers, *d_model, *heads, *patch, *image_size, *classes];
+                if all.contains(&0) {
+                    return Err(
+                        "ViT sizes must be positive (--layers, --d-model, --heads, --patch, \
+                                --image-size)"
+                            .into(),
+                    );
+                }
+                if all.iter().any(|v| *v >= 1 << 31) || *image_size >= 1 << 20 {
+                    return Err("ViT sizes must be below 2^31 (--image-size below 2^20)".into());
+                }
+                if d_model % heads != 0 {
+                    return Err(format!(
+                        "--d-model {d_model} must be a multiple of --heads {heads}"
+                    ));
+                }
+                if image_size % patch != 0 {
+                    return Err(format!(
+                        "--image-size {image_size} must be a multiple of --patch {patch}"
+                    ));
+                }
+                if *classes < 2 {
+                    return Err("ViT classes must be at least 2".into());
+                }
+            }
+            Architecture::Torchscript { inputs, sha256, .. } => {
+                if inputs.is_empty() {
+                    return Err("a TorchScript model needs at least one --input spec, e.g. \
+                                --input 'f32[B,3,224,224]'"
+                        .into());
+                }
+                for i in inputs {
+                    i.check().map_err(|e| e.to_string())?;
+                }
+                if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(format!("TorchScript sha256 {sha256:?} is not a SHA-256"));
+                }
+            }
         }
         Ok(())
     }
 
     /// SHA-256 (hex) of the canonical JSON of this spec. Field order is fixed by the struct
     /// definitions, so the same spec always gives the same hash.
+    ///
+    /// A TorchScript model's `file` (where it lies) is left out: its content hash is in.
     pub fn fingerprint(&self) -> String {
-        let json = serde_json::to_string(self).expect("spec serialises");
+        let mut spec = self.clone();
+        if let Architecture::Torchscript { file, .. } = &mut spec.architecture {
+            file.clear();
+        }
+        let json = serde_json::to_string(&spec).expect("spec serialises");
         let mut h = Sha256::new();
         h.update(b"batchfit-model-v1\0");
         h.update(json.as_bytes());

@@ -43,6 +43,8 @@ pub struct SearchConfig {
     pub multiple_of: u64,
     pub max_trials: Option<u32>,
     pub time_limit: Option<Duration>,
+    /// Count a CUDA trial that completed only with allocator retries as a fit (`--allow-retries`).
+    pub allow_retries: bool,
 }
 
 impl Default for SearchConfig {
@@ -56,6 +58,7 @@ impl Default for SearchConfig {
             multiple_of: 1,
             max_trials: None,
             time_limit: None,
+            allow_retries: false,
         }
     }
 }
@@ -316,6 +319,20 @@ impl<'b> Prober<'b> {
             Err(BackendError::Interrupted(sig)) => return Err(Stop::Interrupted(sig)),
             Err(BackendError::Environment(m)) => return Err(Stop::Fatal(m)),
         };
+        let outcome = match outcome {
+            TrialOutcome::Retries {
+                peak_bytes,
+                step_seconds,
+                gpu,
+                ..
+            } if self.cfg.allow_retries => TrialOutcome::Fits {
+                peak_bytes,
+                rss_peak_bytes: None,
+                step_seconds,
+                gpu,
+            },
+            o => o,
+        };
         let rec = TrialRecord {
             batch,
             steps,
@@ -441,7 +458,7 @@ impl<'b> Prober<'b> {
                 if let Some(h) = hi.filter(|&h| h == l + 1) {
                     let hb = grid.batch(h);
                     let fresh_oom = self.trials.iter().any(|t| {
-                        t.batch == hb && t.outcome.is_oom() && t.isolation != Isolation::Worker
+                        t.batch == hb && t.outcome.is_bound() && t.isolation != Isolation::Worker
                     });
                     if !fresh_oom {
                         match self.trial_with_retry(hb, steps, Purpose::Proof) {
@@ -456,7 +473,7 @@ impl<'b> Prober<'b> {
                                     .trials
                                     .iter()
                                     .filter(|t| {
-                                        t.outcome.is_oom()
+                                        t.outcome.is_bound()
                                             && t.batch > hb
                                             && t.isolation != Isolation::Worker
                                     })
@@ -464,7 +481,7 @@ impl<'b> Prober<'b> {
                                     .min();
                                 continue;
                             }
-                            Ok(TrialOutcome::Oom { .. }) => {}
+                            Ok(o) if o.is_bound() => {}
                             Ok(_) => {
                                 // No fresh proof possible: the error is a ceiling, the worker's oom
                                 // is not evidence.
@@ -538,7 +555,7 @@ impl<'b> Prober<'b> {
                     return s;
                 }
                 Ok(TrialOutcome::Fits { .. }) => lo = Some(i),
-                Ok(TrialOutcome::Oom { .. }) => hi = Some(hi.map_or(i, |h| h.min(i))),
+                Ok(o) if o.is_bound() => hi = Some(hi.map_or(i, |h| h.min(i))),
                 Ok(_) => ceiling = Some(ceiling.map_or(i, |c| c.min(i))),
             }
         }

@@ -223,12 +223,14 @@ impl Backend for HybridSim {
                 peak_bytes: p,
                 rss_peak_bytes: None,
                 step_seconds: 0.01,
+                gpu: None,
             }
         } else {
             TrialOutcome::Oom {
                 message: "oom".into(),
                 peak_bytes: None,
                 rss_peak_bytes: None,
+                gpu: None,
             }
         })
     }
