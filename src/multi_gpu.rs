@@ -19,6 +19,9 @@ use crate::search::{Prober, Purpose, Stop, StopReason, TrialRecord};
 use std::path::Path;
 use std::sync::mpsc;
 
+/// Each GPU's index with the trials it ran.
+type PerGpuTrials = Vec<(u32, Vec<TrialRecord>)>;
+
 /// Progress lines of one GPU's thread, sent to the caller's progress on the main thread.
 struct Forward {
     tx: mpsc::Sender<String>,
@@ -143,7 +146,7 @@ pub fn run(
     let world = cfg.world_size;
     let (g, w) = cfg.global.unwrap_or((smallest * world, world));
     let mut cap = smallest;
-    let mut confirmed: Option<(accumulate::Split, Vec<(u32, Vec<TrialRecord>)>)> = None;
+    let mut confirmed: Option<(accumulate::Split, PerGpuTrials)> = None;
     let mut failures: Vec<String> = vec![];
     for _ in 0..8 {
         let split = accumulate::split(g, w, cap, cfg.allow_uneven)

@@ -59,7 +59,7 @@ pub struct ModelInfo {
 impl ModelInfo {
     pub fn of(spec: &ModelSpec) -> Self {
         ModelInfo {
-            name: spec.name().into(),
+            name: spec.name(),
             parameter_count: spec.parameter_count(),
             input_spec: spec.input_spec(),
             dtype: spec.precision.dtype().into(),

@@ -818,12 +818,7 @@ where
         ))?
         .label(&v.budget_label)
         .legend(|(x, y)| {
-            DashedPathElement::new(
-                [(x, y), (x + 20, y)].into_iter(),
-                5,
-                3,
-                BUDGET.stroke_width(2),
-            )
+            DashedPathElement::new([(x, y), (x + 20, y)], 5, 3, BUDGET.stroke_width(2))
         });
     chart
         .draw_series(LineSeries::new(
@@ -857,12 +852,7 @@ where
             ))?
             .label(format!("recommended micro-batch {rb:.0}"))
             .legend(|(x, y)| {
-                DashedPathElement::new(
-                    [(x, y), (x + 20, y)].into_iter(),
-                    5,
-                    3,
-                    RECOMMENDED.stroke_width(2),
-                )
+                DashedPathElement::new([(x, y), (x + 20, y)], 5, 3, RECOMMENDED.stroke_width(2))
             });
     }
 
@@ -1020,12 +1010,7 @@ where
             ))?
             .label(format!("recommended micro-batch {rb:.0}"))
             .legend(|(x, y)| {
-                DashedPathElement::new(
-                    [(x, y), (x + 20, y)].into_iter(),
-                    5,
-                    3,
-                    RECOMMENDED.stroke_width(2),
-                )
+                DashedPathElement::new([(x, y), (x + 20, y)], 5, 3, RECOMMENDED.stroke_width(2))
             });
     }
     if let Some((fb, fs)) = v.fastest {

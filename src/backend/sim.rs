@@ -10,14 +10,14 @@
 //! * `knee=N`           below N samples the footprint stays at its value for N (allocator granularity);
 //! * `jump=N:SIZE`      from N samples on, SIZE more (an algorithm switch); may repeat;
 //! * `dip=N:SIZE`       from N samples on, SIZE less (a non-monotonic curve, e.g. a kernel that needs
-//!                      less workspace at larger sizes); may repeat;
+//!   less workspace at larger sizes); may repeat;
 //! * `late=SIZE`        extra bytes per sample that appear only in trials of more than 3 steps;
 //! * `noise=F`          the *reported* peak varies by up to ±F (fraction, < 0.5) of itself, deterministically
-//!                      per (batch, steps, seed); the fit decision uses the true value;
+//!   per (batch, steps, seed); the fit decision uses the true value;
 //! * `seed=N`           seed for the noise;
 //! * `fail-at=N`        trials at exactly N samples end in `error` (to exercise error handling);
 //! * `retries=N`        fitting trials at N samples or more complete only with caching-allocator retries
-//!                      (outcome `retries`, as a CUDA trial near the limit; see `--allow-retries`).
+//!   (outcome `retries`, as a CUDA trial near the limit; see `--allow-retries`).
 //!
 //! peak(b) = base + per-sample × max(b, knee) + Σ jumps with N ≤ b (+ late × b when steps > 3).
 //! Step time is modeled as 1 ms + 1 µs × b.

@@ -136,8 +136,30 @@ fn refusals(plan: &Plan) -> Vec<String> {
                 ));
             }
         }
+        "cuda" => {
+            let index = plan.gpu.as_ref().map_or(0, |g| g.index);
+            match batchfit::gpu::fake::query().and_then(|q| q.device(index)) {
+                Err(e) => r.push(format!(
+                    "the plan was made on cuda ({}, GPU {index}), which this machine cannot use: {e}",
+                    plan.device.name
+                )),
+                Ok(g) if g.name != plan.device.name || g.total_bytes != plan.device.total_bytes => {
+                    r.push(format!(
+                        "the plan was made on another device: {} with {} (GPU {index} here: {} with {})",
+                        plan.device.name,
+                        format_size(plan.device.total_bytes),
+                        g.name,
+                        format_size(g.total_bytes)
+                    ))
+                }
+                Ok(_) if !tch::Cuda::is_available() => r.push(format!(
+                    "NVML sees GPU {index} but libtorch sees no CUDA device here"
+                )),
+                Ok(_) => {}
+            }
+        }
         other => r.push(format!(
-            "the plan was made on the {other} backend ({}); this trainer runs on cpu",
+            "the plan was made on the {other} backend ({}); batchfit-train runs cpu and cuda plans",
             plan.device.name
         )),
     }
@@ -207,7 +229,38 @@ fn run(a: &Args) -> Result<(), Fail> {
     }
     // Same process set-up as the probe's trials.
     trial::configure_threads(plan.runtime.threads);
+    let cuda_index = (plan.device.kind == "cuda").then(|| plan.gpu.as_ref().map_or(0, |g| g.index));
+    let device = match cuda_index {
+        Some(i) => tch::Device::Cuda(i as usize),
+        None => tch::Device::Cpu,
+    };
+    if cuda_index.is_some() {
+        // As the probe's trials: NVML's GPU order, the user's allocator settings plus (with
+        // --memory-limit) the fraction that stops the allocator at the limit. Set before CUDA starts.
+        std::env::set_var("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+        let user = plan.gpu.as_ref().and_then(|g| g.alloc_conf.clone());
+        let conf = match a.memory_limit.as_str() {
+            "none" => user.clone(),
+            v => {
+                let bytes = if v == "plan" {
+                    plan.limit_bytes
+                } else {
+                    parse_size(v).map_err(fail(2))?
+                };
+                Some(batchfit::backend::cuda::trial_alloc_conf(
+                    user.as_deref(),
+                    bytes,
+                    plan.device.total_bytes,
+                ))
+            }
+        };
+        match conf {
+            Some(c) => std::env::set_var("PYTORCH_CUDA_ALLOC_CONF", c),
+            None => std::env::remove_var("PYTORCH_CUDA_ALLOC_CONF"),
+        }
+    }
     match a.memory_limit.as_str() {
+        _ if cuda_index.is_some() => {}
         "none" => {}
         v => {
             let bytes = if v == "plan" {
@@ -300,7 +353,7 @@ fn run(a: &Args) -> Result<(), Fail> {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
         || -> Result<(f64, f64), Fail> {
             let mut learner =
-                Learner::new(&spec, tch::Device::Cpu, a.lr, plan.runtime.seed).map_err(step_err)?;
+                Learner::new(&spec, device, a.lr, plan.runtime.seed).map_err(step_err)?;
             let mut data: Box<dyn DataSource> = match file_data {
                 Some(d) => Box::new(d),
                 None => Box::new(Synthetic::for_spec(&spec)),
@@ -331,13 +384,24 @@ fn run(a: &Args) -> Result<(), Fail> {
             )));
         }
     };
-    let peak = sysmem::proc_status().map(|s| s.vm_hwm).unwrap_or(0);
+    let peak = match cuda_index {
+        Some(i) => batchfit::gpu::allocator::stats(i as usize)
+            .map(|s| format!("peak CUDA reserved {}", format_size(s.peak_reserved_bytes)))
+            .map_err(|e| Fail(3, anyhow!("cannot read the CUDA allocator's peak: {e}")))?,
+        None => format!(
+            "peak RSS {}",
+            format_size(
+                sysmem::proc_status()
+                    .map(|s| s.vm_hwm)
+                    .map_err(|e| Fail(3, anyhow!("cannot read the peak RSS: {e}")))?
+            )
+        ),
+    };
     println!(
-        "trained {} steps of {} samples in {:.1} s: final loss {loss:.4}, {sps:.0} samples/s, peak RSS {}",
+        "trained {} steps of {} samples in {:.1} s: final loss {loss:.4}, {sps:.0} samples/s, {peak}",
         a.steps,
         per_step,
         t_start.elapsed().as_secs_f64(),
-        format_size(peak)
     );
     Ok(())
 }
