@@ -98,6 +98,18 @@ fn classify_exit(
     stderr: &str,
     kills_before: Option<u64>,
 ) -> TrialOutcome {
+    classify_exit_with(status, started, result, stderr, kills_before, oom_kills())
+}
+
+/// [`classify_exit`] with the kernel's OOM-kill counter after the exit given (testable).
+fn classify_exit_with(
+    status: ExitStatus,
+    started: bool,
+    result: Option<&str>,
+    stderr: &str,
+    kills_before: Option<u64>,
+    kills_after: Option<u64>,
+) -> TrialOutcome {
     if status.success() {
         if let Some(json) = result {
             return serde_json::from_str(json).unwrap_or_else(|e| TrialOutcome::Error {
@@ -117,7 +129,7 @@ fn classify_exit(
         _ => "unknown status".into(),
     };
     if status.signal() == Some(libc::SIGKILL) {
-        if let (Some(a), Some(b)) = (oom_kills(), kills_before) {
+        if let (Some(a), Some(b)) = (kills_after, kills_before) {
             if a > b {
                 return TrialOutcome::Oom {
                     message: "killed by the kernel's OOM killer".into(),
@@ -349,5 +361,38 @@ impl Worker {
 impl Drop for Worker {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    /// A SIGKILL counts as an OOM only when the kernel's OOM-kill counter (`oom_kill` in /proc/vmstat)
+    /// rose during the trial; any other SIGKILL (a user, a timeout elsewhere) is an error, never proof.
+    #[test]
+    fn kernel_oom_kill_is_an_oom_other_kills_are_errors() {
+        let killed = ExitStatus::from_raw(libc::SIGKILL);
+        let o = classify_exit_with(killed, true, None, "", Some(7), Some(8));
+        assert!(o.is_oom(), "{o:?}");
+        assert!(o.message().unwrap().contains("OOM killer"));
+        let o = classify_exit_with(killed, true, None, "", Some(7), Some(7));
+        assert_eq!(o.kind(), "error", "{o:?}");
+        // no counter readable: not evidence either
+        let o = classify_exit_with(killed, true, None, "", None, None);
+        assert_eq!(o.kind(), "error", "{o:?}");
+        // a SIGSEGV is an error even if the counter moved (another process was OOM-killed)
+        let o = classify_exit_with(
+            ExitStatus::from_raw(libc::SIGSEGV),
+            true,
+            None,
+            "",
+            Some(1),
+            Some(2),
+        );
+        assert_eq!(o.kind(), "error", "{o:?}");
+        // the real counter is readable on Linux
+        assert!(oom_kills().is_some(), "/proc/vmstat has no oom_kill line");
     }
 }
