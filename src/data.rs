@@ -77,59 +77,58 @@ impl FileData {
                 .map(|i| named.swap_remove(i).1)
         };
         // expected per-sample shapes of the inputs, and whether inputs/targets are integers
-        let (input_shapes, int_inputs, target): (Vec<Vec<i64>>, Vec<bool>, TargetKind) = match &spec
-            .architecture
-        {
-            Architecture::Mlp { input, classes, .. } => (
-                vec![vec![*input as i64]],
-                vec![false],
-                TargetKind::Classes(vec![], *classes),
-            ),
-            Architecture::Gpt { seq_len, vocab, .. } => (
-                vec![vec![*seq_len as i64]],
-                vec![true],
-                TargetKind::Classes(vec![*seq_len as i64], *vocab),
-            ),
-            Architecture::Resnet18 {
-                image_size,
-                classes,
-            }
-            | Architecture::Resnet50 {
-                image_size,
-                classes,
-            }
-            | Architecture::Vit {
-                image_size,
-                classes,
-                ..
-            } => {
-                let s = *image_size as i64;
-                (
-                    vec![vec![3, s, s]],
+        let (input_shapes, int_inputs, target): (Vec<Vec<i64>>, Vec<bool>, TargetKind) =
+            match &spec.architecture {
+                Architecture::Mlp { input, classes, .. } => (
+                    vec![vec![*input as i64]],
                     vec![false],
                     TargetKind::Classes(vec![], *classes),
-                )
-            }
-            Architecture::Torchscript { inputs, loss, .. } => {
-                let mut shapes = vec![];
-                for (i, spec) in inputs.iter().enumerate() {
-                    if !matches!(spec.dims.first(), Some(Dim::Batch(_))) {
-                        return Err(shape_err(format!(
+                ),
+                Architecture::Gpt { seq_len, vocab, .. } => (
+                    vec![vec![*seq_len as i64]],
+                    vec![true],
+                    TargetKind::Classes(vec![*seq_len as i64], *vocab),
+                ),
+                Architecture::Resnet18 {
+                    image_size,
+                    classes,
+                }
+                | Architecture::Resnet50 {
+                    image_size,
+                    classes,
+                }
+                | Architecture::Vit {
+                    image_size,
+                    classes,
+                    ..
+                } => {
+                    let s = *image_size as i64;
+                    (
+                        vec![vec![3, s, s]],
+                        vec![false],
+                        TargetKind::Classes(vec![], *classes),
+                    )
+                }
+                Architecture::Torchscript { inputs, loss, .. } => {
+                    let mut shapes = vec![];
+                    for (i, spec) in inputs.iter().enumerate() {
+                        if !matches!(spec.dims.first(), Some(Dim::Batch(_))) {
+                            return Err(shape_err(format!(
                             "input {i} ({spec}) has its batch dimension B not first; data files \
                                  hold samples along the first dimension"
                         )));
+                        }
+                        shapes.push(spec.shape(1)[1..].to_vec());
                     }
-                    shapes.push(spec.shape(1)[1..].to_vec());
+                    let ints = inputs.iter().map(|s| s.dtype.is_integer()).collect();
+                    let target = match loss {
+                        LossSpec::CrossEntropy { classes } => TargetKind::AnyClasses(*classes),
+                        LossSpec::Mse => TargetKind::AnyFloat,
+                        LossSpec::Mean => TargetKind::None,
+                    };
+                    (shapes, ints, target)
                 }
-                let ints = inputs.iter().map(|s| s.dtype.is_integer()).collect();
-                let target = match loss {
-                    LossSpec::CrossEntropy { classes } => TargetKind::AnyClasses(*classes),
-                    LossSpec::Mse => TargetKind::AnyFloat,
-                    LossSpec::Mean => TargetKind::None,
-                };
-                (shapes, ints, target)
-            }
-        };
+            };
         let several = input_shapes.len() > 1;
         let mut inputs = vec![];
         for (i, want) in input_shapes.iter().enumerate() {
