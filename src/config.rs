@@ -99,6 +99,16 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         },
     };
     model.validate().map_err(ConfigError)?;
+    if model.precision == Precision::Bf16
+        && matches!(model.architecture, Architecture::Torchscript { .. })
+    {
+        return err(
+            "--precision bf16 with a TorchScript model: batchfit can cast its parameters but not its \
+             buffers (e.g. BatchNorm statistics); export the model in bf16 (model.to(torch.bfloat16)) with \
+             bf16 --input specs and probe it with --precision fp32, or use --precision amp-bf16 on cuda"
+                .into(),
+        );
+    }
     // --allow-retries also applies to sim curves with retries=N (the search logic without a GPU).
     let cuda_only = [
         ("--gpus", a.gpus.is_some(), true),

@@ -48,7 +48,9 @@ mod tests {
         ));
         assert!(!is_oom("shape mismatch: [3, 4] vs [5]"));
         // what libtorch reports when cuBLAS or cuDNN cannot get their workspace on a full card
-        assert!(is_oom("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"));
+        assert!(is_oom(
+            "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+        ));
         assert!(is_oom("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input."));
         assert!(is_oom("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 139.81 GiB of which 3.19 MiB is free."));
         assert_eq!(first_line("\n  first\nsecond"), "first");

@@ -95,8 +95,36 @@ impl CudaSetup {
                 Arc::new(crate::gpu::nvml::RealNvml::get().map_err(env)?)
             }
         };
-        let indices =
-            crate::gpu::select(cfg.gpus.as_deref().unwrap_or("0"), gpus.as_ref()).map_err(env)?;
+        // A scheduler's (or the user's) CUDA_VISIBLE_DEVICES limits which GPUs this job may use.
+        let visible = crate::gpu::visible_indices(
+            std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+            gpus.as_ref(),
+        )
+        .map_err(env)?;
+        let default = match &visible {
+            Some(v) => match v.first() {
+                Some(i) => i.to_string(),
+                None => {
+                    return Err(ProbeError::Environment(
+                        "CUDA_VISIBLE_DEVICES hides every GPU; unset it or name a GPU".into(),
+                    ))
+                }
+            },
+            None => "0".to_string(),
+        };
+        let mut indices =
+            crate::gpu::select(cfg.gpus.as_deref().unwrap_or(&default), gpus.as_ref())
+                .map_err(env)?;
+        if let Some(v) = &visible {
+            if cfg.gpus.as_deref().map(str::trim) == Some("all") {
+                indices.retain(|i| v.contains(i));
+            } else if let Some(i) = indices.iter().find(|i| !v.contains(i)) {
+                return Err(ProbeError::Usage(format!(
+                    "--gpus: GPU {i} is hidden by CUDA_VISIBLE_DEVICES={}; pick one of {v:?}",
+                    std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_default()
+                )));
+            }
+        }
         let driver = gpus.driver_version().map_err(env)?;
         Ok(CudaSetup {
             gpus,

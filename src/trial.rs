@@ -255,12 +255,14 @@ fn outcome(
 fn run_cuda(spec: &TrialSpec, index: u32) -> TrialOutcome {
     use crate::gpu::allocator;
     use crate::gpu::GpuQuery;
-    let dev = index as usize;
-    if !tch::Cuda::is_available() || (index as i64) >= tch::Cuda::device_count() {
+    // The parent starts the trial with CUDA_VISIBLE_DEVICES = this GPU's UUID: it is cuda:0 here.
+    // `index` is NVML's, for NVML's per-process figure.
+    let dev = 0usize;
+    if !tch::Cuda::is_available() || tch::Cuda::device_count() < 1 {
         return TrialOutcome::Error {
             message: format!(
-                "libtorch sees {} CUDA device(s); cuda:{index} is not one of them",
-                tch::Cuda::device_count()
+                "libtorch sees no CUDA device for GPU {index} (CUDA_VISIBLE_DEVICES={})",
+                std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_default()
             ),
         };
     }

@@ -37,6 +37,7 @@ fn probe(fake: &PathBuf) -> assert_cmd::Command {
     let mut c = batchfit();
     c.env("BATCHFIT_FAKE_GPUS", fake)
         .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("CUDA_VISIBLE_DEVICES")
         .args(["probe", "--backend", "cuda", "--quiet"]);
     c
 }
@@ -302,4 +303,32 @@ fn doctor_lists_fake_gpus_as_json() {
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["gpus"].as_array().unwrap().len(), 2);
     assert!(r["findings"][0].as_str().unwrap().contains("other process"));
+}
+
+/// A scheduler's CUDA_VISIBLE_DEVICES decides which GPUs the job may use: the default GPU is its first,
+/// a hidden one is refused.
+#[test]
+fn cuda_visible_devices_is_respected() {
+    let d = tmp();
+    let f = fake(&d, &[CURVE]);
+    let p = plan_of(
+        probe(&f)
+            .env("CUDA_VISIBLE_DEVICES", "GPU-1111")
+            .args(["--max-batch", "64"]),
+    );
+    assert_eq!(p["gpu"]["index"], 1);
+    probe(&f)
+        .env("CUDA_VISIBLE_DEVICES", "GPU-1111")
+        .args(["--gpus", "0"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("hidden by CUDA_VISIBLE_DEVICES"));
+    let p = plan_of(probe(&f).env("CUDA_VISIBLE_DEVICES", "1").args([
+        "--gpus",
+        "all",
+        "--max-batch",
+        "64",
+    ]));
+    assert_eq!(p["gpu"]["index"], 1, "all = the visible ones: a single GPU");
+    assert!(p["gpu"].get("per_gpu").is_none());
 }

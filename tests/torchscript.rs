@@ -323,3 +323,24 @@ fn trains_on_real_data_and_the_loss_falls() {
     assert_eq!(o.status.code(), Some(2), "{o:?}");
     assert!(String::from_utf8_lossy(&o.stderr).contains(".safetensors or .npz"));
 }
+
+/// bf16 cannot be applied to a TorchScript model's buffers from outside: refused with what to do.
+#[test]
+fn bf16_torchscript_is_refused_with_advice() {
+    let d = tmp();
+    let good = export("mlp", d.path(), &[]);
+    batchfit()
+        .args(["probe", "--backend", "cpu", "--quiet", "--model"])
+        .arg(&good)
+        .args([
+            "--input",
+            "f32[B,16]",
+            "--loss",
+            "mse",
+            "--precision",
+            "bf16",
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("buffers").and(predicate::str::contains("amp-bf16")));
+}

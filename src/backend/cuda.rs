@@ -128,8 +128,11 @@ impl CudaBackend {
             ..template.clone()
         };
         let mut cmd = Command::new(exe);
+        // The trial sees exactly this GPU, as cuda:0, whatever CUDA_VISIBLE_DEVICES the user had
+        // (NVML's index and CUDA's ordinal differ when it is set or CUDA orders fastest-first).
         cmd.arg("__trial")
             .arg(serde_json::to_string(&spec).expect("spec serialises"))
+            .env("CUDA_VISIBLE_DEVICES", &self.info.uuid)
             .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
             .env(
                 "PYTORCH_CUDA_ALLOC_CONF",
@@ -139,11 +142,21 @@ impl CudaBackend {
                     self.info.total_bytes,
                 ),
             );
-        let baseline = self
-            .gpus
-            .device(self.index)
-            .map_err(|e| BackendError::Environment(e.to_string()))?
-            .used_bytes;
+        // The device-delta fallback needs a clean baseline: wait (up to 2 s) for the previous trial's
+        // memory to be released, and never take a baseline above the one at the start (an inflated
+        // baseline would under-count this trial: the unsafe direction).
+        let initial = self.info.used_bytes;
+        let t0 = std::time::Instant::now();
+        let baseline = loop {
+            let now = self
+                .gpus
+                .used_bytes(self.index)
+                .map_err(|e| BackendError::Environment(e.to_string()))?;
+            if now <= initial + (256 << 20) || t0.elapsed() > Duration::from_secs(2) {
+                break now.min(initial);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
         let (mut pid_peak, mut device_peak) = (None::<u64>, None::<u64>);
         let gpus = &self.gpus;
         let index = self.index;
@@ -151,8 +164,8 @@ impl CudaBackend {
             if let Ok(Some(b)) = gpus.process_used(index, pid) {
                 pid_peak = Some(pid_peak.map_or(b, |p| p.max(b)));
             }
-            if let Ok(d) = gpus.device(index) {
-                device_peak = Some(device_peak.map_or(d.used_bytes, |p| p.max(d.used_bytes)));
+            if let Ok(u) = gpus.used_bytes(index) {
+                device_peak = Some(device_peak.map_or(u, |p| p.max(u)));
             }
         })?;
         let delta = device_peak.map(|d| d.saturating_sub(baseline));

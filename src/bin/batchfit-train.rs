@@ -166,8 +166,44 @@ fn refusals(plan: &Plan) -> Vec<String> {
     r
 }
 
+/// For a cuda plan: the GPU's environment, set before anything touches CUDA (CUDA reads
+/// `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER` at its first call, the allocator its config at its
+/// first allocation): this machine's GPU at the plan's NVML index becomes `cuda:0`, with the plan's
+/// allocator settings and, with `--memory-limit`, the fraction that stops the allocator at the limit.
+fn cuda_environment(plan: &Plan, memory_limit: &str) -> Result<(), Fail> {
+    let index = plan.gpu.as_ref().map_or(0, |g| g.index);
+    if let Ok(g) = batchfit::gpu::fake::query().and_then(|q| q.device(index)) {
+        std::env::set_var("CUDA_VISIBLE_DEVICES", &g.uuid);
+    }
+    std::env::set_var("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+    let user = plan.gpu.as_ref().and_then(|g| g.alloc_conf.clone());
+    let conf = match memory_limit {
+        "none" => user,
+        v => {
+            let bytes = if v == "plan" {
+                plan.limit_bytes
+            } else {
+                parse_size(v).map_err(fail(2))?
+            };
+            Some(batchfit::backend::cuda::trial_alloc_conf(
+                user.as_deref(),
+                bytes,
+                plan.device.total_bytes,
+            ))
+        }
+    };
+    match conf {
+        Some(c) => std::env::set_var("PYTORCH_CUDA_ALLOC_CONF", c),
+        None => std::env::remove_var("PYTORCH_CUDA_ALLOC_CONF"),
+    }
+    Ok(())
+}
+
 fn run(a: &Args) -> Result<(), Fail> {
     let plan = Plan::read(&a.plan).map_err(fail(2))?;
+    if plan.device.kind == "cuda" {
+        cuda_environment(&plan, &a.memory_limit)?;
+    }
     let refused = refusals(&plan);
     if !refused.is_empty() {
         if !a.force {
@@ -229,36 +265,12 @@ fn run(a: &Args) -> Result<(), Fail> {
     }
     // Same process set-up as the probe's trials.
     trial::configure_threads(plan.runtime.threads);
-    let cuda_index = (plan.device.kind == "cuda").then(|| plan.gpu.as_ref().map_or(0, |g| g.index));
+    // cuda plans: the plan's GPU is cuda:0 here (see cuda_environment)
+    let cuda_index = (plan.device.kind == "cuda").then_some(0u32);
     let device = match cuda_index {
         Some(i) => tch::Device::Cuda(i as usize),
         None => tch::Device::Cpu,
     };
-    if cuda_index.is_some() {
-        // As the probe's trials: NVML's GPU order, the user's allocator settings plus (with
-        // --memory-limit) the fraction that stops the allocator at the limit. Set before CUDA starts.
-        std::env::set_var("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
-        let user = plan.gpu.as_ref().and_then(|g| g.alloc_conf.clone());
-        let conf = match a.memory_limit.as_str() {
-            "none" => user.clone(),
-            v => {
-                let bytes = if v == "plan" {
-                    plan.limit_bytes
-                } else {
-                    parse_size(v).map_err(fail(2))?
-                };
-                Some(batchfit::backend::cuda::trial_alloc_conf(
-                    user.as_deref(),
-                    bytes,
-                    plan.device.total_bytes,
-                ))
-            }
-        };
-        match conf {
-            Some(c) => std::env::set_var("PYTORCH_CUDA_ALLOC_CONF", c),
-            None => std::env::remove_var("PYTORCH_CUDA_ALLOC_CONF"),
-        }
-    }
     match a.memory_limit.as_str() {
         _ if cuda_index.is_some() => {}
         "none" => {}

@@ -47,6 +47,10 @@ pub struct GpuInfo {
     pub free_bytes: u64,
     pub used_bytes: u64,
     pub processes: Vec<GpuProcess>,
+    /// NVML could not list the compute processes (e.g. under a sandbox): `processes` is empty for
+    /// that reason, not because there are none.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub processes_unavailable: bool,
 }
 
 /// What batchfit asks of NVML.
@@ -56,6 +60,10 @@ pub trait GpuQuery {
     fn device(&self, index: u32) -> Result<GpuInfo, GpuError>;
     fn devices(&self) -> Result<Vec<GpuInfo>, GpuError> {
         (0..self.device_count()?).map(|i| self.device(i)).collect()
+    }
+    /// Used memory of GPU `index` (the light query the trial sampler calls every few ms).
+    fn used_bytes(&self, index: u32) -> Result<u64, GpuError> {
+        Ok(self.device(index)?.used_bytes)
     }
     /// Memory NVML attributes to `pid` on `index` (`None`: unavailable, e.g. another PID namespace).
     fn process_used(&self, index: u32, pid: u32) -> Result<Option<u64>, GpuError> {
@@ -104,6 +112,31 @@ impl GpuQuery for FakeGpus {
     }
 }
 
+/// The NVML indices `CUDA_VISIBLE_DEVICES` (`visible`) lets this job use: entries are GPU UUIDs (or
+/// their prefixes, as CUDA accepts) or indices; `None` when it is unset (all GPUs).
+pub fn visible_indices(
+    visible: Option<&str>,
+    q: &dyn GpuQuery,
+) -> Result<Option<Vec<u32>>, GpuError> {
+    let Some(v) = visible.map(str::trim) else {
+        return Ok(None);
+    };
+    let gpus = q.devices()?;
+    let mut out = vec![];
+    for e in v.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        if let Ok(i) = e.parse::<u32>() {
+            // CUDA's own order is fastest-first unless CUDA_DEVICE_ORDER=PCI_BUS_ID; NVML's is PCI.
+            out.push(i);
+        } else if let Some(g) = gpus.iter().find(|g| g.uuid.starts_with(e)) {
+            out.push(g.index);
+        } else {
+            // CUDA stops at the first entry it cannot resolve
+            break;
+        }
+    }
+    Ok(Some(out))
+}
+
 /// Parses `--gpus all|0,2,…` against the GPUs present: sorted, deduplicated indices, each checked.
 pub fn select(spec: &str, q: &dyn GpuQuery) -> Result<Vec<u32>, GpuError> {
     let count = q.device_count()?;
@@ -144,6 +177,7 @@ pub(crate) fn fake_h200(processes: Vec<GpuProcess>) -> FakeGpus {
             free_bytes: 141 * gib - used,
             used_bytes: used,
             processes,
+            processes_unavailable: false,
         }],
         fail: None,
     }

@@ -51,18 +51,23 @@ impl GpuQuery for RealNvml {
         }
         let d = self.nvml.device_by_index(index).map_err(q)?;
         let mem = d.memory_info().map_err(q)?;
-        let processes = d
-            .running_compute_processes()
-            .map_err(q)?
-            .into_iter()
-            .map(|p| GpuProcess {
-                pid: p.pid,
-                used_bytes: match p.used_gpu_memory {
-                    UsedGpuMemory::Used(b) => Some(b),
-                    UsedGpuMemory::Unavailable => None,
-                },
-            })
-            .collect();
+        // The process list is optional: some sandboxes do not implement it, and the memory figures
+        // are still good.
+        let (processes, processes_unavailable) = match d.running_compute_processes() {
+            Ok(ps) => (
+                ps.into_iter()
+                    .map(|p| GpuProcess {
+                        pid: p.pid,
+                        used_bytes: match p.used_gpu_memory {
+                            UsedGpuMemory::Used(b) => Some(b),
+                            UsedGpuMemory::Unavailable => None,
+                        },
+                    })
+                    .collect(),
+                false,
+            ),
+            Err(_) => (vec![], true),
+        };
         Ok(GpuInfo {
             index,
             name: d.name().map_err(q)?,
@@ -71,7 +76,23 @@ impl GpuQuery for RealNvml {
             free_bytes: mem.free,
             used_bytes: mem.used,
             processes,
+            processes_unavailable,
         })
+    }
+    fn used_bytes(&self, index: u32) -> Result<u64, GpuError> {
+        let d = self.nvml.device_by_index(index).map_err(q)?;
+        Ok(d.memory_info().map_err(q)?.used)
+    }
+    fn process_used(&self, index: u32, pid: u32) -> Result<Option<u64>, GpuError> {
+        let d = self.nvml.device_by_index(index).map_err(q)?;
+        Ok(d.running_compute_processes()
+            .map_err(q)?
+            .into_iter()
+            .find(|p| p.pid == pid)
+            .and_then(|p| match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => Some(b),
+                UsedGpuMemory::Unavailable => None,
+            }))
     }
 }
 
