@@ -200,6 +200,22 @@ pub fn verify(
                 .into(),
         ));
     }
+    if sim.is_some() && plan.device.kind != "sim" {
+        return Err(JobError::Usage(
+            "--sim is only used with plans of the sim backend".into(),
+        ));
+    }
+    let template = TrialSpec {
+        model: plan.model.config.clone(),
+        batch: 0,
+        steps: 0,
+        threads: plan.runtime.threads,
+        seed: plan.runtime.seed,
+        accumulation: 1,
+        fault: None,
+        cuda_device: None,
+    };
+    let timeout = Duration::from_secs_f64(plan.search.trial_timeout_seconds.max(1.0));
     let mut backend: Box<dyn Backend> = match plan.device.kind.as_str() {
         "sim" => {
             let spec = sim.or_else(|| plan.sim_spec.clone()).ok_or_else(|| {
@@ -209,56 +225,20 @@ pub fn verify(
             })?;
             Box::new(SimBackend::new(spec))
         }
-        "cpu" => {
-            if sim.is_some() {
-                return Err(JobError::Usage(
-                    "--sim is only used with plans of the sim backend".into(),
-                ));
-            }
-            let template = TrialSpec {
-                model: plan.model.config.clone(),
-                batch: 0,
-                steps: 0,
-                threads: plan.runtime.threads,
-                seed: plan.runtime.seed,
-                accumulation: 1,
-                fault: None,
-                cuda_device: None,
-            };
-            let timeout = Duration::from_secs_f64(plan.search.trial_timeout_seconds.max(1.0));
-            Box::new(
-                CpuBackend::new(exe.to_path_buf(), template, timeout, IsolationMode::Process)
-                    .map_err(|e| JobError::Environment(e.to_string()))?,
+        "cpu" => Box::new(
+            CpuBackend::new(exe.to_path_buf(), template, timeout, IsolationMode::Process)
+                .map_err(|e| JobError::Environment(e.to_string()))?,
+        ),
+        "cuda" => Box::new(
+            crate::probe::standalone_cuda_backend(
+                plan.gpu.as_ref().map_or(0, |g| g.index),
+                template,
+                plan.gpu.as_ref().and_then(|g| g.alloc_conf.clone()),
+                timeout,
+                exe,
             )
-        }
-        "cuda" => {
-            if sim.is_some() {
-                return Err(JobError::Usage(
-                    "--sim is only used with plans of the sim backend".into(),
-                ));
-            }
-            let template = TrialSpec {
-                model: plan.model.config.clone(),
-                batch: 0,
-                steps: 0,
-                threads: plan.runtime.threads,
-                seed: plan.runtime.seed,
-                accumulation: 1,
-                fault: None,
-                cuda_device: None,
-            };
-            let timeout = Duration::from_secs_f64(plan.search.trial_timeout_seconds.max(1.0));
-            Box::new(
-                crate::probe::standalone_cuda_backend(
-                    plan.gpu.as_ref().map_or(0, |g| g.index),
-                    template,
-                    plan.gpu.as_ref().and_then(|g| g.alloc_conf.clone()),
-                    timeout,
-                    exe,
-                )
-                .map_err(JobError::Environment)?,
-            )
-        }
+            .map_err(JobError::Environment)?,
+        ),
         other => {
             return Err(JobError::Usage(format!(
                 "unknown device kind {other:?} in the plan"

@@ -75,12 +75,7 @@ pub fn run(
         "batchfit: probing {} GPUs in parallel ({}); the plan takes the smallest answer and confirms it on \
          each",
         setup.indices.len(),
-        setup
-            .indices
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
+        setup.list()
     ));
     // 1. Each GPU's largest fitting micro-batch.
     let per = each_gpu(&setup.indices, progress, |i, p| {

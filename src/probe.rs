@@ -134,6 +134,15 @@ impl CudaSetup {
         })
     }
 
+    /// The selected GPUs as `0, 2`.
+    pub fn list(&self) -> String {
+        self.indices
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// The backend of GPU `index`.
     pub fn backend(
         &self,
@@ -262,12 +271,7 @@ fn resolve(cfg: &ProbeConfig, notices: &mut Vec<String>) -> Result<Resolved, Pro
                 let setup = CudaSetup::resolve(cfg)?;
                 notices.push(format!(
                     "batchfit: --backend auto: using cuda (GPU {})",
-                    setup
-                        .indices
-                        .iter()
-                        .map(u32::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    setup.list()
                 ));
                 Ok(Resolved::Cuda(setup))
             }
