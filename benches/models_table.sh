@@ -2,7 +2,7 @@
 # The measured table of docs/models.md: every zoo model probed on this machine's CPU under a stated
 # budget (real libtorch training steps under RLIMIT_DATA), then a table of the plans.
 #
-#   bash benches/models_table.sh            # all models (about 30-60 min on 2 cores)
+#   bash benches/models_table.sh            # all models (about 60 min on 2 cores)
 #   bash benches/models_table.sh mlp gpt    # some
 #
 # Plans go to benches/data/models/NAME.json (written after each model, so an interrupted run keeps
@@ -19,8 +19,8 @@ rows=(
   "gpt2-small|4GiB|--model gpt2-small --seq-len 128"
   "gpt2-medium|8GiB|--model gpt2-medium --seq-len 128"
   "resnet18|4GiB|--model resnet18"
-  "resnet50|6GiB|--model resnet50"
-  "vit-b16|6GiB|--model vit-b16"
+  "resnet50|3GiB|--model resnet50"
+  "vit-b16|3GiB|--model vit-b16"
 )
 want=("$@")
 for row in "${rows[@]}"; do
