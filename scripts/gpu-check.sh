@@ -19,6 +19,15 @@
 # Needs: python3 with torch 2.11 (its libtorch is what the binaries load, through LD_LIBRARY_PATH, so
 # binaries built on another machine work), for stage 3 Lightning and Accelerate (missing ones are
 # reported as skipped, with the reason), nvidia-smi. No network.
+#
+# Time: --time-budget (default 300 s) bounds a call; an item that would not get the time it needs is
+# reported "not-run" and the summary prints the call that finishes the work (what succeeded is kept).
+# On an H200 the three stages together are expected to need 10-14 minutes, so plan two or three calls,
+# or a longer --time-budget. On a machine where only $OUT comes back:
+#   bash scripts/gpu-check.sh --bin target/release --out "$OUT/gpu-check"; cp docs/gpu-results.md "$OUT/"
+#
+# --cpu-smoke models: an MLP in fp32 and a one-layer GPT in bf16 under a small RLIMIT_DATA budget (a
+# ResNet cannot be probed on CPU, see CPU_SLOTS in scripts/gpu_check/check.py); about 2-4 minutes.
 set -u
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -64,90 +73,93 @@ EOF
 
 die() { echo "gpu-check: $1" >&2; exit "${2:-2}"; }
 
-mode=gpu
-out=""
-bin=""
-stages="1,2,3"
-py=""
-budget=""
-commit=""
-commit_source="--commit"
-redo=0
-sets=()
+# Everything runs inside main, called on the last line: bash reads a script as it runs, so without this
+# an edit or checkout of this file during a run would change the commands still to come.
+main() {
+  mode=gpu
+  out=""
+  bin=""
+  stages="1,2,3"
+  py=""
+  budget=""
+  commit=""
+  commit_source="given with --commit"
+  redo=0
+  sets=()
 
-need_value() { [ "$2" -ge 2 ] || die "$1 needs a value (see --help)"; }
+  need_value() { [ "$2" -ge 2 ] || die "$1 needs a value (see --help)"; }
 
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --cpu-smoke) mode=cpu ;;
-    --out) need_value "$1" $#; out=$2; shift ;;
-    --out=*) out=${1#*=} ;;
-    --bin) need_value "$1" $#; bin=$2; shift ;;
-    --bin=*) bin=${1#*=} ;;
-    --stages) need_value "$1" $#; stages=$2; shift ;;
-    --stages=*) stages=${1#*=} ;;
-    --time-budget) need_value "$1" $#; budget=$2; shift ;;
-    --time-budget=*) budget=${1#*=} ;;
-    --python) need_value "$1" $#; py=$2; shift ;;
-    --python=*) py=${1#*=} ;;
-    --commit) need_value "$1" $#; commit=$2; shift ;;
-    --commit=*) commit=${1#*=} ;;
-    --set) need_value "$1" $#; sets+=(--set "$2"); shift ;;
-    --set=*) sets+=(--set "${1#*=}") ;;
-    --redo) redo=1 ;;
-    -h|--help) usage; exit 0 ;;
-    *) die "unknown argument: $1 (see --help)" ;;
-  esac
-  shift
-done
-
-# --stages: digits 1-3, comma-separated; run in ascending order, each once
-stage_list=()
-IFS=',' read -r -a _st <<<"$stages"
-for s in 1 2 3; do
-  for x in "${_st[@]}"; do
-    x=${x// /}
-    case "$x" in 1|2|3) ;; *) die "--stages: '$x' is not a stage (1, 2 or 3)" ;; esac
-    if [ "$x" = "$s" ]; then stage_list+=("$s"); break; fi
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --cpu-smoke) mode=cpu ;;
+      --out) need_value "$1" $#; out=$2; shift ;;
+      --out=*) out=${1#*=} ;;
+      --bin) need_value "$1" $#; bin=$2; shift ;;
+      --bin=*) bin=${1#*=} ;;
+      --stages) need_value "$1" $#; stages=$2; shift ;;
+      --stages=*) stages=${1#*=} ;;
+      --time-budget) need_value "$1" $#; budget=$2; shift ;;
+      --time-budget=*) budget=${1#*=} ;;
+      --python) need_value "$1" $#; py=$2; shift ;;
+      --python=*) py=${1#*=} ;;
+      --commit) need_value "$1" $#; commit=$2; shift ;;
+      --commit=*) commit=${1#*=} ;;
+      --set) need_value "$1" $#; sets+=("--set=$2"); shift ;;
+      --set=*) sets+=("--set=${1#*=}") ;;
+      --redo) redo=1 ;;
+      -h|--help) usage; exit 0 ;;
+      *) die "unknown argument: $1 (see --help)" ;;
+    esac
+    shift
   done
-done
-[ ${#stage_list[@]} -gt 0 ] || die "--stages: no stage given"
-stages=$(IFS=','; echo "${stage_list[*]}")
 
-if [ -z "$budget" ]; then
-  if [ "$mode" = gpu ]; then budget=300; else budget=900; fi
-fi
-case "$budget" in ''|*[!0-9.]*) die "--time-budget: '$budget' is not a number of seconds" ;; esac
+  # --stages: digits 1-3, comma-separated; run in ascending order, each once
+  stage_list=()
+  IFS=',' read -r -a _st <<<"$stages"
+  for s in 1 2 3; do
+    for x in "${_st[@]}"; do
+      x=${x// /}
+      case "$x" in 1|2|3) ;; *) die "--stages: '$x' is not a stage (1, 2 or 3)" ;; esac
+      if [ "$x" = "$s" ]; then stage_list+=("$s"); break; fi
+    done
+  done
+  [ ${#stage_list[@]} -gt 0 ] || die "--stages: no stage given"
+  stages=$(IFS=','; echo "${stage_list[*]}")
 
-[ -n "$out" ] || out="$ROOT/gpu-check-results"
-mkdir -p "$out/logs" || die "cannot create $out" 3
-out="$(cd "$out" && pwd)"
-[ -n "$bin" ] || bin="$ROOT/target/release"
-[ -d "$bin" ] || die "--bin $bin is not a directory" 3
-bin="$(cd "$bin" && pwd)"
-
-# ---- the Python with torch, and the libtorch the binaries load ------------------------------------
-if [ -z "$py" ]; then
-  py=python3
-  if [ "$mode" = cpu ]; then
-    venv_py=""
-    if [ -n "${LIBTORCH:-}" ] && [ -x "$LIBTORCH/../../../../bin/python" ]; then
-      venv_py="$(cd "$LIBTORCH/../../../../bin" && pwd)/python"
-    else
-      v="${BATCHFIT_LIBTORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/batchfit/libtorch-2.11.0}"
-      [ -x "$v/bin/python" ] && venv_py="$v/bin/python"
-    fi
-    [ -n "$venv_py" ] && py=$venv_py
+  if [ -z "$budget" ]; then
+    if [ "$mode" = gpu ]; then budget=300; else budget=900; fi
   fi
-fi
-py_abs=$(command -v "$py" 2>/dev/null) || die "no Python at '$py' (--python)" 3
-py=$py_abs
-echo "gpu-check: mode $mode, stages $stages, time budget ${budget} s, out $out" >&2
-echo "gpu-check: python $py; binaries $bin" >&2
+  case "$budget" in ''|*[!0-9.]*) die "--time-budget: '$budget' is not a number of seconds" ;; esac
 
-torch_dir=$("$py" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>"$out/logs/torch-import.err") \
-  || die "$py cannot import torch: $(tail -n 1 "$out/logs/torch-import.err")" 3
-nv_dirs=$("$py" - "$torch_dir" <<'PYEOF'
+  [ -n "$out" ] || out="$ROOT/gpu-check-results"
+  mkdir -p "$out/logs" || die "cannot create $out" 3
+  out="$(cd "$out" && pwd)"
+  [ -n "$bin" ] || bin="$ROOT/target/release"
+  [ -d "$bin" ] || die "--bin $bin is not a directory" 3
+  bin="$(cd "$bin" && pwd)"
+
+  # ---- the Python with torch, and the libtorch the binaries load ------------------------------------
+  if [ -z "$py" ]; then
+    py=python3
+    if [ "$mode" = cpu ]; then
+      venv_py=""
+      if [ -n "${LIBTORCH:-}" ] && [ -x "$LIBTORCH/../../../../bin/python" ]; then
+        venv_py="$(cd "$LIBTORCH/../../../../bin" && pwd)/python"
+      else
+        v="${BATCHFIT_LIBTORCH_VENV:-${XDG_CACHE_HOME:-${HOME:-}/.cache}/batchfit/libtorch-2.11.0}"
+        [ -x "$v/bin/python" ] && venv_py="$v/bin/python"
+      fi
+      [ -n "$venv_py" ] && py=$venv_py
+    fi
+  fi
+  py_abs=$(command -v "$py" 2>/dev/null) || die "no Python at '$py' (--python)" 3
+  py=$py_abs
+  echo "gpu-check: mode $mode, stages $stages, time budget ${budget} s, out $out" >&2
+  echo "gpu-check: python $py; binaries $bin" >&2
+
+  torch_dir=$("$py" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>"$out/logs/torch-import.err") \
+    || die "$py cannot import torch: $(tail -n 1 "$out/logs/torch-import.err")" 3
+  nv_dirs=$("$py" - "$torch_dir" <<'PYEOF'
 import glob, os, sys
 site = os.path.dirname(sys.argv[1])
 dirs = []
@@ -155,87 +167,92 @@ for pat in ("nvidia/*/lib", "nvidia/*/lib64", "nvidia/lib"):
     dirs += [d for d in sorted(glob.glob(os.path.join(site, pat))) if os.path.isdir(d)]
 print(":".join(dirs))
 PYEOF
-)
-export LD_LIBRARY_PATH="$torch_dir/lib${nv_dirs:+:$nv_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-echo "gpu-check: libtorch from $torch_dir/lib" >&2
+  )
+  export LD_LIBRARY_PATH="$torch_dir/lib${nv_dirs:+:$nv_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "gpu-check: libtorch from $torch_dir/lib" >&2
 
-# ---- the stamp: the device and the commit -------------------------------------------------------
-if [ "$mode" = gpu ]; then
-  if ! smi=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1); then
-    die "nvidia-smi failed (${smi:-no output}): no NVIDIA GPU here. Without one, use --cpu-smoke" 3
-  fi
-  [ -n "$smi" ] || die "nvidia-smi lists no GPU. Without one, use --cpu-smoke" 3
-  nvidia-smi >"$out/logs/nvidia-smi.txt" 2>&1
-  stamp=${smi//$'\n'/; }
-else
-  cpu=$(grep -m1 '^model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')
-  stamp="${cpu:-unknown CPU} ($(nproc 2>/dev/null || echo '?') cores), CPU smoke"
-fi
-if [ -z "$commit" ]; then
-  if c=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null) && [ -n "$c" ]; then
-    commit=$c
-    commit_source=git
-    if [ -n "$(git -C "$ROOT" status --porcelain --untracked-files=no -- src Cargo.toml Cargo.lock build.rs 2>/dev/null)" ]; then
-      commit_source="git; uncommitted changes in src/, Cargo.*, build.rs"
+  # ---- the stamp: the device and the commit -------------------------------------------------------
+  if [ "$mode" = gpu ]; then
+    if ! smi=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1); then
+      die "nvidia-smi failed (${smi:-no output}): no NVIDIA GPU here. Without one, use --cpu-smoke" 3
     fi
-  elif [ -s "$ROOT/COMMIT" ]; then
-    commit=$(head -n 1 "$ROOT/COMMIT" | cut -c1-80)
-    commit_source="COMMIT file"
-  elif [ -s "$bin/COMMIT" ]; then
-    commit=$(head -n 1 "$bin/COMMIT" | cut -c1-80)
-    commit_source="COMMIT file beside the binaries"
+    [ -n "$smi" ] || die "nvidia-smi lists no GPU. Without one, use --cpu-smoke" 3
+    nvidia-smi >"$out/logs/nvidia-smi.txt" 2>&1
+    stamp=${smi//$'\n'/; }
   else
-    commit=unknown
-    commit_source="no git, no COMMIT file"
+    cpu=$(grep -m1 '^model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')
+    stamp="${cpu:-unknown CPU} ($(nproc 2>/dev/null || echo '?') cores), CPU smoke"
   fi
-fi
-
-# ---- the binaries start? (a missing library or an old glibc shows here, not in every stage) -------
-version="?"
-for b in batchfit batchfit-train; do
-  if [ ! -x "$bin/$b" ]; then
-    echo "gpu-check: WARNING: $bin/$b is missing or not executable; the stages that need it will fail" >&2
-  elif ! "$bin/$b" --version >"$out/logs/$b.version" 2>&1; then
-    ldd "$bin/$b" >"$out/logs/$b.ldd" 2>&1
-    echo "gpu-check: WARNING: $bin/$b does not start: $(head -n 1 "$out/logs/$b.version"); ldd: $out/logs/$b.ldd" >&2
-  elif [ "$b" = batchfit ]; then
-    version=$(head -n 1 "$out/logs/$b.version")
+  if [ -z "$commit" ]; then
+    if c=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null) && [ -n "$c" ]; then
+      commit=$c
+      commit_source=git
+      if [ -n "$(git -C "$ROOT" status --porcelain --untracked-files=no -- src Cargo.toml Cargo.lock build.rs 2>/dev/null)" ]; then
+        commit_source="git; uncommitted changes in src/, Cargo.*, build.rs"
+      fi
+    elif [ -s "$ROOT/COMMIT" ]; then
+      commit=$(head -n 1 "$ROOT/COMMIT" | cut -c1-80)
+      commit_source="COMMIT file"
+    elif [ -s "$bin/COMMIT" ]; then
+      commit=$(head -n 1 "$bin/COMMIT" | cut -c1-80)
+      commit_source="COMMIT file beside the binaries"
+    else
+      commit=unknown
+      commit_source="no git, no COMMIT file"
+    fi
   fi
-done
 
-init_args=(init --out "$out" --mode "$mode" --bin "$bin" --python "$py" --root "$ROOT"
-  --time-budget "$budget" --stamp-device "$stamp" --commit "$commit" --commit-source "$commit_source"
-  --batchfit-version "$version" --stages "$stages")
-[ "$redo" = 1 ] && init_args+=(--redo)
-"$py" "$HELPERS/check.py" "${init_args[@]}" ${sets[@]+"${sets[@]}"} || die "cannot set up the run (see above)"
-echo "gpu-check: device: $stamp; commit $commit ($commit_source)" >&2
+  # ---- the binaries start? (a missing library or an old glibc shows here, not in every stage) -------
+  version="?"
+  for b in batchfit batchfit-train; do
+    if [ ! -x "$bin/$b" ]; then
+      echo "gpu-check: WARNING: $bin/$b is missing or not executable; the stages that need it will fail" >&2
+    elif ! "$bin/$b" --version >"$out/logs/$b.version" 2>&1; then
+      ldd "$bin/$b" >"$out/logs/$b.ldd" 2>&1
+      echo "gpu-check: WARNING: $bin/$b does not start: $(head -n 1 "$out/logs/$b.version"); ldd: $out/logs/$b.ldd" >&2
+    elif [ "$b" = batchfit ]; then
+      version=$(head -n 1 "$out/logs/$b.version")
+    fi
+  done
 
-# ---- the stages: each in its own process, timed; a failing stage does not stop the next -----------
-child=""
-on_signal() {
-  if [ -n "$child" ]; then
-    kill -TERM "$child" 2>/dev/null
-    wait "$child" 2>/dev/null
-  fi
-  echo "gpu-check: stopped by a signal; what was measured is in $out" >&2
-  exit "$1"
-}
-trap 'on_signal 143' TERM
-trap 'on_signal 130' INT
+  # (--opt=VALUE: values may begin with a dash)
+  init_args=(init "--out=$out" --mode "$mode" "--bin=$bin" "--python=$py" "--root=$ROOT"
+    --time-budget "$budget" "--stamp-device=$stamp" "--commit=$commit" "--commit-source=$commit_source"
+    "--batchfit-version=$version" --stages "$stages")
+  [ "$redo" = 1 ] && init_args+=(--redo)
+  "$py" "$HELPERS/check.py" "${init_args[@]}" ${sets[@]+"${sets[@]}"} || die "cannot set up the run (see above)"
+  echo "gpu-check: device: $stamp; commit $commit ($commit_source)" >&2
 
-t_all=$(date +%s.%N)
-for s in "${stage_list[@]}"; do
-  echo "gpu-check: stage $s" >&2
-  t0=$(date +%s.%N)
-  "$py" "$HELPERS/check.py" stage "$s" --out "$out" &
-  child=$!
-  wait "$child"
-  rc=$?
+  # ---- the stages: each in its own process, timed; a failing stage does not stop the next -----------
   child=""
-  secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-  "$py" "$HELPERS/check.py" finish "$s" --out "$out" --rc "$rc" --seconds "$secs"
-done
-total=$(awk -v a="$t_all" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f", b - a }')
-echo "gpu-check: stages took ${total} s" >&2
-"$py" "$HELPERS/check.py" summary --out "$out" --stages "$stages"
+  on_signal() {
+    if [ -n "$child" ]; then
+      kill -TERM "$child" 2>/dev/null
+      wait "$child" 2>/dev/null
+    fi
+    echo "gpu-check: stopped by a signal; what was measured is in $out" >&2
+    exit "$1"
+  }
+  trap 'on_signal 143' TERM
+  trap 'on_signal 130' INT
+
+  t_all=$(date +%s.%N)
+  for s in "${stage_list[@]}"; do
+    echo "gpu-check: stage $s" >&2
+    t0=$(date +%s.%N)
+    "$py" "$HELPERS/check.py" stage "$s" --out "$out" &
+    child=$!
+    wait "$child"
+    rc=$?
+    child=""
+    secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    "$py" "$HELPERS/check.py" finish "$s" --out "$out" --rc "$rc" --seconds "$secs"
+  done
+  total=$(awk -v a="$t_all" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f", b - a }')
+  echo "gpu-check: stages took ${total} s" >&2
+  "$py" "$HELPERS/check.py" summary --out "$out" --stages "$stages"
+  exit $?
+}
+
+main "$@"
 exit $?

@@ -40,62 +40,90 @@ MiB, GiB = 1 << 20, 1 << 30
 # the models of each mode
 # ------------------------------------------------------------------------------------------------------
 
+# A model: batchfit's --model name, the architecture (batchfit's model.config.architecture, which the
+# Python peers build), the precision, and the peers' starting points when stage 1 left no plan.
 GPU_SLOTS = [
-    {"key": "resnet50-fp32", "label": "ResNet-50, fp32, 224×224",
-     "probe_args": ["--model", "resnet50", "--image-size", "224", "--precision", "fp32"],
-     "arch": {"name": "resnet50", "image_size": 224, "classes": 1000}, "precision": "fp32",
+    {"key": "resnet50-fp32", "model": "resnet50", "precision": "fp32",
+     "arch": {"name": "resnet50", "image_size": 224, "classes": 1000},
      "lightning_init": 128, "accelerate_start": 2048},
-    {"key": "resnet50-amp-bf16", "label": "ResNet-50, amp-bf16, 224×224",
-     "probe_args": ["--model", "resnet50", "--image-size", "224", "--precision", "amp-bf16"],
-     "arch": {"name": "resnet50", "image_size": 224, "classes": 1000}, "precision": "amp-bf16",
+    {"key": "resnet50-amp-bf16", "model": "resnet50", "precision": "amp-bf16",
+     "arch": {"name": "resnet50", "image_size": 224, "classes": 1000},
      "lightning_init": 256, "accelerate_start": 4096},
-    {"key": "gpt2-small-amp-bf16", "label": "gpt2-small, amp-bf16, sequence 1024",
-     "probe_args": ["--model", "gpt2-small", "--precision", "amp-bf16"],
+    {"key": "gpt2-small-amp-bf16", "model": "gpt2-small", "precision": "amp-bf16",
      "arch": {"name": "gpt", "layers": 12, "d_model": 768, "heads": 12, "seq_len": 1024, "vocab": 50257},
-     "precision": "amp-bf16", "lightning_init": 32, "accelerate_start": 512},
+     "lightning_init": 32, "accelerate_start": 512},
 ]
 
 # --cpu-smoke: tiny models, a budget of (the model's batch-1 footprint + headroom) / (1 - margin), measured
-# first. No ResNet: on CPU, a ResNet trial at the limit fails inside oneDNN ("could not execute a
-# primitive"), which batchfit does not count as out of memory, so the probe cannot prove its answer.
+# first. Two models cover the code paths of the GPU run's three (fp32 and bf16; an MLP and a GPT; the
+# peers' ResNet runs in the model check). No ResNet probe: on CPU, a ResNet trial at the limit fails
+# inside oneDNN ("could not execute a primitive"), which batchfit does not count as out of memory, so the
+# probe cannot prove its answer (and bf16 convolutions are very slow on CPUs without bf16 units).
 CPU_SLOTS = [
-    {"key": "mlp-fp32", "label": "MLP 4096-512-10, fp32 (CPU smoke)",
-     "probe_args": ["--model", "mlp", "--mlp-input", "4096", "--mlp-hidden", "512", "--mlp-classes", "10",
-                    "--precision", "fp32"],
-     "arch": {"name": "mlp", "input": 4096, "hidden": [512], "classes": 10}, "precision": "fp32",
-     "headroom": 48 * MiB, "lightning_init": 64, "accelerate_start": 1024},
-    {"key": "mlp-bf16", "label": "MLP 4096-512-10, bf16 (CPU smoke)",
-     "probe_args": ["--model", "mlp", "--mlp-input", "4096", "--mlp-hidden", "512", "--mlp-classes", "10",
-                    "--precision", "bf16"],
-     "arch": {"name": "mlp", "input": 4096, "hidden": [512], "classes": 10}, "precision": "bf16",
-     "headroom": 24 * MiB, "lightning_init": 64, "accelerate_start": 1024},
-    {"key": "gpt-bf16", "label": "GPT 1 layer, d64, seq 64, vocab 1000, bf16 (CPU smoke)",
-     "probe_args": ["--model", "gpt", "--layers", "1", "--d-model", "64", "--heads", "2", "--seq-len", "64",
-                    "--vocab", "1000", "--precision", "bf16"],
+    {"key": "mlp-fp32", "model": "mlp", "precision": "fp32",
+     "arch": {"name": "mlp", "input": 4096, "hidden": [8], "classes": 10},
+     "headroom": 32 * MiB, "lightning_init": 64, "accelerate_start": 1024},
+    {"key": "gpt-bf16", "model": "gpt", "precision": "bf16",
      "arch": {"name": "gpt", "layers": 1, "d_model": 64, "heads": 2, "seq_len": 64, "vocab": 1000},
-     "precision": "bf16", "headroom": 24 * MiB, "lightning_init": 8, "accelerate_start": 64},
+     "headroom": 16 * MiB, "lightning_init": 8, "accelerate_start": 64},
 ]
+
+
+def model_args(slot):
+    """batchfit's model flags for a slot (from its architecture, so the two cannot disagree)."""
+    a = slot["arch"]
+    args = ["--model", slot["model"]]
+    if a["name"] in ("resnet18", "resnet50"):
+        args += ["--image-size", str(a["image_size"])]
+    elif a["name"] == "gpt" and slot["model"] == "gpt":
+        args += ["--layers", str(a["layers"]), "--d-model", str(a["d_model"]), "--heads", str(a["heads"]),
+                 "--seq-len", str(a["seq_len"]), "--vocab", str(a["vocab"])]
+    elif a["name"] == "mlp":
+        args += ["--mlp-input", str(a["input"]), "--mlp-hidden", ",".join(str(h) for h in a["hidden"]),
+                 "--mlp-classes", str(a["classes"])]
+    return args + ["--precision", slot["precision"]]
+
+
+def label(slot):
+    a = slot["arch"]
+    if a["name"] in ("resnet18", "resnet50"):
+        what = f"{slot['model']} {a['image_size']}×{a['image_size']}"
+    elif a["name"] == "gpt":
+        what = (f"{slot['model']} ({a['layers']} layers, d{a['d_model']}, {a['heads']} heads, sequence "
+                f"{a['seq_len']}, vocabulary {a['vocab']})")
+    else:
+        what = f"mlp {a['input']}-{'-'.join(str(h) for h in a['hidden'])}-{a['classes']}"
+    return f"{what}, {slot['precision']}"
+
 
 KNOBS = {
     # key: (gpu default, cpu default, meaning)
     "probe_time_limit": (120, 60, "batchfit probe --time-limit, seconds"),
     "probe_trial_timeout": (60, 30, "batchfit probe --trial-timeout, seconds"),
     "probe_extra": ("", "", "extra batchfit probe flags, space-separated (e.g. '--multiple-of 8')"),
+    "margin": ("", "0.01", "batchfit probe --margin (empty: batchfit's default, 0.05)"),
+    "threads": (0, 1, "batchfit probe --threads (0: its default, all cores); the smoke uses 1: under a data-segment "
+                      "limit, OpenMP's lazily created threads can fail to start (libgomp exits 1)"),
     "global_batch": (0, 0, "batchfit probe --global-batch (0: none, the micro-batch is the largest that fits)"),
     "train_steps": (50, 5, "batchfit-train --steps with each recommendation"),
     "train_limit": ("plan", "plan", "batchfit-train --memory-limit for stage 1 (plan or none)"),
     "train_timeout": (180, 60, "seconds per training run"),
     "scan_steps": (3, 3, "batchfit-train --steps of each fine-scan run"),
-    "scan_seconds": (90, 60, "seconds per model for the fine scan"),
+    "scan_seconds": (60, 60, "seconds per model for the fine scan"),
     "scan_run_timeout": (60, 30, "seconds per fine-scan run"),
-    "scan_tol": (0.005, 0.0, "the scan stops when (first failing - largest fitting) <= max(1, tol x largest fitting)"),
+    "scan_grow": (0.02, 0.1, "the scan's first step above a completing size (a fraction of it; doubles each step)"),
+    "scan_tol": (0.005, 0.02, "the scan stops when (first failing - largest fitting) <= max(1, tol x largest fitting)"),
     "peer_steps": (3, 3, "training steps per Lightning/Accelerate trial"),
-    "lightning_max_trials": (25, 25, "Lightning max_trials (it counts successful trials)"),
+    "lightning_max_trials": (25, 10, "Lightning max_trials (it counts successful trials)"),
     "lightning_seconds": (150, 120, "seconds per Lightning search"),
     "accelerate_seconds": (60, 60, "seconds per Accelerate search"),
     "modelcheck_seconds": (120, 90, "seconds for the peers' model check"),
-    "min_item_seconds": (20, 5, "an item that would get less time than this is not started"),
+    "min_item_scale": (1.0, 0.25, "scales the least time an item needs to be started (probe 90 s, training 45 s, "
+                                  "scan 30 s, Lightning 45 s, Accelerate 30 s, model check 20 s)"),
 }
+
+MIN_SECONDS = {"probe": 90, "train": 45, "scan": 30, "lightning": 45, "accelerate": 30, "modelcheck": 20,
+               "scan_run": 10}
 
 STAGE_TITLES = {
     "1": "doctor, probes, training with each recommendation",
@@ -313,15 +341,17 @@ class Run:
         return plan.get("budget_bytes")
 
     def gpu_apps(self):
-        """Compute processes on the GPU now (leftovers would distort every measurement)."""
-        if self.mode != "gpu":
-            return None
-        try:
-            r = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
-                                "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
-            return [l.strip() for l in r.stdout.splitlines() if l.strip()]
-        except (OSError, subprocess.SubprocessError) as e:
-            return [f"nvidia-smi failed: {e}"]
+        return gpu_apps() if self.mode == "gpu" else None
+
+
+def gpu_apps():
+    """Compute processes on the GPU now (a leftover would distort every measurement after it)."""
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
+                            "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        return [l.strip() for l in r.stdout.splitlines() if l.strip()]
+    except (OSError, subprocess.SubprocessError) as e:
+        return [f"nvidia-smi failed: {e}"]
 
 
 class Items:
@@ -336,12 +366,15 @@ class Items:
     def get(self, name):
         return self.data["items"].get(name)
 
-    def keep(self, name):
-        """An item that succeeded in an earlier call with the same binaries is kept (unless --redo)."""
+    def keep(self, name, plan=None):
+        """An item that succeeded in an earlier call with the same binaries (and, for items that use a
+        plan, the same plan) is kept (unless --redo)."""
         it = self.get(name)
         if self.run.cfg.get("redo") or not it or it.get("status") != "ok":
             return False
         if it.get("batchfit_sha256") != self.sha:
+            return False
+        if plan is not None and it.get("plan_created") != plan.get("created_unix"):
             return False
         if it.get("kept") is None:
             it["kept"] = f"from an earlier call ({it.get('ended', '?')})"
@@ -358,11 +391,11 @@ class Items:
         except Exception as e:  # noqa: BLE001 - a report bug must not stop the measurements
             log(f"report: {type(e).__name__}: {e}")
 
-    def time_for(self, cap):
-        """Seconds this item may take: min(cap, what the time budget leaves); None when too little."""
-        left = self.run.remaining()
-        t = min(float(cap), left)
-        return t if t >= float(self.run.k["min_item_seconds"]) else None
+    def time_for(self, cap, kind):
+        """Seconds this item may take: min(cap, what the time budget leaves); None when that is less than
+        the item needs to be worth starting."""
+        t = min(float(cap), self.run.remaining())
+        return t if t >= MIN_SECONDS[kind] * float(self.run.k["min_item_scale"]) else None
 
     def not_run(self, name, why="time budget exhausted"):
         self.put(name, {"status": "not-run", "reason": f"{why}; run this stage again with --stages {self.n}"})
@@ -422,19 +455,24 @@ def doctor(run, items):
 
 def cpu_budget(run, slot):
     """--cpu-smoke: measure the model's batch-1 footprint with a one-trial probe, then
-    budget = (footprint + headroom) / (1 - margin), so the limit is footprint + headroom."""
+    budget = (footprint + headroom) / (1 - margin), so the limit is footprint + headroom. (The smoke's
+    margin is 1 %: 5 % of a CPU budget, mostly libtorch's own footprint, would dwarf the headroom.)"""
     floor_plan = os.path.join(run.plans, f"{slot['key']}.floor.json")
-    cmd = [run.exe("batchfit"), "probe", "--backend", "cpu", *slot["probe_args"], "--memory-budget", "4GiB",
-           "--max-batch", "1", "--confirm-steps", "3", "--no-cache", "--quiet", "--out", floor_plan]
+    partial = floor_plan[:-len(".json")] + ".partial.json"
+    cmd = [run.exe("batchfit"), "probe", "--backend", "cpu", *model_args(slot), "--memory-budget", "2GiB",
+           "--max-batch", "1", "--max-trials", "1", "--no-cache", "--quiet", "--out", floor_plan]
+    if int(run.k["threads"] or 0) > 0:
+        cmd += ["--threads", str(run.k["threads"])]
     r = run_cmd(cmd, 120, os.path.join(run.logs, f"floor-{slot['key']}.out"),
                 os.path.join(run.logs, f"floor-{slot['key']}.err"))
-    p = load(floor_plan)
+    p = load(floor_plan) or load(partial)
     peaks = [t.get("peak_bytes") for t in p.get("trials", []) if t.get("outcome") == "fits" and t.get("peak_bytes")]
-    if r["rc"] != 0 or not peaks:
+    if r["rc"] not in (0, 5) or not peaks:  # 5: stopped by --max-trials, as asked
         err = first_meaningful_line(tail(os.path.join(run.logs, f"floor-{slot['key']}.err")))
         return None, None, f"floor probe exit {r['rc']}: {err}"
     floor = max(peaks)
-    budget = int((floor + slot["headroom"]) / 0.95) + 1
+    margin = float(run.k["margin"] or 0.05)
+    budget = int((floor + slot["headroom"]) / (1 - margin)) + 1
     return floor, budget, None
 
 
@@ -443,16 +481,17 @@ def probe(run, items, slot):
     name = f"probe:{key}"
     if items.keep(name):
         return
-    t = items.time_for(int(run.k["probe_time_limit"]) + int(run.k["probe_trial_timeout"]) + 30)
+    cap = int(run.k["probe_time_limit"]) + int(run.k["probe_trial_timeout"]) + 30
+    t = items.time_for(cap, "probe")
     if t is None:
         return items.not_run(name)
-    item = {"slot": key, "label": slot["label"], "gpu_apps_before": run.gpu_apps()}
+    item = {"slot": key, "label": label(slot), "gpu_apps_before": run.gpu_apps()}
     plan_file = run.plan_path(key)
     partial = plan_file[:-len(".json")] + ".partial.json"
     for f in (plan_file, partial):
         if os.path.exists(f):
             os.remove(f)
-    cmd = [run.exe("batchfit"), "probe", *slot["probe_args"]]
+    cmd = [run.exe("batchfit"), "probe", *model_args(slot)]
     if run.mode == "gpu":
         cmd += ["--backend", "cuda"]
     else:
@@ -462,12 +501,16 @@ def probe(run, items, slot):
             return items.put(name, item)
         item.update(cpu_floor_bytes=floor, cpu_headroom_bytes=slot["headroom"])
         cmd += ["--backend", "cpu", "--memory-budget", str(budget)]
-        t = items.time_for(int(run.k["probe_time_limit"]) + int(run.k["probe_trial_timeout"]) + 30)
+        t = items.time_for(cap, "probe")
         if t is None:
             return items.not_run(name)
     time_limit = max(10, min(int(run.k["probe_time_limit"]), int(t) - int(run.k["probe_trial_timeout"]) - 20))
     cmd += ["--time-limit", str(time_limit), "--trial-timeout", str(run.k["probe_trial_timeout"]),
             "--no-cache", "--format", "text", "--out", plan_file]
+    if int(run.k["threads"] or 0) > 0:
+        cmd += ["--threads", str(run.k["threads"])]
+    if str(run.k["margin"]).strip():
+        cmd += ["--margin", str(run.k["margin"]).strip()]
     if int(run.k["global_batch"] or 0) > 0:
         cmd += ["--global-batch", str(run.k["global_batch"])]
     cmd += [a for a in str(run.k["probe_extra"] or "").split() if a]
@@ -479,8 +522,11 @@ def probe(run, items, slot):
     if plan:
         item.update(plan_summary(plan))
         item["plan_file"] = os.path.relpath(plan_file if os.path.exists(plan_file) else partial, run.out)
+    cut = time_limit < int(run.k["probe_time_limit"]) or t < cap  # shortened by the time budget
     if r["rc"] == 0 and plan.get("status") == "complete" and (plan.get("recommendation") or {}).get("micro_batch"):
         item["status"] = "ok"
+    elif cut and (r["timed_out"] or plan.get("stop_reason") == "time-limit"):
+        item.update(status="incomplete", reason=f"stopped by this call's time budget ({int(t)} s left for it)")
     else:
         err = first_meaningful_line("\n".join(l for l in tail(os.path.join(run.logs, f"probe-{key}.err")).splitlines()
                                               if "error" in l.lower())) or plan.get("stop_detail", "")
@@ -488,6 +534,8 @@ def probe(run, items, slot):
                     f": {err or 'no complete plan'}")
     items.put(name, item)
 
+
+OOM_TEXT = re.compile(r"bad_alloc|can't allocate memory|out of memory|Cannot allocate memory")
 
 TRAINED = re.compile(r"trained (\d+) steps of (\d+) samples in ([\d.]+) s: final loss (\S+), ([\d.]+) samples/s, (.*)$")
 
@@ -508,12 +556,12 @@ def parse_trained(text):
 def train(run, items, slot):
     key = slot["key"]
     name = f"train:{key}"
-    if items.keep(name):
-        return
     plan = run.plan(key)
+    if items.keep(name, plan or {}):
+        return
     if not plan:
-        return items.put(name, {"status": "skipped", "reason": "no complete plan from the probe"})
-    t = items.time_for(run.k["train_timeout"])
+        return items.put(name, {"status": "blocked", "reason": "no complete plan from the probe"})
+    t = items.time_for(run.k["train_timeout"], "train")
     if t is None:
         return items.not_run(name)
     steps = int(run.k["train_steps"])
@@ -521,6 +569,7 @@ def train(run, items, slot):
            "--memory-limit", str(run.k["train_limit"])]
     log(f"stage 1: train {key} ({steps} steps)")
     item = {"slot": key, "command": " ".join(cmd), "steps": steps, "memory_limit": run.k["train_limit"],
+            "plan_created": plan.get("created_unix"),
             "micro_batch": (plan.get("recommendation") or {}).get("micro_batch"),
             "accumulation": (plan.get("recommendation") or {}).get("accumulation"),
             "capacity_bytes": run.capacity(plan)}
@@ -529,6 +578,9 @@ def train(run, items, slot):
     item.update(rc=r["rc"], wall_seconds=r["seconds"], timed_out=r["timed_out"], **parse_trained(tail(out)))
     if r["rc"] == 0 and item.get("steps_done") == steps:
         item.update(status="ok", outcome="completed")
+    elif r["timed_out"] and t < float(run.k["train_timeout"]):
+        item.update(status="incomplete", outcome="stopped by the time budget",
+                    reason=f"stopped by this call's time budget after {int(t)} s (no out-of-memory seen)")
     else:
         outcome = {6: "OUT OF MEMORY", 5: "plan refused", 3: "environment/training error", 2: "bad usage"}.get(
             r["rc"], "timeout" if r["timed_out"] else f"exit {r['rc']}")
@@ -575,12 +627,12 @@ def predict(plan, capacity):
 def scan(run, items, s1, slot):
     key = slot["key"]
     name = f"scan:{key}"
-    if items.keep(name):
-        return
     plan = run.plan(key)
+    if items.keep(name, plan or {}):
+        return
     if not plan:
-        return items.put(name, {"status": "skipped", "reason": "no complete plan from stage 1"})
-    t_total = items.time_for(run.k["scan_seconds"])
+        return items.put(name, {"status": "blocked", "reason": "no complete plan from stage 1 (run stage 1 first)"})
+    t_total = items.time_for(run.k["scan_seconds"], "scan")
     if t_total is None:
         return items.not_run(name)
     deadline = time.time() + t_total
@@ -592,6 +644,7 @@ def scan(run, items, s1, slot):
     limit_args = ["--memory-limit", str(plan["budget_bytes"])] if run.mode == "cpu" else ["--memory-limit", "none"]
     scan_cap = plan["budget_bytes"]
     item = {"slot": key, "answer": answer, "first_failing_batch": rec.get("first_failing_batch"), "steps": steps,
+            "plan_created": plan.get("created_unix"),
             "memory_limit": "none (the whole GPU)" if run.mode == "gpu" else f"{plan['budget_bytes']} bytes (the budget)",
             "runs": [], "capacity_bytes": run.capacity(plan), "gpu_apps_before": run.gpu_apps()}
     t0 = time.monotonic()
@@ -600,7 +653,7 @@ def scan(run, items, s1, slot):
     def attempt(b):
         left = deadline - time.time()
         to = min(float(run.k["scan_run_timeout"]), left)
-        if to < float(run.k["min_item_seconds"]) / 2:
+        if to < MIN_SECONDS["scan_run"] * float(run.k["min_item_scale"]):
             return None
         cmd = [run.exe("batchfit-train"), "--plan", run.plan_path(key), "--steps", str(steps), "--micro-batch",
                str(b), "--accumulation", "1", "--force", "--quiet", *limit_args]
@@ -608,6 +661,16 @@ def scan(run, items, s1, slot):
         r = run_cmd(cmd, to, out, err)
         outcome = "fits" if r["rc"] == 0 else "oom" if r["rc"] == 6 else "timeout" if r["timed_out"] else "error"
         entry = {"batch": b, "outcome": outcome, "rc": r["rc"], "seconds": r["seconds"]}
+        if outcome == "error" and (r["rc"] < 0 or r["rc"] >= 128) and OOM_TEXT.search(tail(err)):
+            # killed by a signal (an abort) after an allocation failed: the C++ runtime's way of running out
+            # of memory where no exception can pass; counted as out of memory, and marked
+            outcome = entry["outcome"] = "oom"
+            entry["note"] = f"the process died (exit {r['rc']}) after a failed allocation"
+        elif outcome == "error" and run.mode == "cpu" and "Thread creation failed" in tail(err):
+            # cpu: OpenMP starts its threads lazily; under the data-segment limit their stacks cannot be
+            # mapped, and libgomp exits 1. That is the limit being reached: out of memory, marked
+            outcome = entry["outcome"] = "oom"
+            entry["note"] = "libgomp could not create its threads under the data-segment limit (exit 1)"
         parsed = parse_trained(tail(out))
         if parsed.get("peak_bytes"):
             entry["peak_bytes"] = parsed["peak_bytes"]
@@ -623,7 +686,7 @@ def scan(run, items, s1, slot):
 
     tr = (s1.get("items") or {}).get(f"train:{key}") or {}
     lo, hi = None, None
-    if tr.get("status") == "ok" and tr.get("micro_batch") == answer and (tr.get("accumulation") or 1) >= 1:
+    if tr.get("status") == "ok" and tr.get("micro_batch") == answer and tr.get("plan_created") == plan.get("created_unix"):
         lo = answer
         item["answer_verified_by"] = f"stage 1: {tr.get('steps')} training steps at {answer}"
     else:
@@ -632,10 +695,15 @@ def scan(run, items, s1, slot):
             return items.not_run(name)
         if o == "fits":
             lo = answer
-        else:
+        elif o == "oom":
             hi = answer
             lo = 0
             item["answer_fails"] = True
+        else:  # an error or a timeout at the answer: nothing above it can be learned this way
+            msg = item["runs"][-1].get("message", "")
+            item.update(status="failed", seconds=round(time.monotonic() - t0, 1), n_runs=len(item["runs"]),
+                        reason=f"batchfit-train at the answer {answer}: {o} (exit {item['runs'][-1]['rc']}): {msg}")
+            return items.put(name, item)
     pred = predict(plan, scan_cap) if lo else None
     cand = None
     if lo:
@@ -643,7 +711,7 @@ def scan(run, items, s1, slot):
         cand = pred if pred is not None else ratio_guess
         cand = max(lo + 1, min(cand, int(answer * 1.5) + 1))
         item["prediction"] = cand
-    grow = 0.02
+    grow = float(run.k["scan_grow"])
     bound_by_error = False
     while True:
         if hi is not None:
@@ -665,12 +733,15 @@ def scan(run, items, s1, slot):
             hi = b
             if o != "oom":
                 bound_by_error = True
+                if sum(1 for r_ in item["runs"] if r_["outcome"] not in ("fits", "oom")) >= 2:
+                    break  # errors, not out-of-memory: stop and report them
     exact = hi is not None and hi - lo <= 1
     converged = hi is not None and hi - lo <= max(1, int(lo * tol))
     item.update(true_max=lo if lo else None, first_fail=hi, exact=exact, converged=converged,
                 bound_by_error=bound_by_error, seconds=round(time.monotonic() - t0, 1), n_runs=len(item["runs"]))
     if item.get("answer_fails"):
-        item.update(status="failed", reason=f"batchfit's answer {answer} does not train on the whole device")
+        item.update(status="failed", reason=f"batchfit's answer {answer} runs out of memory in a fresh batchfit-train "
+                                            "on the whole device")
     elif bound_by_error:
         item.update(status="failed", reason="a scan run ended in an error or timeout, not out of memory: see runs")
     elif not converged:
@@ -716,7 +787,7 @@ def modelcheck(run, items):
     name = "modelcheck"
     if items.keep(name):
         return
-    t = items.time_for(run.k["modelcheck_seconds"])
+    t = items.time_for(run.k["modelcheck_seconds"], "modelcheck")
     if t is None:
         return items.not_run(name)
     archs, seen = [], set()
@@ -753,7 +824,7 @@ def peer(run, items, s1, slot, tool):
     if items.keep(name):
         return
     cap = run.k["lightning_seconds"] if tool == "lightning" else run.k["accelerate_seconds"]
-    t = items.time_for(cap)
+    t = items.time_for(cap, tool)
     if t is None:
         return items.not_run(name)
     plan = run.plan(key)
@@ -770,7 +841,11 @@ def peer(run, items, s1, slot, tool):
         args += ["--init-val", str(init), "--max-trials", str(run.k["lightning_max_trials"]), "--max-val", str(1 << 20)]
         item.update(init_val=init, max_val=1 << 20)
     else:
-        if rec.get("max_fitting_batch"):
+        sc = (run.stage(2).get("items") or {}).get(f"scan:{key}") or {}
+        if sc.get("first_fail"):
+            start = pow2_ceil(1.25 * sc["first_fail"])
+            item["start_from"] = "smallest power of two >= 1.25 × the first failing size of the stage-2 scan"
+        elif rec.get("max_fitting_batch"):
             start = pow2_ceil(1.25 * (rec.get("first_failing_batch") or rec["max_fitting_batch"] + 1))
             item["start_from"] = "smallest power of two >= 1.25 × batchfit's first failing size"
         else:
@@ -827,7 +902,7 @@ def stage_status(run, n):
     if not its:
         return "not run", []
     bad = [(k, v) for k, v in its.items() if v.get("status") == "failed"]
-    missing = [(k, v) for k, v in its.items() if v.get("status") in ("not-run", "incomplete", "running")]
+    missing = [(k, v) for k, v in its.items() if v.get("status") in ("not-run", "incomplete", "running", "blocked")]
     if bad:
         return "failed", [f"{k}: {v.get('reason')}" for k, v in bad]
     if missing:
@@ -851,7 +926,8 @@ def peak_text(peak, cap):
 
 def seq_text(trials, key_outcome="outcome"):
     sym = {"fits": "✓", "oom": "✗", "retries": "↻", "timeout": "⏱", "error": "!", "failed": "✗?", "running": "…"}
-    return " ".join(f"{t.get('batch')}{sym.get(t.get(key_outcome), '?')}" for t in trials or [])
+    return " ".join(f"{t.get('batch')}{sym.get(t.get(key_outcome), '?')}{'*' if t.get('note') else ''}"
+                    for t in trials or [])
 
 
 def cell(text):
@@ -888,6 +964,11 @@ def render(run):
       f"{v.get('lightning') or v.get('pytorch-lightning') or 'not installed'}, Accelerate "
       f"{v.get('accelerate') or 'not installed'}, torchvision {v.get('torchvision') or 'not installed'} |")
     w(f"| calls | {cell('; '.join(meta.get('calls', [])))} |")
+    fakes = [s_["slot"] for s_ in s1.values() if isinstance(s_, dict) and s_.get("fake_gpu")]
+    if fakes:
+        w("")
+        w(f"**FAKE GPU (BATCHFIT_FAKE_GPUS): the plans of {', '.join(fakes)} come from simulated trials; this is a "
+          "test of the script, not a GPU result.**")
     w("")
     w("## Stages")
     w("")
@@ -900,7 +981,8 @@ def render(run):
         if rec.get("rc") not in (None, 0) and st == "ok":
             st = f"exit {rec.get('rc')}"
         if why:
-            extra = ": " + "; ".join(why[:3]) + (" …" if len(why) > 3 else "")
+            extra = ": " + "; ".join(w_[:160] + ("…" if len(w_) > 160 else "") for w_ in why[:3]) + \
+                (f" (+{len(why) - 3} more)" if len(why) > 3 else "")
         w(f"| {n} | {STAGE_TITLES[n]} | {cell(st + extra)} | {fmt_s(rec.get('seconds'))} | {rec.get('ended', '—')} |")
     w("")
     w("## Results")
@@ -926,7 +1008,7 @@ def render(run):
         tm_text = "—"
         if tm:
             tm_text = str(tm) if sc.get("exact") else f"{tm}–{(sc.get('first_fail') or 0) - 1}" if sc.get("first_fail") else f"≥ {tm}"
-        if sc.get("status") in ("not-run", "skipped"):
+        if sc.get("status") in ("not-run", "skipped", "blocked"):
             tm_text = f"{sc['status']}"
         model = f"`{key}`"
         # batchfit
@@ -940,13 +1022,15 @@ def render(run):
             w(f"| {model} | batchfit probe | {pr.get('n_trials')} | {fmt_s(pr.get('wall_seconds'))} | {ans_text} | {tm_text} "
               f"| {ratio(pr.get('answer'), tm)} | {peak_text(pr.get('peak_bytes'), cap)} |")
         else:
-            w(f"| {model} | batchfit probe | — | — | {cell(pr.get('status', 'not run'))}: {cell(pr.get('reason', ''))} | {tm_text} | — | — |")
-        for tool, label in (("lightning", "Lightning `scale_batch_size` binsearch"),
-                            ("accelerate", "Accelerate `find_executable_batch_size`")):
+            st_text = pr.get("status", "not run") + (f": {pr['reason']}" if pr.get("reason") else "")
+            w(f"| {model} | batchfit probe | {pr.get('n_trials', '—')} | {fmt_s(pr.get('wall_seconds'))} | {cell(st_text)} "
+              f"| {tm_text} | — | — |")
+        for tool, tool_label in (("lightning", "Lightning `scale_batch_size` binsearch"),
+                                 ("accelerate", "Accelerate `find_executable_batch_size`")):
             it = s3.get(f"{tool}:{key}") or {}
             st = it.get("status")
             if st in ("skipped", "not-run") or not it:
-                w(f"| {model} | {label} | — | — | {cell((st or 'not run') + ': ' + str(it.get('reason', 'stage 3 not run')))} | "
+                w(f"| {model} | {tool_label} | — | — | {cell((st or 'not run') + ': ' + str(it.get('reason', 'stage 3 not run')))} | "
                   f"{tm_text} | — | — |")
                 continue
             trials = it.get("trials") or []
@@ -955,7 +1039,7 @@ def render(run):
             peak = (big or {}).get("peak_reserved_bytes") if gpu else None
             ans = it.get("answer")
             ans_text = str(ans) if ans is not None else f"{st}: {cell(it.get('reason', ''))[:200]}"
-            w(f"| {model} | {label} | {len(trials)} | {fmt_s(it.get('search_seconds'))} ({fmt_s(it.get('wall_seconds'))} "
+            w(f"| {model} | {tool_label} | {len(trials)} | {fmt_s(it.get('search_seconds'))} ({fmt_s(it.get('wall_seconds'))} "
               f"with start-up) | {ans_text} | {tm_text} | {ratio(ans, tm)} | {peak_text(peak, cap)} |")
     w("")
     w("## Training with each recommendation (stage 1)")
@@ -986,7 +1070,7 @@ def render(run):
         pr = s1.get(f"probe:{key}") or {}
         if not pr.get("trials"):
             continue
-        w(f"* `{key}` ({slot['label']}): {pr.get('n_trials')} trials, {fmt_s(pr.get('wall_seconds'))} wall "
+        w(f"* `{key}` ({label(slot)}): {pr.get('n_trials')} trials, {fmt_s(pr.get('wall_seconds'))} wall "
           f"({fmt_s(pr.get('trial_seconds'))} inside trials), stop `{pr.get('stop_reason')}`; budget "
           f"{fmt_bytes(pr.get('budget_bytes'))}, limit {fmt_bytes(pr.get('limit_bytes'))} (margin {pr.get('margin')}); "
           f"answer {pr.get('answer')}, first failing {pr.get('first_failing_batch')}, "
@@ -1017,6 +1101,10 @@ def render(run):
         st = sc.get("status", "?") + (f": {sc.get('reason')}" if sc.get("reason") and sc.get("status") != "ok" else "")
         pre = f"{sc['answer']}✓ (stage 1) " if sc.get("answer_verified_by") else ""
         w(f"| `{key}` | {sc.get('answer', '—')} | {pre}{seq_text(sc.get('runs'))} | {tm_text} | {cell(st)} | {fmt_s(sc.get('seconds'))} |")
+    notes = sorted({r_["note"] for slot in run.slots for r_ in (s2.get(f"scan:{slot['key']}") or {}).get("runs") or []
+                    if r_.get("note")})
+    for n_ in notes:
+        w(f"\n\\* {n_}.")
     w("")
     w(f"Each run: `batchfit-train --plan PLAN --steps {run.k['scan_steps']} --micro-batch N --accumulation 1 --force "
       + ("--memory-limit none` (the whole GPU)" if gpu else "--memory-limit BUDGET`") +
@@ -1146,7 +1234,7 @@ def cmd_init(a):
     meta["host"] = os.uname().nodename
     meta["nproc"] = os.cpu_count()
     if a.mode == "gpu":
-        meta["gpu_apps_at_start"] = Run.gpu_apps(type("R", (), {"mode": "gpu"})())
+        meta["gpu_apps_at_start"] = gpu_apps()
     save(os.path.join(out, "meta.json"), meta)
     for n in ("1", "2", "3"):
         data = load(os.path.join(out, f"stage{n}.json"))

@@ -126,8 +126,13 @@ class Device:
         return {"name": "cpu", "total_bytes": None, "rlimit_data": resource.getrlimit(resource.RLIMIT_DATA)[0]}
 
     def reset(self):
+        """Before a trial: return cached blocks (left by an earlier out-of-memory trial) to the driver, so the
+        trial's peak reserved bytes are its own, then reset the peaks."""
         if self.kind == "cuda":
+            import gc
+            gc.collect()
             self.torch.cuda.synchronize()
+            self.torch.cuda.empty_cache()
             self.torch.cuda.reset_peak_memory_stats(0)
         else:
             reset_rss_peak()
@@ -196,10 +201,11 @@ def versions(torch):
 
 def cpu_memory_error(device, e):
     """cpu (the smoke): under RLIMIT_DATA an allocation outside libtorch's allocator fails as Python's
-    MemoryError (a C++ std::bad_alloc, or Python's own), which neither Lightning nor Accelerate counts as
+    MemoryError or a RuntimeError "std::bad_alloc" (C++ allocations), which neither Lightning nor Accelerate counts as
     out of memory. Here the limit stands for the device's memory, so it is one: re-raised as the message
     libtorch's CPU allocator gives, which both recognise. On cuda nothing changes."""
-    if device.kind == "cpu" and isinstance(e, MemoryError):
+    if device.kind == "cpu" and (isinstance(e, MemoryError) or
+                                 (isinstance(e, RuntimeError) and "std::bad_alloc" in str(e))):
         return RuntimeError(f"DefaultCPUAllocator: can't allocate memory (Python MemoryError under the smoke's "
                             f"RLIMIT_DATA: {e!r})")
     return e
