@@ -332,3 +332,27 @@ fn cuda_visible_devices_is_respected() {
     assert_eq!(p["gpu"]["index"], 1, "all = the visible ones: a single GPU");
     assert!(p["gpu"].get("per_gpu").is_none());
 }
+
+/// `--force` cannot make a cuda plan train without CUDA: a clear environment error.
+#[test]
+fn forced_cuda_plan_without_cuda_is_an_environment_error() {
+    if tch::Cuda::is_available() {
+        eprintln!("not testing the no-CUDA path: this machine has a usable GPU");
+        return;
+    }
+    let d = tmp();
+    let f = fake(&d, &[CURVE]);
+    let plan = path(&d, "plan.json");
+    probe(&f)
+        .args(["--max-batch", "32", "--out"])
+        .arg(&plan)
+        .assert()
+        .success();
+    trainer()
+        .env("BATCHFIT_FAKE_GPUS", &f)
+        .args(["--steps", "1", "--force", "--plan"])
+        .arg(&plan)
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains("libtorch sees no CUDA device"));
+}

@@ -267,6 +267,16 @@ fn run(a: &Args) -> Result<(), Fail> {
     trial::configure_threads(plan.runtime.threads);
     // cuda plans: the plan's GPU is cuda:0 here (see cuda_environment)
     let cuda_index = (plan.device.kind == "cuda").then_some(0u32);
+    if cuda_index.is_some() && !tch::Cuda::is_available() {
+        return Err(Fail(
+            3,
+            anyhow!(
+                "{} is a cuda plan, and libtorch sees no CUDA device here (no driver, or \
+                 CUDA_VISIBLE_DEVICES hides it); train on the GPU the plan names, or re-probe here",
+                a.plan.display()
+            ),
+        ));
+    }
     let device = match cuda_index {
         Some(i) => tch::Device::Cuda(i as usize),
         None => tch::Device::Cpu,
