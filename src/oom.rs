@@ -14,6 +14,9 @@ const OOM_MARKERS: &[&str] = &[
     "CUBLAS_STATUS_ALLOC_FAILED",
     "CUDNN_STATUS_NOT_SUPPORTED",
     "CUDNN_STATUS_ALLOC_FAILED",
+    // libgomp cannot create its worker threads: under RLIMIT_DATA thread stacks count as data, so at the
+    // limit this is the memory limit speaking (seen in trials and in batchfit-train near the limit).
+    "Thread creation failed: Resource temporarily unavailable",
 ];
 
 /// Whether `msg` reports an out-of-memory condition.
