@@ -214,13 +214,17 @@ fn usage_errors_and_help() {
 /// docs/gpu-results.md alone.
 #[test]
 fn gpu_run_without_a_gpu_refuses() {
-    let venv_python = std::env::var_os("LIBTORCH")
-        .map(|l| PathBuf::from(l).join("../../../../bin/python"))
-        .filter(|p| p.exists());
-    let Some(python) = venv_python else {
-        eprintln!("skipped: LIBTORCH does not point into a venv with a python");
-        return;
-    };
+    // the libtorch venv the binaries were built against (…/venv/lib/python3.X/site-packages/torch/lib)
+    let python = PathBuf::from(env!("BATCHFIT_LIBTORCH_LIB"))
+        .ancestors()
+        .nth(5)
+        .expect("venv root")
+        .join("bin/python");
+    assert!(
+        python.exists(),
+        "{} not found (scripts/setup-libtorch.sh creates it)",
+        python.display()
+    );
     let fake = tempfile::tempdir().unwrap();
     let smi = fake.path().join("nvidia-smi");
     std::fs::write(
