@@ -612,6 +612,17 @@ mod tests {
             },
             ..tiny_gpt()
         });
+        specs.push(ModelSpec {
+            architecture: Architecture::Vit {
+                layers: 2,
+                d_model: 48,
+                heads: 4,
+                patch: 8,
+                image_size: 32,
+                classes: 10,
+            },
+            ..tiny_gpt()
+        });
         for spec in specs {
             let l = Learner::new(&spec, Device::Cpu, 1e-3, 0).unwrap();
             let built: i64 =
