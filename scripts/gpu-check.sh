@@ -215,6 +215,18 @@ PYEOF
     fi
   done
 
+  # ---- the GPU-only unit test of the allocator shim, when its test binary was carried along -------
+  # (build it here with `cargo test --release --lib --no-run` and copy the printed
+  # target/release/deps/batchfit-HASH as BIN/batchfit-lib-tests)
+  if [ "$mode" = gpu ] && [ -x "$bin/batchfit-lib-tests" ]; then
+    if "$bin/batchfit-lib-tests" --ignored --exact gpu::allocator::tests::stats_follow_a_cuda_allocation \
+        >"$out/logs/shim-test.log" 2>&1; then
+      echo "gpu-check: allocator shim test on the GPU: passed ($out/logs/shim-test.log)" >&2
+    else
+      echo "gpu-check: WARNING: allocator shim test on the GPU FAILED: see $out/logs/shim-test.log" >&2
+    fi
+  fi
+
   # (--opt=VALUE: values may begin with a dash)
   init_args=(init "--out=$out" --mode "$mode" "--bin=$bin" "--python=$py" "--root=$ROOT"
     --time-budget "$budget" "--stamp-device=$stamp" "--commit=$commit" "--commit-source=$commit_source"

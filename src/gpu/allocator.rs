@@ -446,7 +446,7 @@ mod tests {
 
     /// Proves the stats on a real GPU: allocating a CUDA tensor raises allocated/reserved bytes.
     #[test]
-    #[ignore = "needs a CUDA GPU (run with --ignored on a GPU machine)"]
+    #[ignore = "needs a CUDA GPU: scripts/gpu-check.sh runs it when the lib test binary is carried as BIN/batchfit-lib-tests (or cargo test --release --lib -- --ignored on a GPU machine)"]
     fn stats_follow_a_cuda_allocation() {
         assert!(
             tch::Cuda::is_available(),
