@@ -69,6 +69,12 @@ fn size(flag: &str, v: &str) -> Result<u64, ConfigError> {
     parse_size(v).map_err(|e| ConfigError(format!("{flag}: {e}")))
 }
 
+/// Why `--isolation hybrid` is refused on cuda (explicit, or chosen by `--backend auto`).
+pub const HYBRID_ON_CUDA: &str = "--isolation hybrid is for the cpu backend: on cuda every trial runs \
+     in a fresh process, because a long-lived worker keeps its CUDA context and whatever the caching \
+     allocator could not return, so NVML could not attribute a trial's footprint cleanly; drop \
+     --isolation hybrid";
+
 pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     let err = |m: String| Err(ConfigError(m));
     let backend = match (a.backend, &a.sim) {
@@ -126,6 +132,9 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
                 "{flag} is a cuda option; drop it, or use --backend cuda (or auto on a GPU machine)"
             ));
         }
+    }
+    if a.isolation == IsolationArg::Hybrid && backend == BackendChoice::Cuda {
+        return err(HYBRID_ON_CUDA.into());
     }
     if let Some(g) = &a.gpus {
         let ok = g.trim() == "all"

@@ -268,6 +268,12 @@ fn resolve(cfg: &ProbeConfig, notices: &mut Vec<String>) -> Result<Resolved, Pro
         BackendChoice::Cuda => Ok(Resolved::Cuda(CudaSetup::resolve(cfg)?)),
         BackendChoice::Auto => match cuda_usable() {
             Ok(()) => {
+                if cfg.isolation == crate::backend::cpu::IsolationMode::Hybrid {
+                    return Err(ProbeError::Usage(format!(
+                        "--backend auto chose cuda: {}",
+                        crate::config::HYBRID_ON_CUDA
+                    )));
+                }
                 let setup = CudaSetup::resolve(cfg)?;
                 notices.push(format!(
                     "batchfit: --backend auto: using cuda (GPU {})",

@@ -209,9 +209,22 @@ fn outcome(
     rss: Option<u64>,
     gpu: Option<GpuMeasure>,
 ) -> TrialOutcome {
+    let allocator = gpu.and_then(|g| g.allocator);
+    let ooms = allocator.map_or(0, |a| a.ooms);
     let outcome_of_error = |e: StepError| match e {
         StepError::Oom(m) => TrialOutcome::Oom {
             message: m,
+            peak_bytes: Some(peak),
+            rss_peak_bytes: rss,
+            gpu,
+        },
+        // cuDNN and cuBLAS catch the allocator's "out of memory" and try with less workspace; when no
+        // choice is left they raise their own error (e.g. "GET was unable to find an engine to
+        // execute this computation"). The allocator's OOM counter says memory is what ran out.
+        StepError::Other(m) if ooms > 0 => TrialOutcome::Oom {
+            message: format!(
+                "{m} (the CUDA allocator ran out of memory {ooms} time(s) in this trial)"
+            ),
             peak_bytes: Some(peak),
             rss_peak_bytes: rss,
             gpu,
@@ -227,9 +240,12 @@ fn outcome(
             } else {
                 median(&mut times)
             };
-            match gpu.and_then(|g| g.allocator) {
-                Some(a) if a.alloc_retries > 0 => TrialOutcome::Retries {
-                    retries: a.alloc_retries,
+            // The allocator counts a retry (cache flushed, allocation tried again) also before each
+            // OOM it raises, including those cuDNN catches while it looks for a smaller workspace:
+            // only retries that succeeded mean "fits only by flushing the cache".
+            match allocator.map(|a| a.alloc_retries.saturating_sub(a.ooms)) {
+                Some(retries) if retries > 0 => TrialOutcome::Retries {
+                    retries,
                     peak_bytes: peak,
                     step_seconds,
                     gpu,
@@ -412,4 +428,80 @@ pub fn worker_main(template_json: &str) -> ! {
     }
     // SAFETY: terminating the process.
     unsafe { libc::_exit(0) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(alloc_retries: u64, ooms: u64) -> Option<GpuMeasure> {
+        Some(GpuMeasure {
+            nvml_peak_bytes: 10 << 30,
+            method: FootprintMethod::NvmlProcess,
+            allocator: Some(AllocatorReport {
+                alloc_retries,
+                ooms,
+                ..Default::default()
+            }),
+        })
+    }
+
+    fn done() -> std::thread::Result<Result<Vec<f64>, StepError>> {
+        Ok(Ok(vec![0.3, 0.1, 0.1]))
+    }
+
+    fn failed(e: StepError) -> std::thread::Result<Result<Vec<f64>, StepError>> {
+        Ok(Err(e))
+    }
+
+    #[test]
+    fn retries_before_caught_ooms_are_not_retries() {
+        // cuDNN caught two OOMs (each preceded by a retry) and the steps completed: a fit
+        let o = outcome(done(), 1 << 30, None, gpu(2, 2));
+        assert_eq!(o.kind(), "fits", "{o:?}");
+        // one retry succeeded besides the one before a caught OOM: a `retries` outcome, counting one
+        match outcome(done(), 1 << 30, None, gpu(3, 2)) {
+            TrialOutcome::Retries { retries, .. } => assert_eq!(retries, 1),
+            o => panic!("{o:?}"),
+        }
+        // off CUDA there is no allocator report
+        assert_eq!(outcome(done(), 1 << 30, None, None).kind(), "fits");
+    }
+
+    #[test]
+    fn a_library_error_after_allocator_ooms_is_an_oom() {
+        let engine = || {
+            StepError::Other("GET was unable to find an engine to execute this computation".into())
+        };
+        let o = outcome(failed(engine()), 1 << 30, None, gpu(1, 1));
+        match &o {
+            TrialOutcome::Oom { message, .. } => {
+                assert!(message.contains("unable to find an engine"), "{message}");
+                assert!(message.contains("ran out of memory 1 time(s)"), "{message}");
+            }
+            o => panic!("{o:?}"),
+        }
+        // without an OOM counted, the same text is an error, not proof of a size that does not fit
+        assert_eq!(
+            outcome(failed(engine()), 1 << 30, None, gpu(0, 0)).kind(),
+            "error"
+        );
+        assert_eq!(
+            outcome(failed(engine()), 1 << 30, None, None).kind(),
+            "error"
+        );
+        // a diverged step stays an error whatever the allocator saw
+        let nan = outcome(
+            failed(StepError::NonFinite(f64::NAN)),
+            1 << 30,
+            None,
+            gpu(1, 1),
+        );
+        assert_eq!(nan.kind(), "error");
+        // a panic with libtorch's OOM text is an OOM as before
+        let p: std::thread::Result<Result<Vec<f64>, StepError>> = Err(Box::new(
+            "CUDA out of memory. Tried to allocate 2.00 GiB".to_string(),
+        ));
+        assert_eq!(outcome(p, 1 << 30, None, gpu(1, 1)).kind(), "oom");
+    }
 }

@@ -152,6 +152,25 @@ fn gpu_selection_errors_are_usage_errors() {
             .stdout(predicate::str::is_empty())
             .stderr(predicate::str::contains(msg));
     }
+    // hybrid isolation is cpu-only, whether cuda is asked for or chosen by auto
+    for backend in ["cuda", "auto"] {
+        batchfit()
+            .env("BATCHFIT_FAKE_GPUS", &f)
+            .args([
+                "probe",
+                "--quiet",
+                "--isolation",
+                "hybrid",
+                "--backend",
+                backend,
+            ])
+            .assert()
+            .code(2)
+            .stdout(predicate::str::is_empty())
+            .stderr(predicate::str::contains(
+                "--isolation hybrid is for the cpu backend",
+            ));
+    }
     batchfit()
         .args(["probe", "--backend", "cpu", "--gpus", "0"])
         .assert()

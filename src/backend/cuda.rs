@@ -53,7 +53,8 @@ pub struct CudaBackend {
 }
 
 /// `PYTORCH_CUDA_ALLOC_CONF` for a trial: the user's options (any `per_process_memory_fraction` of
-/// theirs replaced) plus the fraction that makes the allocator stop at the limit.
+/// theirs replaced) plus the fraction that makes the allocator stop at the limit. `total` is CUDA's
+/// total ([`GpuInfo::cuda_total_bytes`]), which the allocator multiplies the fraction by.
 pub fn trial_alloc_conf(user: Option<&str>, limit: u64, total: u64) -> String {
     let fraction = (limit as f64 / total.max(1) as f64).clamp(0.0, 1.0);
     let mut parts: Vec<String> = user
@@ -139,7 +140,7 @@ impl CudaBackend {
                 trial_alloc_conf(
                     self.alloc_conf.as_deref(),
                     self.limit,
-                    self.info.total_bytes,
+                    self.info.cuda_total_bytes(),
                 ),
             );
         // The device-delta fallback needs a clean baseline: wait (up to 2 s) for the previous trial's
@@ -446,6 +447,13 @@ mod tests {
                 100
             ),
             "expandable_segments:True,per_process_memory_fraction:0.250000"
+        );
+        // the fraction is of CUDA's total, which leaves out the driver's reserve
+        let g = fake_h200(vec![]).gpus[0].clone();
+        assert_eq!(g.cuda_total_bytes(), g.total_bytes - (600 << 20));
+        assert_eq!(
+            trial_alloc_conf(None, g.cuda_total_bytes() / 2, g.cuda_total_bytes()),
+            "per_process_memory_fraction:0.500000"
         );
     }
 

@@ -172,8 +172,12 @@ fn refusals(plan: &Plan) -> Vec<String> {
 /// allocator settings and, with `--memory-limit`, the fraction that stops the allocator at the limit.
 fn cuda_environment(plan: &Plan, memory_limit: &str) -> Result<(), Fail> {
     let index = plan.gpu.as_ref().map_or(0, |g| g.index);
+    // CUDA's total, which the allocator multiplies the fraction by (NVML's total less the driver's
+    // reserve), from this GPU when NVML answers.
+    let mut cuda_total = plan.device.total_bytes;
     if let Ok(g) = batchfit::gpu::fake::query().and_then(|q| q.device(index)) {
         std::env::set_var("CUDA_VISIBLE_DEVICES", &g.uuid);
+        cuda_total = g.cuda_total_bytes();
     }
     std::env::set_var("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
     let user = plan.gpu.as_ref().and_then(|g| g.alloc_conf.clone());
@@ -188,7 +192,7 @@ fn cuda_environment(plan: &Plan, memory_limit: &str) -> Result<(), Fail> {
             Some(batchfit::backend::cuda::trial_alloc_conf(
                 user.as_deref(),
                 bytes,
-                plan.device.total_bytes,
+                cuda_total,
             ))
         }
     };
@@ -367,8 +371,19 @@ fn run(a: &Args) -> Result<(), Fail> {
             ),
         )
     };
+    // OOMs the CUDA allocator raised in this process: cuDNN and cuBLAS catch them and, when no choice
+    // is left, raise their own error (e.g. "unable to find an engine"), which is then out of memory too.
+    let cuda_ooms = || {
+        cuda_index
+            .and_then(|i| batchfit::gpu::allocator::stats(i as usize).ok())
+            .map_or(0, |s| s.ooms)
+    };
     let step_err = |e: StepError| match e {
         StepError::Oom(m) => oom(m),
+        StepError::Other(m) if cuda_ooms() > 0 => oom(format!(
+            "{m} (the CUDA allocator ran out of memory {} time(s))",
+            cuda_ooms()
+        )),
         other => Fail(3, anyhow!("training failed: {other}")),
     };
     let t_start = Instant::now();

@@ -179,13 +179,22 @@ impl DoctorReport {
         }
         for g in &self.gpus {
             s += &format!(
-                "  GPU {} {} ({}): {} total, {} used, {} free\n",
+                "  GPU {} {} ({}): {} total, {} used, {} free{}\n",
                 g.index,
                 g.name,
                 g.uuid,
                 format_size(g.total_bytes),
                 format_size(g.used_bytes),
-                format_size(g.free_bytes)
+                format_size(g.free_bytes),
+                if g.reserved_bytes > 0 {
+                    format!(
+                        ", {} reserved by the driver (CUDA's total is {})",
+                        format_size(g.reserved_bytes),
+                        format_size(g.cuda_total_bytes())
+                    )
+                } else {
+                    String::new()
+                }
             );
             for p in &g.processes {
                 s += &format!(
@@ -237,7 +246,8 @@ mod tests {
         assert!(
             t.contains("NVIDIA H200")
                 && t.contains("expandable_segments")
-                && t.contains("pid     4242: 20.00 GiB"),
+                && t.contains("pid     4242: 20.00 GiB")
+                && t.contains("600.00 MiB reserved by the driver (CUDA's total is 140.41 GiB)"),
             "{t}"
         );
         let j: serde_json::Value = serde_json::to_value(&r).unwrap();

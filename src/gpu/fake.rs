@@ -8,7 +8,8 @@
 //!            "used_bytes": …, "processes": [{"pid": 4242, "used_bytes": …}]}],
 //!  "sim": ["base=2GiB,per-sample=40MiB,capacity=141GiB"]}
 //! ```
-//! `sim[i]` is GPU i's curve (`--sim` syntax); a missing entry reuses the last.
+//! `sim[i]` is GPU i's curve (`--sim` syntax); a missing entry reuses the last. A GPU may also give
+//! `reserved_bytes` (the driver's reserve, as NVML's v2 memory query reports it).
 
 use super::{FakeGpus, GpuError, GpuInfo, GpuQuery};
 use crate::backend::sim::SimSpec;

@@ -46,11 +46,27 @@ pub struct GpuInfo {
     pub total_bytes: u64,
     pub free_bytes: u64,
     pub used_bytes: u64,
+    /// Memory the driver and firmware set aside (NVML's v2 memory query). `total_bytes` counts it,
+    /// CUDA's total (what `per_process_memory_fraction` is a fraction of) does not.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reserved_bytes: u64,
     pub processes: Vec<GpuProcess>,
     /// NVML could not list the compute processes (e.g. under a sandbox): `processes` is empty for
     /// that reason, not because there are none.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub processes_unavailable: bool,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl GpuInfo {
+    /// The device memory CUDA reports as total (`cudaMemGetInfo`): NVML's total less the driver's
+    /// reserve.
+    pub fn cuda_total_bytes(&self) -> u64 {
+        self.total_bytes.saturating_sub(self.reserved_bytes)
+    }
 }
 
 /// What batchfit asks of NVML.
@@ -174,10 +190,11 @@ pub(crate) fn fake_h200(processes: Vec<GpuProcess>) -> FakeGpus {
             name: "NVIDIA H200".into(),
             uuid: "GPU-00000000-1111-2222-3333-444444444444".into(),
             total_bytes: 141 * gib,
-            free_bytes: 141 * gib - used,
+            free_bytes: 141 * gib - used - (600 << 20),
             used_bytes: used,
             processes,
             processes_unavailable: false,
+            reserved_bytes: 600 << 20,
         }],
         fail: None,
     }

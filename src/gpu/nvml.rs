@@ -75,6 +75,7 @@ impl GpuQuery for RealNvml {
             total_bytes: mem.total,
             free_bytes: mem.free,
             used_bytes: mem.used,
+            reserved_bytes: mem.reserved,
             processes,
             processes_unavailable,
         })
