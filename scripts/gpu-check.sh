@@ -22,9 +22,12 @@
 #
 # Time: --time-budget (default 300 s) bounds a call; an item that would not get the time it needs is
 # reported "not-run" and the summary prints the call that finishes the work (what succeeded is kept).
-# On an H200 the three stages together are expected to need 10-14 minutes, so plan two or three calls,
-# or a longer --time-budget. On a machine where only $OUT comes back:
-#   bash scripts/gpu-check.sh --bin target/release --out "$OUT/gpu-check"; cp docs/gpu-results.md "$OUT/"
+# On an H200 the three stages together are expected to need 10-15 minutes, so plan two calls, or a
+# longer --time-budget. On a machine where only a few files of $OUT come back (the device tool returns 8),
+# keep OUT elsewhere and bring back one archive of it (written when the call ends, also on a signal):
+#   bash scripts/gpu-check.sh --out /tmp/gc --archive "$OUT/gpu-check.tgz" --time-budget 540; rc=$?
+#   cp /tmp/gc/results.md docs/gpu-results.md "$OUT/" 2>/dev/null; exit $rc
+# and, for the stages the summary lists as not run, the same call again at once with --stages.
 #
 # --cpu-smoke models: an MLP in fp32 and a one-layer GPT in bf16 under a small RLIMIT_DATA budget (a
 # ResNet cannot be probed on CPU, see CPU_SLOTS in scripts/gpu_check/check.py); about 2-4 minutes.
@@ -37,6 +40,7 @@ usage() {
   cat <<'EOF'
 Usage: bash scripts/gpu-check.sh [--cpu-smoke] [--bin DIR] [--out DIR] [--stages 1,2,3]
                                  [--time-budget S] [--python PY] [--commit C] [--set KEY=VALUE]... [--redo]
+                                 [--archive FILE.tgz]
 
 Proves batchfit on a real NVIDIA GPU (see the header of this script for the stages).
 
@@ -54,6 +58,7 @@ Proves batchfit on a real NVIDIA GPU (see the header of this script for the stag
                      the repository or in --bin, else "unknown")
   --set KEY=VALUE    change a setting (list below), e.g. --set train_steps=20
   --redo             run every item again, even those that succeeded in an earlier call
+  --archive FILE     when the call ends (also on TERM/INT), write OUT as a gzipped tar to FILE
   --cpu-smoke        the same stages on CPU with tiny models; writes OUT only (never docs/gpu-results.md)
   -h, --help         this help
 
@@ -85,6 +90,7 @@ main() {
   commit=""
   commit_source="given with --commit"
   redo=0
+  archive=""
   sets=()
 
   need_value() { [ "$2" -ge 2 ] || die "$1 needs a value (see --help)"; }
@@ -107,6 +113,8 @@ main() {
       --set) need_value "$1" $#; sets+=("--set=$2"); shift ;;
       --set=*) sets+=("--set=${1#*=}") ;;
       --redo) redo=1 ;;
+      --archive) need_value "$1" $#; archive=$2; shift ;;
+      --archive=*) archive=${1#*=} ;;
       -h|--help) usage; exit 0 ;;
       *) die "unknown argument: $1 (see --help)" ;;
     esac
@@ -134,6 +142,22 @@ main() {
   [ -n "$out" ] || out="$ROOT/gpu-check-results"
   mkdir -p "$out/logs" || die "cannot create $out" 3
   out="$(cd "$out" && pwd)"
+  if [ -n "$archive" ]; then
+    case "$archive" in *.tgz|*.tar.gz) ;; *) die "--archive: '$archive' should end in .tgz or .tar.gz" ;; esac
+    mkdir -p "$(dirname "$archive")" || die "--archive: cannot create the folder of $archive" 3
+    archive="$(cd "$(dirname "$archive")" && pwd)/$(basename "$archive")"
+    case "$archive/" in "$out"/*) die "--archive: $archive is inside --out $out" ;; esac
+  fi
+  # the archive of OUT, when asked for: written however the call ends
+  pack() {
+    [ -n "$archive" ] || return 0
+    if tar czf "$archive.tmp" -C "$(dirname "$out")" "$(basename "$out")" 2>"$out/logs/archive.err" \
+        && mv -f "$archive.tmp" "$archive"; then
+      echo "gpu-check: archive of $out: $archive" >&2
+    else
+      echo "gpu-check: WARNING: could not write the archive $archive: $(tail -n 1 "$out/logs/archive.err")" >&2
+    fi
+  }
   [ -n "$bin" ] || bin="$ROOT/target/release"
   [ -d "$bin" ] || die "--bin $bin is not a directory" 3
   bin="$(cd "$bin" && pwd)"
@@ -173,11 +197,11 @@ PYEOF
 
   # ---- the stamp: the device and the commit -------------------------------------------------------
   if [ "$mode" = gpu ]; then
-    if ! smi=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1); then
+    if ! smi=$(timeout 60 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1); then
       die "nvidia-smi failed (${smi:-no output}): no NVIDIA GPU here. Without one, use --cpu-smoke" 3
     fi
     [ -n "$smi" ] || die "nvidia-smi lists no GPU. Without one, use --cpu-smoke" 3
-    nvidia-smi >"$out/logs/nvidia-smi.txt" 2>&1
+    timeout 60 nvidia-smi >"$out/logs/nvidia-smi.txt" 2>&1
     stamp=${smi//$'\n'/; }
   else
     cpu=$(grep -m1 '^model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')
@@ -243,6 +267,7 @@ PYEOF
       wait "$child" 2>/dev/null
     fi
     echo "gpu-check: stopped by a signal; what was measured is in $out" >&2
+    pack
     exit "$1"
   }
   trap 'on_signal 143' TERM
@@ -263,7 +288,9 @@ PYEOF
   total=$(awk -v a="$t_all" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f", b - a }')
   echo "gpu-check: stages took ${total} s" >&2
   "$py" "$HELPERS/check.py" summary --out "$out" --stages "$stages"
-  exit $?
+  rc=$?
+  pack
+  exit $rc
 }
 
 main "$@"

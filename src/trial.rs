@@ -178,11 +178,11 @@ pub fn run(spec: &TrialSpec) -> TrialOutcome {
     outcome(result, peak, rss, None)
 }
 
+/// What a trial's steps return: a caught panic, a step's error, or the seconds of each step.
+type Steps = std::thread::Result<Result<Vec<f64>, StepError>>;
+
 /// The training steps of a trial; `Ok` holds the seconds per micro-batch of each step.
-fn train(
-    spec: &TrialSpec,
-    device: tch::Device,
-) -> std::thread::Result<Result<Vec<f64>, StepError>> {
+fn train(spec: &TrialSpec, device: tch::Device) -> Steps {
     std::panic::catch_unwind(|| -> Result<Vec<f64>, StepError> {
         let mut learner = Learner::new(&spec.model, device, 1e-3, spec.seed)?;
         let mut data = Synthetic::for_spec(&spec.model);
@@ -203,12 +203,7 @@ fn train(
 }
 
 /// Turns the steps' result into an outcome with the measured peak.
-fn outcome(
-    result: std::thread::Result<Result<Vec<f64>, StepError>>,
-    peak: u64,
-    rss: Option<u64>,
-    gpu: Option<GpuMeasure>,
-) -> TrialOutcome {
+fn outcome(result: Steps, peak: u64, rss: Option<u64>, gpu: Option<GpuMeasure>) -> TrialOutcome {
     let allocator = gpu.and_then(|g| g.allocator);
     let ooms = allocator.map_or(0, |a| a.ooms);
     let outcome_of_error = |e: StepError| match e {
@@ -446,11 +441,11 @@ mod tests {
         })
     }
 
-    fn done() -> std::thread::Result<Result<Vec<f64>, StepError>> {
+    fn done() -> Steps {
         Ok(Ok(vec![0.3, 0.1, 0.1]))
     }
 
-    fn failed(e: StepError) -> std::thread::Result<Result<Vec<f64>, StepError>> {
+    fn failed(e: StepError) -> Steps {
         Ok(Err(e))
     }
 
@@ -499,7 +494,7 @@ mod tests {
         );
         assert_eq!(nan.kind(), "error");
         // a panic with libtorch's OOM text is an OOM as before
-        let p: std::thread::Result<Result<Vec<f64>, StepError>> = Err(Box::new(
+        let p: Steps = Err(Box::new(
             "CUDA out of memory. Tried to allocate 2.00 GiB".to_string(),
         ));
         assert_eq!(outcome(p, 1 << 30, None, gpu(1, 1)).kind(), "oom");

@@ -70,15 +70,23 @@ fn cpu_smoke_runs_every_stage_and_leaves_the_gpu_results_alone() {
         .prefix("gpu-check-smoke-")
         .tempdir()
         .unwrap();
+    // the archive goes beside --out (inside it is refused): a sibling temporary folder
+    let archive_dir = tempfile::tempdir().unwrap();
+    let archive = archive_dir.path().join("gpu-check.tgz");
     let o = script()
         .args(["--cpu-smoke", "--out"])
         .arg(out.path())
         .arg("--bin")
         .arg(bin_dir())
+        .arg("--archive")
+        .arg(&archive)
         .output()
         .unwrap();
     let dir = out.path().to_path_buf();
-    let checked = std::panic::catch_unwind(|| check_smoke(&dir, &o, &doc, &doc_before));
+    let checked = std::panic::catch_unwind(|| {
+        check_smoke(&dir, &o, &doc, &doc_before);
+        check_archive(&archive, &dir);
+    });
     if let Err(e) = checked {
         // keep the run's files (logs/, plans/, stage*.json) for whoever reads the failure
         let kept = out.keep();
@@ -88,6 +96,31 @@ fn cpu_smoke_runs_every_stage_and_leaves_the_gpu_results_alone() {
         }
         std::panic::resume_unwind(e);
     }
+}
+
+/// `--archive`: one gzipped tar of OUT (what a machine that returns only a few files brings back),
+/// with the results table and the raw data in it.
+fn check_archive(archive: &Path, out: &Path) {
+    let o = Command::new("tar")
+        .arg("tzf")
+        .arg(archive)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}: {}", archive.display(), text(&o));
+    let names = String::from_utf8_lossy(&o.stdout);
+    let base = out.file_name().unwrap().to_string_lossy();
+    for f in ["results.md", "stage1.json", "stage2.json", "stage3.json"] {
+        assert!(
+            names.lines().any(|l| l == format!("{base}/{f}")),
+            "{f} not in the archive:\n{names}"
+        );
+    }
+    assert!(
+        names
+            .lines()
+            .any(|l| l.starts_with(&format!("{base}/plans/"))),
+        "{names}"
+    );
 }
 
 fn check_smoke(dir: &Path, o: &Output, doc: &Path, doc_before: &Option<Vec<u8>>) {
@@ -200,6 +233,7 @@ fn usage_errors_and_help() {
         "--bin",
         "--out",
         "--time-budget",
+        "--archive",
         "train_steps",
     ] {
         assert!(help.contains(flag), "--help lacks {flag}:\n{help}");
@@ -208,6 +242,26 @@ fn usage_errors_and_help() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let o = script().arg("--frobnicate").output().unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let out = tempfile::tempdir().unwrap();
+    for archive in [
+        out.path().join("results.zip"),
+        out.path().join("inside.tgz"),
+    ] {
+        let o = script()
+            .arg("--cpu-smoke")
+            .arg("--out")
+            .arg(out.path())
+            .arg("--archive")
+            .arg(&archive)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("--archive"),
+            "{}",
+            text(&o)
+        );
+    }
 }
 
 /// A GPU run (no --cpu-smoke) where nvidia-smi finds no GPU stops before any stage (exit 3) and leaves

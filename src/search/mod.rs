@@ -236,6 +236,9 @@ impl SearchOutcome {
     }
 }
 
+/// Called after every trial with it and all trials so far.
+type OnTrial<'b> = Box<dyn FnMut(&TrialRecord, &[TrialRecord]) + 'b>;
+
 /// Runs the search against a backend. `on_trial` is called after every trial (the CLI writes the
 /// partial plan and prints progress there).
 pub struct Prober<'b> {
@@ -244,7 +247,7 @@ pub struct Prober<'b> {
     limit_bytes: u64,
     started: Instant,
     trials: Vec<TrialRecord>,
-    on_trial: Box<dyn FnMut(&TrialRecord, &[TrialRecord]) + 'b>,
+    on_trial: OnTrial<'b>,
     /// Cleared once a fresh process fits where the worker ran out of memory: from then on the
     /// worker's state is known to cost memory near the limit, and exploration runs fresh.
     worker_trusted: bool,
