@@ -174,8 +174,66 @@ enum Net {
     },
 }
 
-/// The static loss scale of `amp-fp16` (gradients are unscaled before the optimizer step).
-const FP16_LOSS_SCALE: f64 = 1024.0;
+/// `amp-fp16`'s dynamic loss scale, kept as `torch.amp.GradScaler` keeps it: it starts at 2^16, is
+/// halved after a step whose gradients overflowed and doubled after 2000 clean steps in a row.
+/// Unlike GradScaler, an overflowed step is not skipped: its gradients are zeroed and the optimizer
+/// still steps, so that a trial's steps always allocate the optimizer's state (a skipped first step
+/// would leave it out of a short trial's peak). With zero gradients the first step changes nothing.
+#[derive(Debug, Clone, Copy)]
+struct LossScale {
+    scale: f64,
+    clean_steps: u32,
+}
+
+/// Divides the gradients by `scale` in place, or zeroes them all when any holds an inf or NaN;
+/// returns whether they did. One sum per gradient (no gradient-sized temporaries) and one sync.
+fn unscale_or_zero(grads: &[Tensor], scale: f64) -> Result<bool, TchError> {
+    let Some(first) = grads.first() else {
+        return Ok(false);
+    };
+    tch::no_grad(|| {
+        let mut total = Tensor::f_zeros([], (Kind::Double, first.device()))?;
+        for g in grads {
+            total = total.f_add(&g.f_sum(Kind::Double)?)?;
+        }
+        let finite = f64::try_from(&total)?.is_finite();
+        for g in grads {
+            let mut g = g.shallow_clone();
+            if finite {
+                let _ = g.f_div_scalar_(scale)?;
+            } else {
+                let _ = g.f_zero_()?;
+            }
+        }
+        Ok(!finite)
+    })
+}
+
+impl LossScale {
+    const INITIAL: f64 = 65536.0;
+    const GROWTH_INTERVAL: u32 = 2000;
+
+    fn new() -> Self {
+        LossScale {
+            scale: Self::INITIAL,
+            clean_steps: 0,
+        }
+    }
+
+    /// After a step: halve on overflow, double after enough clean steps.
+    fn update(&mut self, overflowed: bool) {
+        if overflowed {
+            self.scale = (self.scale / 2.0).max(1.0);
+            self.clean_steps = 0;
+        } else {
+            self.clean_steps += 1;
+            if self.clean_steps >= Self::GROWTH_INTERVAL {
+                self.scale *= 2.0;
+                self.clean_steps = 0;
+            }
+        }
+    }
+}
 
 impl Net {
     /// The summed loss of a micro-batch of `n` samples (an f32 scalar) and its number of loss terms
@@ -259,6 +317,8 @@ pub struct Learner {
     opt: COptimizer,
     device: Device,
     precision: Precision,
+    /// `amp-fp16` only.
+    loss_scale: Option<LossScale>,
 }
 
 impl Learner {
@@ -337,6 +397,7 @@ impl Learner {
             opt,
             device,
             precision: spec.precision,
+            loss_scale: (spec.precision == Precision::AmpFp16).then(LossScale::new),
         })
     }
 
@@ -364,18 +425,25 @@ impl Learner {
 
     /// Forward and backward over the micro-batches, accumulating gradients (no optimizer step).
     /// Returns the mean loss per term (sample, token or output element) over all micro-batches.
+    /// Under `amp-fp16` the gradients are unscaled, and zeroed when they overflowed (see
+    /// [`LossScale`]), whose update is left to [`Learner::step`].
     pub fn accumulate(
         &mut self,
         micro_batches: &[u64],
         data: &mut dyn DataSource,
     ) -> Result<f64, StepError> {
+        Ok(self.accumulate_scaled(micro_batches, data)?.0)
+    }
+
+    /// [`Learner::accumulate`], and whether the scaled gradients overflowed.
+    fn accumulate_scaled(
+        &mut self,
+        micro_batches: &[u64],
+        data: &mut dyn DataSource,
+    ) -> Result<(f64, bool), StepError> {
         let total_samples: u64 = micro_batches.iter().sum();
         let (mut loss_sum, mut terms_sum) = (0.0, 0u64);
-        let scale = if self.precision == Precision::AmpFp16 {
-            FP16_LOSS_SCALE
-        } else {
-            1.0
-        };
+        let scale = self.loss_scale.map_or(1.0, |s| s.scale);
         for &n in micro_batches {
             let batch = self.cast_inputs(data.next_batch(n, self.device)?)?;
             let (loss, terms) = autocast(self.precision, || self.net.loss_sum(&batch, n))?;
@@ -394,18 +462,18 @@ impl Learner {
         if !mean.is_finite() {
             return Err(StepError::NonFinite(mean));
         }
-        if scale != 1.0 {
-            tch::no_grad(|| -> Result<(), TchError> {
-                for t in self.vs.trainable_variables() {
-                    let mut g = t.grad();
-                    if g.defined() {
-                        let _ = g.f_div_scalar_(scale)?;
-                    }
-                }
-                Ok(())
-            })?;
+        let mut overflowed = false;
+        if self.loss_scale.is_some() {
+            let grads: Vec<Tensor> = self
+                .vs
+                .trainable_variables()
+                .iter()
+                .map(|t| t.grad())
+                .filter(Tensor::defined)
+                .collect();
+            overflowed = unscale_or_zero(&grads, scale)?;
         }
-        Ok(mean)
+        Ok((mean, overflowed))
     }
 
     /// One optimizer step over `micro_batches` (gradient accumulation when there are several).
@@ -415,8 +483,11 @@ impl Learner {
         data: &mut dyn DataSource,
     ) -> Result<f64, StepError> {
         self.opt.zero_grad()?;
-        let loss = self.accumulate(micro_batches, data)?;
+        let (loss, overflowed) = self.accumulate_scaled(micro_batches, data)?;
         self.opt.step()?;
+        if let Some(s) = &mut self.loss_scale {
+            s.update(overflowed);
+        }
         Ok(loss)
     }
 
@@ -454,6 +525,58 @@ fn autocast<T>(
 mod tests {
     use super::*;
     use crate::models::Precision;
+
+    #[test]
+    fn fp16_loss_scale_halves_on_overflow_and_grows_after_clean_steps() {
+        let mut s = LossScale::new();
+        assert_eq!(s.scale, 65536.0);
+        s.update(true);
+        s.update(true);
+        assert_eq!(s.scale, 16384.0);
+        for _ in 0..LossScale::GROWTH_INTERVAL - 1 {
+            s.update(false);
+        }
+        assert_eq!(s.scale, 16384.0, "not yet grown");
+        s.update(false);
+        assert_eq!(s.scale, 32768.0);
+        // an overflow restarts the count of clean steps
+        for _ in 0..10 {
+            s.update(false);
+        }
+        s.update(true);
+        assert_eq!((s.scale, s.clean_steps), (16384.0, 0));
+        // never below 1
+        for _ in 0..40 {
+            s.update(true);
+        }
+        assert_eq!(s.scale, 1.0);
+    }
+
+    #[test]
+    fn overflowed_gradients_are_zeroed_and_clean_ones_unscaled() {
+        let g = || {
+            vec![
+                Tensor::from_slice(&[2.0f32, 4.0]),
+                Tensor::from_slice(&[8.0f32]),
+            ]
+        };
+        let clean = g();
+        assert!(!unscale_or_zero(&clean, 2.0).unwrap());
+        assert_eq!(Vec::<f32>::try_from(&clean[0]).unwrap(), vec![1.0, 2.0]);
+        assert_eq!(Vec::<f32>::try_from(&clean[1]).unwrap(), vec![4.0]);
+        for bad in [f32::INFINITY, f32::NAN, f32::NEG_INFINITY] {
+            let grads = g();
+            let _ = grads[1].shallow_clone().fill_(bad as f64);
+            assert!(unscale_or_zero(&grads, 2.0).unwrap(), "{bad}");
+            for t in &grads {
+                assert!(
+                    Vec::<f32>::try_from(t).unwrap().iter().all(|v| *v == 0.0),
+                    "{bad}"
+                );
+            }
+        }
+        assert!(!unscale_or_zero(&[], 2.0).unwrap());
+    }
 
     /// Hands out consecutive slices of a fixed data set.
     struct Fixed {
