@@ -35,6 +35,16 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// The script ended with `code` and said `says` on stderr.
+fn exits_with(o: &Output, code: i32, says: &str) {
+    assert_eq!(o.status.code(), Some(code), "{}", text(o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(says),
+        "{}",
+        text(o)
+    );
+}
+
 fn json(p: &Path) -> Value {
     let s = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     serde_json::from_str(&s).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
@@ -255,12 +265,7 @@ fn usage_errors_and_help() {
             .arg(&archive)
             .output()
             .unwrap();
-        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-        assert!(
-            String::from_utf8_lossy(&o.stderr).contains("--archive"),
-            "{}",
-            text(&o)
-        );
+        exits_with(&o, 2, "--archive");
     }
 }
 
@@ -306,12 +311,7 @@ fn gpu_run_without_a_gpu_refuses() {
         .arg(bin_dir())
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("--cpu-smoke"),
-        "{}",
-        text(&o)
-    );
+    exits_with(&o, 3, "--cpu-smoke");
     assert_eq!(std::fs::read(&doc).ok(), before);
     assert!(!out.path().join("stage1.json").exists());
 }
