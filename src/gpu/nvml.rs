@@ -1,13 +1,55 @@
 //! The real NVML, through `nvml-wrapper`. Initialised once per process; the result (or the error, as a
-//! value) is kept. If the default library name fails, `libnvidia-ml.so.1` (what the driver package
-//! installs; the unversioned `.so` comes only with development packages) is tried.
+//! value) is kept. The library is `libnvidia-ml.so.1` (what the driver package installs) found by the
+//! dynamic loader; where the loader does not know the driver's folder, the places drivers are mounted
+//! or installed (containers' `/usr/local/nvidia/lib64`, distributions' lib folders, WSL) are tried,
+//! and `BATCHFIT_NVML_LIB=PATH` names the library outright. A library that loads but whose
+//! `nvmlInit` fails (driver not loaded, no permission) is the answer: no other copy is tried.
 
 use super::{GpuError, GpuInfo, GpuProcess, GpuQuery};
 use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 use std::sync::OnceLock;
 
 static NVML: OnceLock<Result<Nvml, String>> = OnceLock::new();
+
+/// Names the NVML library to load, instead of searching for it.
+pub const LIB_ENV: &str = "BATCHFIT_NVML_LIB";
+
+/// Where `libnvidia-ml.so.1` is looked for, in order, after the loader's own search.
+const FALLBACK_PATHS: &[&str] = &[
+    "libnvidia-ml.so",
+    "/usr/local/nvidia/lib64/libnvidia-ml.so.1",
+    "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+    "/usr/lib64/libnvidia-ml.so.1",
+    "/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1",
+    "/usr/lib/wsl/lib/libnvidia-ml.so.1",
+];
+
+/// Loads and initialises NVML from the first of `candidates` that loads.
+fn init_from(candidates: &[String]) -> Result<Nvml, String> {
+    let mut missing = Vec::new();
+    for lib in candidates {
+        match Nvml::builder().lib_path(std::ffi::OsStr::new(lib)).init() {
+            Ok(nvml) => return Ok(nvml),
+            // not there: try the next place
+            // (libloading's message names the file)
+            Err(NvmlError::LibloadingError(e)) => missing.push(e.to_string()),
+            // the library is there and says no (or lacks what batchfit needs): that is the answer
+            Err(e) => return Err(format!("{lib}: {e}")),
+        }
+    }
+    Err(match missing.len() {
+        0 => "no NVML library to try".into(),
+        1 => missing.remove(0),
+        n => format!(
+            "{}; also tried {} other place(s): {}",
+            missing[0],
+            n - 1,
+            candidates[1..].join(", ")
+        ),
+    })
+}
 
 /// The process-wide NVML handle, or why there is none.
 pub struct RealNvml {
@@ -16,15 +58,16 @@ pub struct RealNvml {
 
 impl RealNvml {
     pub fn get() -> Result<RealNvml, GpuError> {
-        let r = NVML.get_or_init(|| {
-            Nvml::init()
-                .or_else(|first| {
-                    Nvml::builder()
-                        .lib_path(std::ffi::OsStr::new("libnvidia-ml.so.1"))
-                        .init()
-                        .map_err(|second| format!("{first}; with libnvidia-ml.so.1: {second}"))
-                })
-                .map_err(|e| e.to_string())
+        let r = NVML.get_or_init(|| match std::env::var(LIB_ENV) {
+            Ok(path) if !path.is_empty() => {
+                init_from(&[path]).map_err(|e| format!("{e} (from {LIB_ENV})"))
+            }
+            _ => init_from(
+                &std::iter::once("libnvidia-ml.so.1")
+                    .chain(FALLBACK_PATHS.iter().copied())
+                    .map(String::from)
+                    .collect::<Vec<_>>(),
+            ),
         });
         match r {
             Ok(nvml) => Ok(RealNvml { nvml }),
