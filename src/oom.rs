@@ -19,6 +19,14 @@ const OOM_MARKERS: &[&str] = &[
     "Thread creation failed: Resource temporarily unavailable",
 ];
 
+/// Whether `msg` is oneDNN's (libtorch's CPU convolution library) failure to create or run a
+/// primitive. oneDNN reports a failed allocation of its scratchpad or workspace this way, without
+/// saying that memory ran out, so the message alone proves nothing; see
+/// [`crate::trial`] for when it counts as out of memory.
+pub fn is_onednn_failure(msg: &str) -> bool {
+    msg.contains("could not execute a primitive") || msg.contains("could not create a primitive")
+}
+
 /// Whether `msg` reports an out-of-memory condition.
 pub fn is_oom(msg: &str) -> bool {
     OOM_MARKERS.iter().any(|m| msg.contains(m))

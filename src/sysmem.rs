@@ -99,6 +99,21 @@ pub fn cpu_name() -> String {
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
+/// This process's `RLIMIT_DATA` (soft), `None` when unlimited.
+pub fn data_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscall with a valid pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_DATA, &mut lim) } != 0
+        || lim.rlim_cur == libc::RLIM_INFINITY
+    {
+        return None;
+    }
+    Some(lim.rlim_cur as u64)
+}
+
 /// Sets this process's `RLIMIT_DATA` (soft and hard).
 pub fn set_data_limit(bytes: u64) -> std::io::Result<()> {
     let lim = libc::rlimit {

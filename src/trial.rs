@@ -175,7 +175,36 @@ pub fn run(spec: &TrialSpec) -> TrialOutcome {
     // over-counts: it includes library pages faulted in during the steps.)
     let peak = sampled.max(end.vm_data);
     let rss = Some(end.vm_hwm);
-    outcome(result, peak, rss, None)
+    outcome(
+        onednn_starved(result, peak, sysmem::data_limit()),
+        peak,
+        rss,
+        None,
+    )
+}
+
+/// oneDNN (libtorch's CPU convolutions) reports a failed allocation of its scratchpad or workspace
+/// as "could not execute a primitive". Under `RLIMIT_DATA`, when the data segment had come within a
+/// quarter of the limit, memory is what failed: the error becomes an OOM, saying why. Farther from
+/// the limit it stays an error (a real oneDNN failure must not pass for a size that does not fit).
+fn onednn_starved(result: Steps, peak: u64, limit: Option<u64>) -> Steps {
+    let Some(limit) = limit.filter(|&l| l > 0 && peak.saturating_mul(4) >= l.saturating_mul(3))
+    else {
+        return result;
+    };
+    let err = match result {
+        Ok(Err(e)) => e,
+        Err(payload) => crate::step::classify(crate::step::panic_message(payload.as_ref())),
+        done => return done,
+    };
+    Ok(Err(match err {
+        StepError::Other(m) if crate::oom::is_onednn_failure(&m) => StepError::Oom(format!(
+            "{m} (oneDNN failed with the data segment at {:.0}% of the memory limit: an allocation \
+             inside it ran out)",
+            peak as f64 / limit as f64 * 100.0
+        )),
+        e => e,
+    }))
 }
 
 /// What a trial's steps return: a caught panic, a step's error, or the seconds of each step.
@@ -461,6 +490,43 @@ mod tests {
         }
         // off CUDA there is no allocator report
         assert_eq!(outcome(done(), 1 << 30, None, None).kind(), "fits");
+    }
+
+    #[test]
+    fn onednn_failure_near_the_data_limit_is_an_oom() {
+        let primitive = || failed(StepError::Other("could not execute a primitive".into()));
+        let gib = 1u64 << 30;
+        match onednn_starved(primitive(), gib * 9 / 10, Some(gib)) {
+            Ok(Err(StepError::Oom(m))) => assert!(m.contains("at 90% of the memory limit"), "{m}"),
+            r => panic!(
+                "not an OOM: {:?}",
+                r.map(|r| r.map(|_| ()).map_err(|e| e.to_string()))
+            ),
+        }
+        // the same failure far from the limit, or without one, stays an error
+        for (peak, limit) in [(gib / 2, Some(gib)), (gib, None)] {
+            let o = outcome(onednn_starved(primitive(), peak, limit), peak, None, None);
+            assert_eq!(o.kind(), "error", "{peak} {limit:?}");
+        }
+        // other errors near the limit are left alone, a panic with oneDNN's text is caught too
+        let o = onednn_starved(
+            failed(StepError::Other("shape mismatch".into())),
+            gib,
+            Some(gib),
+        );
+        assert_eq!(outcome(o, gib, None, None).kind(), "error");
+        let p: Steps = Err(Box::new(
+            "could not create a primitive descriptor".to_string(),
+        ));
+        assert_eq!(
+            outcome(onednn_starved(p, gib, Some(gib)), gib, None, None).kind(),
+            "oom"
+        );
+        // completed steps pass through
+        assert_eq!(
+            outcome(onednn_starved(done(), gib, Some(gib)), gib, None, None).kind(),
+            "fits"
+        );
     }
 
     #[test]

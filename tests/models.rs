@@ -350,6 +350,45 @@ fn resnet18_probe_then_train() {
     );
 }
 
+/// A ResNet probed up to its limit on CPU: near the limit oneDNN (the convolution library) fails to
+/// get its scratchpad and says only "could not execute a primitive"; with the data segment that close
+/// to RLIMIT_DATA that is out of memory, so the search still proves its answer (before, these trials
+/// were errors and the probe ended partial).
+#[test]
+fn resnet_probe_is_proven_at_the_limit() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    batchfit()
+        .args(["probe", "--backend", "cpu", "--memory-budget", "1GiB"])
+        .args([
+            "--model",
+            "resnet18",
+            "--image-size",
+            "64",
+            "--threads",
+            "1",
+        ])
+        .args(["--steps", "2", "--confirm-steps", "3", "--quiet", "--out"])
+        .arg(&out)
+        .assert()
+        .success();
+    let plan = read_json(&out);
+    assert_eq!(plan["status"], "complete", "{plan:#}");
+    let rec = &plan["recommendation"];
+    let answer = rec["max_fitting_batch"].as_u64().unwrap();
+    assert_eq!(
+        rec["first_failing_batch"].as_u64(),
+        Some(answer + 1),
+        "{rec:#}"
+    );
+    for t in plan["trials"].as_array().unwrap() {
+        assert!(
+            t["outcome"] == "fits" || t["outcome"] == "oom",
+            "no trial may end in an error: {t:#}"
+        );
+    }
+}
+
 #[test]
 fn vit_probe_then_train() {
     probe_then_train(

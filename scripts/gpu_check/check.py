@@ -56,9 +56,8 @@ GPU_SLOTS = [
 
 # --cpu-smoke: tiny models, a budget of (the model's batch-1 footprint + headroom) / (1 - margin), measured
 # first. Two models cover the code paths of the GPU run's three (fp32 and bf16; an MLP and a GPT; the
-# peers' ResNet runs in the model check). No ResNet probe: on CPU, a ResNet trial at the limit fails
-# inside oneDNN ("could not execute a primitive"), which batchfit does not count as out of memory, so the
-# probe cannot prove its answer (and bf16 convolutions are very slow on CPUs without bf16 units).
+# peers' ResNet runs in the model check). No ResNet probe: it takes minutes on CPU (and bf16 convolutions
+# are very slow on CPUs without bf16 units); tests/models.rs probes a ResNet-18 at the limit instead.
 CPU_SLOTS = [
     {"key": "mlp-fp32", "model": "mlp", "precision": "fp32",
      "arch": {"name": "mlp", "input": 4096, "hidden": [8], "classes": 10},
