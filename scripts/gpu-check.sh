@@ -29,8 +29,8 @@
 #   cp /tmp/gc/results.md docs/gpu-results.md "$OUT/" 2>/dev/null; exit $rc
 # and, for the stages the summary lists as not run, the same call again at once with --stages.
 #
-# --cpu-smoke models: an MLP in fp32 and a one-layer GPT in bf16 under a small RLIMIT_DATA budget (a
-# ResNet cannot be probed on CPU, see CPU_SLOTS in scripts/gpu_check/check.py); about 2-4 minutes.
+# --cpu-smoke models: an MLP in fp32 and a one-layer GPT in bf16 under a small RLIMIT_DATA budget (no
+# ResNet: it takes minutes on CPU, see CPU_SLOTS in scripts/gpu_check/check.py); about 2-4 minutes.
 set -u
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -91,6 +91,7 @@ main() {
   commit_source="given with --commit"
   redo=0
   archive=""
+  archive_given=0
   sets=()
 
   need_value() { [ "$2" -ge 2 ] || die "$1 needs a value (see --help)"; }
@@ -113,8 +114,8 @@ main() {
       --set) need_value "$1" $#; sets+=("--set=$2"); shift ;;
       --set=*) sets+=("--set=${1#*=}") ;;
       --redo) redo=1 ;;
-      --archive) need_value "$1" $#; archive=$2; shift ;;
-      --archive=*) archive=${1#*=} ;;
+      --archive) need_value "$1" $#; archive=$2; archive_given=1; shift ;;
+      --archive=*) archive=${1#*=}; archive_given=1 ;;
       -h|--help) usage; exit 0 ;;
       *) die "unknown argument: $1 (see --help)" ;;
     esac
@@ -141,23 +142,33 @@ main() {
 
   [ -n "$out" ] || out="$ROOT/gpu-check-results"
   mkdir -p "$out/logs" || die "cannot create $out" 3
-  out="$(cd "$out" && pwd)"
-  if [ -n "$archive" ]; then
+  out="$(cd "$out" && pwd -P)"
+  if [ "$archive_given" = 1 ]; then
+    [ -n "$archive" ] || die "--archive needs a file name (FILE.tgz)"
     case "$archive" in *.tgz|*.tar.gz) ;; *) die "--archive: '$archive' should end in .tgz or .tar.gz" ;; esac
     mkdir -p "$(dirname "$archive")" || die "--archive: cannot create the folder of $archive" 3
-    archive="$(cd "$(dirname "$archive")" && pwd)/$(basename "$archive")"
+    archive="$(cd "$(dirname "$archive")" && pwd -P)/$(basename "$archive")"
     case "$archive/" in "$out"/*) die "--archive: $archive is inside --out $out" ;; esac
   fi
-  # the archive of OUT, when asked for: written however the call ends
+  # The archive of OUT, when asked for: written however the call ends from here on (the EXIT trap
+  # also runs after a signal's handler exits). tar's own messages go outside OUT; its exit 1 ("file
+  # changed as we read it") still leaves a complete archive.
   pack() {
     [ -n "$archive" ] || return 0
-    if tar czf "$archive.tmp" -C "$(dirname "$out")" "$(basename "$out")" 2>"$out/logs/archive.err" \
-        && mv -f "$archive.tmp" "$archive"; then
+    local err rc
+    err=$(mktemp) || err=/dev/null
+    tar czf "$archive.tmp" -C "$(dirname "$out")" "$(basename "$out")" 2>"$err"
+    rc=$?
+    if [ "$rc" -le 1 ] && mv -f "$archive.tmp" "$archive"; then
       echo "gpu-check: archive of $out: $archive" >&2
     else
-      echo "gpu-check: WARNING: could not write the archive $archive: $(tail -n 1 "$out/logs/archive.err")" >&2
+      rm -f "$archive.tmp"
+      echo "gpu-check: WARNING: could not write the archive $archive (tar exit $rc): $(tail -n 1 "$err" 2>/dev/null)" >&2
     fi
+    [ "$err" = /dev/null ] || rm -f "$err"
   }
+  trap pack EXIT
+
   [ -n "$bin" ] || bin="$ROOT/target/release"
   [ -d "$bin" ] || die "--bin $bin is not a directory" 3
   bin="$(cd "$bin" && pwd)"
@@ -267,7 +278,6 @@ PYEOF
       wait "$child" 2>/dev/null
     fi
     echo "gpu-check: stopped by a signal; what was measured is in $out" >&2
-    pack
     exit "$1"
   }
   trap 'on_signal 143' TERM
@@ -288,9 +298,7 @@ PYEOF
   total=$(awk -v a="$t_all" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f", b - a }')
   echo "gpu-check: stages took ${total} s" >&2
   "$py" "$HELPERS/check.py" summary --out "$out" --stages "$stages"
-  rc=$?
-  pack
-  exit $rc
+  exit $?
 }
 
 main "$@"

@@ -19,12 +19,25 @@ const OOM_MARKERS: &[&str] = &[
     "Thread creation failed: Resource temporarily unavailable",
 ];
 
+/// Whether `msg` is an error of cuDNN or cuBLAS of the kind they raise after catching a failed
+/// allocation (cuDNN tries other algorithms with smaller workspaces and, when none is left, says it
+/// found no engine). Counted as out of memory only when the CUDA allocator's OOM counter rose; see
+/// [`crate::trial`].
+pub fn is_cuda_library_failure(msg: &str) -> bool {
+    msg.contains("unable to find an engine")
+        || msg.contains("CUDNN_STATUS_")
+        || msg.contains("CUBLAS_STATUS_")
+        || msg.contains("cuDNN error")
+}
+
 /// Whether `msg` is oneDNN's (libtorch's CPU convolution library) failure to create or run a
 /// primitive. oneDNN reports a failed allocation of its scratchpad or workspace this way, without
 /// saying that memory ran out, so the message alone proves nothing; see
 /// [`crate::trial`] for when it counts as out of memory.
 pub fn is_onednn_failure(msg: &str) -> bool {
-    msg.contains("could not execute a primitive") || msg.contains("could not create a primitive")
+    // ("could not create a primitive" is left out: it usually means a shape or dtype oneDNN does not
+    // support, which no amount of memory fixes)
+    msg.contains("could not execute a primitive")
 }
 
 /// Whether `msg` reports an out-of-memory condition.

@@ -192,7 +192,7 @@ pub struct GpuSection {
     pub other_processes: Vec<crate::gpu::GpuProcess>,
     pub other_processes_bytes: u64,
     /// `PYTORCH_CUDA_ALLOC_CONF` of the trials as the user set it (batchfit adds
-    /// `per_process_memory_fraction` = limit / total to each trial's).
+    /// `per_process_memory_fraction` = limit / CUDA's total to each trial's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alloc_conf: Option<String>,
     /// How the recommended size's footprint was measured.

@@ -177,8 +177,10 @@ enum Net {
 /// `amp-fp16`'s dynamic loss scale, kept as `torch.amp.GradScaler` keeps it: it starts at 2^16, is
 /// halved after a step whose gradients overflowed and doubled after 2000 clean steps in a row.
 /// Unlike GradScaler, an overflowed step is not skipped: its gradients are zeroed and the optimizer
-/// still steps, so that a trial's steps always allocate the optimizer's state (a skipped first step
-/// would leave it out of a short trial's peak). With zero gradients the first step changes nothing.
+/// steps with learning rate 0, so that a trial's steps always allocate the optimizer's state (a
+/// skipped first step would leave it out of a short trial's peak) while the weights stay as they are
+/// (weight decay is scaled by the learning rate too). Adam's moments decay once on such a step,
+/// which GradScaler's skip would not do.
 #[derive(Debug, Clone, Copy)]
 struct LossScale {
     scale: f64,
@@ -186,7 +188,9 @@ struct LossScale {
 }
 
 /// Divides the gradients by `scale` in place, or zeroes them all when any holds an inf or NaN;
-/// returns whether they did. One sum per gradient (no gradient-sized temporaries) and one sync.
+/// returns whether they did. One sum per gradient in its own dtype (a sum in another dtype would
+/// first copy the gradient; a finite f32 sum that overflows only halves the scale once more), and one
+/// sync.
 fn unscale_or_zero(grads: &[Tensor], scale: f64) -> Result<bool, TchError> {
     let Some(first) = grads.first() else {
         return Ok(false);
@@ -194,7 +198,7 @@ fn unscale_or_zero(grads: &[Tensor], scale: f64) -> Result<bool, TchError> {
     tch::no_grad(|| {
         let mut total = Tensor::f_zeros([], (Kind::Double, first.device()))?;
         for g in grads {
-            total = total.f_add(&g.f_sum(Kind::Double)?)?;
+            total = total.f_add(&g.f_sum(g.kind())?)?;
         }
         let finite = f64::try_from(&total)?.is_finite();
         for g in grads {
@@ -223,7 +227,7 @@ impl LossScale {
     /// After a step: halve on overflow, double after enough clean steps.
     fn update(&mut self, overflowed: bool) {
         if overflowed {
-            self.scale = (self.scale / 2.0).max(1.0);
+            self.scale /= 2.0;
             self.clean_steps = 0;
         } else {
             self.clean_steps += 1;
@@ -319,6 +323,8 @@ pub struct Learner {
     precision: Precision,
     /// `amp-fp16` only.
     loss_scale: Option<LossScale>,
+    /// The optimizer's learning rate (an overflowed `amp-fp16` step runs it at 0).
+    lr: f64,
 }
 
 impl Learner {
@@ -398,6 +404,7 @@ impl Learner {
             device,
             precision: spec.precision,
             loss_scale: (spec.precision == Precision::AmpFp16).then(LossScale::new),
+            lr,
         })
     }
 
@@ -484,7 +491,14 @@ impl Learner {
     ) -> Result<f64, StepError> {
         self.opt.zero_grad()?;
         let (loss, overflowed) = self.accumulate_scaled(micro_batches, data)?;
-        self.opt.step()?;
+        if overflowed {
+            // the optimizer's state is allocated as in any step; the weights do not move
+            self.opt.set_learning_rate(0.0)?;
+            self.opt.step()?;
+            self.opt.set_learning_rate(self.lr)?;
+        } else {
+            self.opt.step()?;
+        }
         if let Some(s) = &mut self.loss_scale {
             s.update(overflowed);
         }
@@ -545,11 +559,11 @@ mod tests {
         }
         s.update(true);
         assert_eq!((s.scale, s.clean_steps), (16384.0, 0));
-        // never below 1
-        for _ in 0..40 {
+        // like GradScaler, no floor
+        for _ in 0..16 {
             s.update(true);
         }
-        assert_eq!(s.scale, 1.0);
+        assert_eq!(s.scale, 0.25);
     }
 
     #[test]
@@ -813,5 +827,54 @@ mod tests {
             last = l.step(&[32, 32], &mut d).unwrap();
         }
         assert!(last < first * 0.8, "loss {first} → {last}");
+    }
+
+    /// An overflowed loss-scaled step (the amp-fp16 path, driven here on the CPU with a scale that
+    /// overflows f32) allocates the optimizer's state but leaves the weights alone, with AdamW's weight
+    /// decay too, and halves the scale; a step with a sane scale then trains.
+    #[test]
+    fn an_overflowed_scaled_step_moves_no_weight() {
+        let _g = RNG.lock().unwrap_or_else(|e| e.into_inner());
+        let adamw = ModelSpec {
+            optimizer: OptimizerKind::Adamw,
+            ..spec()
+        };
+        let mut l = Learner::new(&adamw, Device::Cpu, 1e-2, 3).unwrap();
+        tch::manual_seed(5);
+        let data = || Fixed {
+            x: Tensor::randn([32, 16], (Kind::Float, Device::Cpu)),
+            y: Tensor::randint(5, [32], (Kind::Int64, Device::Cpu)),
+            pos: 0,
+        };
+        let weights = |l: &Learner| -> Vec<Tensor> {
+            l.vs.trainable_variables()
+                .iter()
+                .map(|t| t.detach().copy())
+                .collect()
+        };
+        let before = weights(&l);
+        l.loss_scale = Some(LossScale {
+            scale: 1e38,
+            clean_steps: 0,
+        });
+        l.step(&[32], &mut data()).unwrap();
+        assert_eq!(
+            l.loss_scale.unwrap().scale,
+            5e37,
+            "halved after the overflow"
+        );
+        for (a, b) in before.iter().zip(weights(&l)) {
+            assert!(a.equal(&b), "a weight moved on an overflowed step");
+        }
+        l.loss_scale = Some(LossScale {
+            scale: 1.0,
+            clean_steps: 0,
+        });
+        l.step(&[32], &mut data()).unwrap();
+        assert_eq!(l.loss_scale.unwrap().clean_steps, 1);
+        assert!(
+            before.iter().zip(weights(&l)).any(|(a, b)| !a.equal(&b)),
+            "a clean step trains"
+        );
     }
 }

@@ -256,6 +256,7 @@ fn usage_errors_and_help() {
     for archive in [
         out.path().join("results.zip"),
         out.path().join("inside.tgz"),
+        PathBuf::new(),
     ] {
         let o = script()
             .arg("--cpu-smoke")

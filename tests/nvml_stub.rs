@@ -146,6 +146,53 @@ fn the_library_is_found_by_the_loaders_search() {
     assert_eq!(v["gpus"].as_array().unwrap().len(), 2, "{v:#}");
 }
 
+/// The search for the library: past places where it is missing (here only the last name, the
+/// unversioned `libnvidia-ml.so`, is found), and not past a library that loads and refuses (the
+/// first name, found by the loader: the error names it and nothing else).
+#[test]
+fn the_search_goes_past_missing_libraries_but_stops_at_a_refusal() {
+    let d = tmp();
+    let cfg = two_gpus(&d);
+    let search = |dir: &Path, config: &Path| {
+        let mut c = batchfit();
+        c.env_remove("BATCHFIT_FAKE_GPUS")
+            .env_remove("BATCHFIT_NVML_LIB")
+            .env("LD_LIBRARY_PATH", dir)
+            .env("NVML_STUB_CONFIG", config);
+        c
+    };
+    let system_copies: Vec<&str> = [
+        "/usr/local/nvidia/lib64/libnvidia-ml.so.1",
+        "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+        "/usr/lib64/libnvidia-ml.so.1",
+        "/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1",
+        "/usr/lib/wsl/lib/libnvidia-ml.so.1",
+    ]
+    .into_iter()
+    .filter(|p| Path::new(p).exists())
+    .collect();
+    if system_copies.is_empty() {
+        let only_unversioned = tmp();
+        std::fs::copy(stub_lib(), only_unversioned.path().join("libnvidia-ml.so")).unwrap();
+        let (code, v) = doctor_json(&mut search(only_unversioned.path(), &cfg));
+        assert_eq!(code, Some(0), "{v:#}");
+        assert_eq!(v["gpus"].as_array().unwrap().len(), 2, "{v:#}");
+    } else {
+        eprintln!("not testing the search past missing places: this machine has {system_copies:?}");
+    }
+
+    let refuses = d.path().join("refuses.conf");
+    std::fs::write(&refuses, "init_error 9\n").unwrap();
+    let (code, v) = doctor_json(&mut search(stub_dir(), &refuses));
+    assert_eq!(code, Some(3), "{v:#}");
+    let e = v["error"].as_str().unwrap();
+    assert!(e.contains("libnvidia-ml.so.1"), "{e}");
+    assert!(
+        !e.contains("also tried"),
+        "the search went on after a refusal: {e}"
+    );
+}
+
 /// A library that loads but whose nvmlInit fails is the answer (no other copy is tried), and a
 /// missing library named by BATCHFIT_NVML_LIB says so: both exit 3 with the error inside valid JSON,
 /// naming the cpu and sim backends, never a GPU with zeros.

@@ -10,7 +10,7 @@
 //!   cache to satisfy a request) is outcome `retries`, which bounds the search like an OOM.
 //!
 //! Each trial runs under `PYTORCH_CUDA_ALLOC_CONF` = the user's setting plus
-//! `per_process_memory_fraction` = limit / total, so the allocator itself raises "CUDA out of memory"
+//! `per_process_memory_fraction` = limit / CUDA's total, so the allocator itself raises "CUDA out of memory"
 //! at the limit (as `RLIMIT_DATA` does on the cpu backend) and a trial never takes memory other jobs
 //! on the card are using. The CUDA context lies outside that fraction; NVML's figure counts it.
 //!
@@ -449,8 +449,13 @@ mod tests {
             "expandable_segments:True,per_process_memory_fraction:0.250000"
         );
         // the fraction is of CUDA's total, which leaves out the driver's reserve
-        let g = fake_h200(vec![]).gpus[0].clone();
+        let mut g = fake_h200(vec![]).gpus[0].clone();
         assert_eq!(g.cuda_total_bytes(), g.total_bytes - (600 << 20));
+        // a reserve as large as the card is no reserve: the allocator's cap must not vanish
+        let mut odd = g.clone();
+        odd.reserved_bytes = odd.total_bytes;
+        assert_eq!(odd.cuda_total_bytes(), odd.total_bytes);
+        g.reserved_bytes = 600 << 20;
         assert_eq!(
             trial_alloc_conf(None, g.cuda_total_bytes() / 2, g.cuda_total_bytes()),
             "per_process_memory_fraction:0.500000"

@@ -380,10 +380,12 @@ fn run(a: &Args) -> Result<(), Fail> {
     };
     let step_err = |e: StepError| match e {
         StepError::Oom(m) => oom(m),
-        StepError::Other(m) if cuda_ooms() > 0 => oom(format!(
-            "{m} (the CUDA allocator ran out of memory {} time(s))",
-            cuda_ooms()
-        )),
+        StepError::Other(m) if batchfit::oom::is_cuda_library_failure(&m) && cuda_ooms() > 0 => {
+            oom(format!(
+                "{m} (the CUDA allocator ran out of memory {} time(s))",
+                cuda_ooms()
+            ))
+        }
         other => Fail(3, anyhow!("training failed: {other}")),
     };
     let t_start = Instant::now();

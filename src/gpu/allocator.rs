@@ -40,7 +40,9 @@ pub struct AllocatorStats {
     pub reserved_bytes: u64,
     /// Highest `reserved_bytes` since start or the last [`reset_peak`].
     pub peak_reserved_bytes: u64,
-    /// cudaMalloc failures that were retried after freeing the cache (`num_alloc_retries`).
+    /// cudaMalloc failures that were retried after freeing the cache (`num_alloc_retries`). The
+    /// allocator also counts one before each OOM it raises: retries that succeeded are this less
+    /// `ooms`.
     pub alloc_retries: u64,
     /// Allocations that failed even after freeing the cache (`num_ooms`).
     pub ooms: u64,

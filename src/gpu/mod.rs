@@ -63,9 +63,13 @@ fn is_zero(v: &u64) -> bool {
 
 impl GpuInfo {
     /// The device memory CUDA reports as total (`cudaMemGetInfo`): NVML's total less the driver's
-    /// reserve.
+    /// reserve (NVML's total where the reserve is not a part of it, which no driver reports).
     pub fn cuda_total_bytes(&self) -> u64 {
-        self.total_bytes.saturating_sub(self.reserved_bytes)
+        if self.reserved_bytes < self.total_bytes {
+            self.total_bytes - self.reserved_bytes
+        } else {
+            self.total_bytes
+        }
     }
 }
 

@@ -17,13 +17,15 @@ static NVML: OnceLock<Result<Nvml, String>> = OnceLock::new();
 pub const LIB_ENV: &str = "BATCHFIT_NVML_LIB";
 
 /// Where `libnvidia-ml.so.1` is looked for, in order, after the loader's own search.
+/// The unversioned name comes last: it is often the CUDA toolkit's link-time stub, whose `nvmlInit`
+/// refuses, which would end the search before the real driver's library.
 const FALLBACK_PATHS: &[&str] = &[
-    "libnvidia-ml.so",
     "/usr/local/nvidia/lib64/libnvidia-ml.so.1",
     "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
     "/usr/lib64/libnvidia-ml.so.1",
     "/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1",
     "/usr/lib/wsl/lib/libnvidia-ml.so.1",
+    "libnvidia-ml.so",
 ];
 
 /// Loads and initialises NVML from the first of `candidates` that loads.

@@ -157,7 +157,7 @@ pub enum Precision {
     Bf16,
     /// Autocast to bf16 with f32 master weights (CUDA only).
     AmpBf16,
-    /// Autocast to f16 with f32 master weights and a static loss scale (CUDA only).
+    /// Autocast to f16 with f32 master weights and a dynamic loss scale (CUDA only).
     AmpFp16,
 }
 
