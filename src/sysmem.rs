@@ -111,6 +111,7 @@ pub fn data_limit() -> Option<u64> {
     {
         return None;
     }
+    #[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every target
     Some(lim.rlim_cur as u64)
 }
 
