@@ -17,6 +17,10 @@ const OOM_MARKERS: &[&str] = &[
     // libgomp cannot create its worker threads: under RLIMIT_DATA thread stacks count as data, so at the
     // limit this is the memory limit speaking (seen in trials and in batchfit-train near the limit).
     "Thread creation failed: Resource temporarily unavailable",
+    // c10::Error::what() could not build its message (with the backtrace): an allocation failed while
+    // formatting the error, which at a memory limit means the limit was reached (seen once, in
+    // batchfit-train one size above a probe's answer under its limit).
+    "<Error computing Error::what()>",
 ];
 
 /// Whether `msg` is an error of cuDNN or cuBLAS of the kind they raise after catching a failed
@@ -77,6 +81,20 @@ mod tests {
         ));
         assert!(is_oom("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input."));
         assert!(is_oom("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 139.81 GiB of which 3.19 MiB is free."));
+        // the error's own message could not be built at the limit
+        assert!(is_oom(
+            "Internal torch error: <Error computing Error::what()>"
+        ));
+        assert!(is_cuda_library_failure(
+            "GET was unable to find an engine to execute this computation"
+        ));
+        assert!(!is_cuda_library_failure(
+            "CUDA error: device-side assert triggered"
+        ));
+        assert!(is_onednn_failure("could not execute a primitive"));
+        assert!(!is_onednn_failure(
+            "could not create a primitive descriptor"
+        ));
         assert_eq!(first_line("\n  first\nsecond"), "first");
     }
 }
