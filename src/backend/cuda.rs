@@ -208,49 +208,30 @@ impl CudaBackend {
             }
         };
         match out {
-            TrialOutcome::Fits {
-                step_seconds, gpu, ..
-            } => match measured(gpu) {
-                None => TrialOutcome::Error {
-                    message:
-                        "the trial fit, but neither NVML nor the allocator measured its GPU memory"
-                            .into(),
-                },
-                Some(g) if g.nvml_peak_bytes > self.limit => TrialOutcome::Oom {
-                    message: format!(
-                        "the trial's footprint on the card ({}, {}) is above the {} limit",
-                        format_size(g.nvml_peak_bytes),
-                        method_name(g.method),
-                        format_size(self.limit)
-                    ),
-                    peak_bytes: Some(g.nvml_peak_bytes),
-                    rss_peak_bytes: None,
-                    gpu: Some(g),
-                },
-                Some(g) => TrialOutcome::Fits {
-                    peak_bytes: g.nvml_peak_bytes,
-                    rss_peak_bytes: None,
-                    step_seconds,
-                    gpu: Some(g),
-                },
-            },
-            TrialOutcome::Retries {
-                retries,
-                step_seconds,
-                gpu,
-                ..
-            } => match measured(gpu) {
-                None => TrialOutcome::Error {
-                    message: "neither NVML nor the allocator measured the trial's GPU memory"
-                        .into(),
-                },
-                Some(g) => TrialOutcome::Retries {
-                    retries,
-                    peak_bytes: g.nvml_peak_bytes,
-                    step_seconds,
-                    gpu: Some(g),
-                },
-            },
+            TrialOutcome::Fits { gpu, .. } | TrialOutcome::Retries { gpu, .. } => {
+                match measured(gpu) {
+                    None => TrialOutcome::Error {
+                        message:
+                            "the trial completed, but neither NVML nor the allocator measured its \
+                              GPU memory"
+                                .into(),
+                    },
+                    Some(g) if out.fits() && g.nvml_peak_bytes > self.limit => {
+                        TrialOutcome::Oom {
+                            message: format!(
+                                "the trial's footprint on the card ({}, {}) is above the {} limit",
+                                format_size(g.nvml_peak_bytes),
+                                method_name(g.method),
+                                format_size(self.limit)
+                            ),
+                            peak_bytes: Some(g.nvml_peak_bytes),
+                            rss_peak_bytes: None,
+                            gpu: Some(g),
+                        }
+                    }
+                    Some(g) => out.measured_by(g),
+                }
+            }
             TrialOutcome::Oom { message, gpu, .. } => {
                 let g = measured(gpu);
                 TrialOutcome::Oom {
@@ -303,22 +284,6 @@ impl Backend for CudaBackend {
                     allocator: None,
                 };
                 Ok(match out {
-                    TrialOutcome::Fits { step_seconds, .. } => TrialOutcome::Fits {
-                        peak_bytes: peak,
-                        rss_peak_bytes: None,
-                        step_seconds,
-                        gpu: Some(g),
-                    },
-                    TrialOutcome::Retries {
-                        retries,
-                        step_seconds,
-                        ..
-                    } => TrialOutcome::Retries {
-                        retries,
-                        peak_bytes: peak,
-                        step_seconds,
-                        gpu: Some(g),
-                    },
                     TrialOutcome::Oom { .. } => TrialOutcome::Oom {
                         message: format!(
                             "CUDA out of memory (simulated). Tried to use {} of a {} limit",
@@ -329,7 +294,7 @@ impl Backend for CudaBackend {
                         rss_peak_bytes: None,
                         gpu: None,
                     },
-                    other => other,
+                    other => other.measured_by(g),
                 })
             }
             Executor::Real { exe, template } => {

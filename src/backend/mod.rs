@@ -104,6 +104,29 @@ impl TrialOutcome {
             _ => None,
         }
     }
+    /// This outcome with `g` as its GPU measurement and its peak (what the limit acts on) taken from
+    /// it: fits and retries; other outcomes as they are.
+    pub fn measured_by(self, g: GpuMeasure) -> TrialOutcome {
+        match self {
+            TrialOutcome::Fits { step_seconds, .. } => TrialOutcome::Fits {
+                peak_bytes: g.nvml_peak_bytes,
+                rss_peak_bytes: None,
+                step_seconds,
+                gpu: Some(g),
+            },
+            TrialOutcome::Retries {
+                retries,
+                step_seconds,
+                ..
+            } => TrialOutcome::Retries {
+                retries,
+                peak_bytes: g.nvml_peak_bytes,
+                step_seconds,
+                gpu: Some(g),
+            },
+            other => other,
+        }
+    }
     pub fn kind(&self) -> &'static str {
         match self {
             TrialOutcome::Fits { .. } => "fits",
