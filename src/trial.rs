@@ -95,14 +95,15 @@ pub fn configure_threads(threads: u32) {
 }
 
 /// Samples the process's data segment every millisecond: the quantity `RLIMIT_DATA` acts on.
-struct DataSampler {
+/// (Trials, and `batchfit-train` under `--memory-limit`.)
+pub struct DataSampler {
     stop: Arc<AtomicBool>,
     peak: Arc<AtomicU64>,
     handle: Option<std::thread::JoinHandle<()>>,
 }
 
 impl DataSampler {
-    fn start() -> Self {
+    pub fn start() -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let peak = Arc::new(AtomicU64::new(0));
         let (s, p) = (stop.clone(), peak.clone());
@@ -120,7 +121,11 @@ impl DataSampler {
             handle: Some(handle),
         }
     }
-    fn finish(mut self) -> u64 {
+    /// The largest data segment seen so far.
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+    pub fn finish(mut self) -> u64 {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(h) = self.handle.take() {
             let _ = h.join();
@@ -189,23 +194,31 @@ pub fn run(spec: &TrialSpec) -> TrialOutcome {
 /// 99-100 %). Farther from the limit it stays an error: libtorch's own footprint alone can be most of
 /// a small limit, and a real oneDNN failure must not pass for a size that does not fit.
 fn onednn_starved(result: Steps, peak: u64, limit: Option<u64>) -> Steps {
-    let Some(limit) = limit.filter(|&l| l > 0 && peak.saturating_mul(20) >= l.saturating_mul(19))
-    else {
-        return result;
-    };
     let err = match result {
         Ok(Err(e)) => e,
         Err(payload) => crate::step::classify(crate::step::panic_message(payload.as_ref())),
         done => return done,
     };
     Ok(Err(match err {
-        StepError::Other(m) if crate::oom::is_onednn_failure(&m) => StepError::Oom(format!(
-            "{m} (oneDNN failed with the data segment at {:.0}% of the memory limit: an allocation \
-             inside it ran out)",
-            peak as f64 / limit as f64 * 100.0
-        )),
+        StepError::Other(m) => match onednn_oom(&m, peak, limit) {
+            Some(oom) => StepError::Oom(oom),
+            None => StepError::Other(m),
+        },
         e => e,
     }))
+}
+
+/// The OOM message for `msg` when it is oneDNN's failure and the data segment (`peak`) had reached
+/// 95 % of `limit` (see [`onednn_starved`]); `None` otherwise.
+pub fn onednn_oom(msg: &str, peak: u64, limit: Option<u64>) -> Option<String> {
+    let limit = limit.filter(|&l| l > 0 && peak.saturating_mul(20) >= l.saturating_mul(19))?;
+    crate::oom::is_onednn_failure(msg).then(|| {
+        format!(
+            "{msg} (oneDNN failed with the data segment at {:.0}% of the memory limit: an \
+             allocation inside it ran out)",
+            peak as f64 / limit as f64 * 100.0
+        )
+    })
 }
 
 /// What a trial's steps return: a caught panic, a step's error, or the seconds of each step.

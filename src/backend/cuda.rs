@@ -216,19 +216,17 @@ impl CudaBackend {
                               GPU memory"
                                 .into(),
                     },
-                    Some(g) if out.fits() && g.nvml_peak_bytes > self.limit => {
-                        TrialOutcome::Oom {
-                            message: format!(
-                                "the trial's footprint on the card ({}, {}) is above the {} limit",
-                                format_size(g.nvml_peak_bytes),
-                                method_name(g.method),
-                                format_size(self.limit)
-                            ),
-                            peak_bytes: Some(g.nvml_peak_bytes),
-                            rss_peak_bytes: None,
-                            gpu: Some(g),
-                        }
-                    }
+                    Some(g) if out.fits() && g.nvml_peak_bytes > self.limit => TrialOutcome::Oom {
+                        message: format!(
+                            "the trial's footprint on the card ({}, {}) is above the {} limit",
+                            format_size(g.nvml_peak_bytes),
+                            method_name(g.method),
+                            format_size(self.limit)
+                        ),
+                        peak_bytes: Some(g.nvml_peak_bytes),
+                        rss_peak_bytes: None,
+                        gpu: Some(g),
+                    },
                     Some(g) => out.measured_by(g),
                 }
             }

@@ -378,6 +378,15 @@ fn run(a: &Args) -> Result<(), Fail> {
             .and_then(|i| batchfit::gpu::allocator::stats(i as usize).ok())
             .map_or(0, |s| s.ooms)
     };
+    // Under a cpu memory limit, the data segment is sampled as in trials: oneDNN's failure to run a
+    // primitive near the limit is out of memory too (see batchfit::trial::onednn_oom).
+    let sampler = (cuda_index.is_none() && sysmem::data_limit().is_some())
+        .then(batchfit::trial::DataSampler::start);
+    let onednn = |m: &str| {
+        sampler
+            .as_ref()
+            .and_then(|s| batchfit::trial::onednn_oom(m, s.peak(), sysmem::data_limit()))
+    };
     let step_err = |e: StepError| match e {
         StepError::Oom(m) => oom(m),
         StepError::Other(m) if batchfit::oom::is_cuda_library_failure(&m) && cuda_ooms() > 0 => {
@@ -386,6 +395,10 @@ fn run(a: &Args) -> Result<(), Fail> {
                 cuda_ooms()
             ))
         }
+        StepError::Other(m) => match onednn(&m) {
+            Some(message) => oom(message),
+            None => Fail(3, anyhow!("training failed: {m}")),
+        },
         other => Fail(3, anyhow!("training failed: {other}")),
     };
     let t_start = Instant::now();
