@@ -1249,17 +1249,9 @@ def cmd_init(a):
 
 
 def versions():
-    v = {"python": sys.version.split()[0]}
-    try:
-        import importlib.metadata as md
-        for pkg in ("torch", "lightning", "pytorch-lightning", "accelerate", "torchvision"):
-            try:
-                v[pkg] = md.version(pkg)
-            except md.PackageNotFoundError:
-                v[pkg] = None
-    except ImportError:
-        pass
-    return v
+    sys.path.insert(0, HERE)
+    from pkgversions import package_versions
+    return package_versions()
 
 
 def cmd_stage(a):

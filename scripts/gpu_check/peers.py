@@ -185,17 +185,10 @@ def limit_cpu(args, rec):
 
 
 def versions(torch):
-    v = {"python": sys.version.split()[0], "torch": torch.__version__,
-         "cuda": getattr(torch.version, "cuda", None)}
-    try:
-        import importlib.metadata as md
-        for pkg in ("lightning", "pytorch-lightning", "accelerate", "torchvision"):
-            try:
-                v[pkg] = md.version(pkg)
-            except md.PackageNotFoundError:
-                v[pkg] = None
-    except ImportError:
-        pass
+    sys.path.insert(0, HERE)
+    from pkgversions import package_versions
+    v = package_versions(("lightning", "pytorch-lightning", "accelerate", "torchvision"))
+    v.update(torch=torch.__version__, cuda=getattr(torch.version, "cuda", None))
     return v
 
 
