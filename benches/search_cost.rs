@@ -23,8 +23,9 @@
 //! The peers' functions are also replayed against recorded trial sequences of the real tools
 //! (`benches/data/*_real_sequence.json`) when those files exist.
 
-use batchfit::backend::sim::{SimBackend, SimSpec};
-use batchfit::backend::{Backend, BackendError, DeviceInfo, Isolation, TrialOutcome, TrialRequest};
+use batchfit::device::sim::{SimBackend, SimSpec};
+use batchfit::device::{Backend, BackendError, DeviceInfo};
+use batchfit::protocol::{Isolation, TrialOutcome, TrialRequest};
 use batchfit::search::{Prober, Purpose, SearchConfig, StrategyKind};
 use serde_json::Value;
 use std::fmt::Write as _;

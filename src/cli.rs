@@ -1,19 +1,15 @@
-//! Command-line definitions (clap). Parsing only: validation into a [`crate::config::ProbeConfig`]
-//! happens in one place, [`crate::config`].
+//! Command-line definitions (clap), and what is generated from them (shell completions, man pages).
+//! Parsing only: validation into a [`crate::config::ProbeConfig`] happens in one place,
+//! [`crate::config`]; the exit codes in `--help` come from [`crate::exit`].
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use std::io::Write;
 use std::path::PathBuf;
+use thiserror::Error;
 
-pub const EXIT_CODES_HELP: &str = "\
-Exit codes:
-  0    success: the plan is complete (written to --out)
-  1    nothing fits: even the smallest size runs out of memory
-  2    bad usage or input (nothing ran)
-  3    device or environment error (no GPU, cannot start trials, ...)
-  4    trials failed with errors or timeouts, so no answer could be proven (partial plan written)
-  5    stopped by --max-trials or --time-limit before the proof was complete (partial plan written)
-  130  interrupted by SIGINT (partial plan written)
-  143  interrupted by SIGTERM (partial plan written)";
+fn exit_codes() -> String {
+    crate::exit::help(crate::exit::Program::Batchfit)
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -21,7 +17,7 @@ Exit codes:
     version,
     about = "Finds the largest micro-batch that really fits, by running real training steps, and the \
              gradient accumulation that reaches your global batch",
-    after_help = EXIT_CODES_HELP
+    after_help = exit_codes()
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -31,7 +27,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Search for the largest micro-batch that fits and write a plan.
-    #[command(after_help = EXIT_CODES_HELP)]
+    #[command(after_help = exit_codes())]
     Probe(Box<ProbeArgs>),
     /// Print a plan file in another format (for job scripts and DeepSpeed configs).
     Show(ShowArgs),
@@ -376,4 +372,46 @@ pub enum CacheAction {
     List,
     /// Remove every cached plan (only the plans folder; libtorch next to it is never touched).
     Clear,
+}
+
+impl From<FormatArg> for crate::output::Format {
+    fn from(f: FormatArg) -> Self {
+        use crate::output::Format;
+        match f {
+            FormatArg::Json => Format::Json,
+            FormatArg::Text => Format::Text,
+            FormatArg::Env => Format::Env,
+            FormatArg::Deepspeed => Format::Deepspeed,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ManError {
+    #[error("no subcommand {0:?}; try `batchfit man` for the list")]
+    NoSubcommand(String),
+    #[error("cannot write: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Writes the completion script for `shell`.
+pub fn completions(shell: clap_complete::Shell, out: &mut dyn Write) {
+    clap_complete::generate(shell, &mut Cli::command(), "batchfit", out);
+}
+
+/// Writes the man page (roff) of `batchfit`, or of one of its subcommands (`batchfit-probe`).
+pub fn man_page(subcommand: Option<&str>, out: &mut dyn Write) -> Result<(), ManError> {
+    let mut cmd = Cli::command();
+    cmd.build();
+    let page = match subcommand {
+        None => cmd,
+        Some(name) => cmd
+            .get_subcommands()
+            .find(|c| c.get_name() == name && !c.is_hide_set())
+            .cloned()
+            // built: its display name is `batchfit-NAME`, which clap_mangen uses for the title
+            .ok_or_else(|| ManError::NoSubcommand(name.to_string()))?,
+    };
+    clap_mangen::Man::new(page).render(out)?;
+    Ok(())
 }

@@ -2,16 +2,15 @@
 //! Every check that can fail on user input lives here, so a bad flag never costs a trial.
 
 use crate::accumulate;
-use crate::backend::cpu::IsolationMode;
-use crate::backend::sim::SimSpec;
-use crate::cli::{
-    BackendArg, FormatArg, IsolationArg, OptimizerArg, PrecisionArg, ProbeArgs, StrategyArg,
-};
-use crate::models::{Architecture, InputSpec, LossSpec, ModelSpec, OptimizerKind, Precision};
-use crate::plan;
+use crate::cli::{BackendArg, IsolationArg, OptimizerArg, PrecisionArg, ProbeArgs, StrategyArg};
+use crate::device::sim::SimSpec;
+use crate::device::IsolationMode;
+use crate::output::Format;
+use crate::plan::model::{Architecture, InputSpec, LossSpec, ModelSpec, OptimizerKind, Precision};
+use crate::platform::files;
+use crate::platform::units::parse_size;
 use crate::search::{Grid, SearchConfig, StrategyKind};
-use crate::trial::FaultAt;
-use crate::units::parse_size;
+use crate::workload::child::fault::FaultAt;
 use std::path::PathBuf;
 use std::time::Duration;
 use thiserror::Error;
@@ -57,7 +56,7 @@ pub struct ProbeConfig {
     pub out: Option<PathBuf>,
     /// `--plot FILE.svg|FILE.png`: drawn once the plan is written (format and directory checked here).
     pub plot: Option<PathBuf>,
-    pub format: FormatArg,
+    pub format: Format,
     /// `--throughput-tolerance`: a smaller tested size within this fraction of the best samples/s is
     /// advised (`fastest_micro_batch`).
     pub throughput_tolerance: f64,
@@ -238,7 +237,7 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             a.throughput_tolerance
         ));
     }
-    if a.format == FormatArg::Deepspeed && a.allow_uneven {
+    if a.format == crate::cli::FormatArg::Deepspeed && a.allow_uneven {
         return err(
             "--format deepspeed cannot express micro-batches of unequal size; drop --allow-uneven \
              (or use --format json)"
@@ -246,10 +245,10 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         );
     }
     if let Some(out) = &a.out {
-        plan::check_writable(out).map_err(ConfigError)?;
+        files::check_target(out).map_err(|e| ConfigError(format!("--out: {e}")))?;
     }
     if let Some(p) = &a.plot {
-        crate::plot::check_target(p).map_err(|e| ConfigError(e.to_string()))?;
+        crate::output::plot::check_target(p).map_err(|e| ConfigError(e.to_string()))?;
     }
     let fault = a
         .inject_fault
@@ -297,7 +296,7 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         seed: a.seed,
         out: a.out.clone(),
         plot: a.plot.clone(),
-        format: a.format,
+        format: a.format.into(),
         throughput_tolerance: a.throughput_tolerance,
         quiet: a.quiet,
         fault,
@@ -436,7 +435,7 @@ fn torchscript(a: &ProbeArgs) -> Result<Architecture, ConfigError> {
         return Err(ConfigError(format!(
             "unknown model {model:?}: use one of {} (see `batchfit models`), or a TorchScript file \
              PATH.pt with --input and --loss",
-            crate::models::ZOO.join(", ")
+            crate::plan::model::ZOO.join(", ")
         )));
     }
     let zoo_flags = [
@@ -475,8 +474,9 @@ fn torchscript(a: &ProbeArgs) -> Result<Architecture, ConfigError> {
             ))
         })?
         .parse()
-        .map_err(|e: crate::models::input::LossSpecError| ConfigError(e.to_string()))?;
-    let file = crate::models::script::inspect(path).map_err(|e| ConfigError(e.to_string()))?;
+        .map_err(|e: crate::plan::input::LossSpecError| ConfigError(e.to_string()))?;
+    let file =
+        crate::workload::model::script::inspect(path).map_err(|e| ConfigError(e.to_string()))?;
     Ok(Architecture::Torchscript {
         file: file.path,
         sha256: file.sha256,

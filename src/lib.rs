@@ -1,37 +1,35 @@
 //! batchfit: the largest micro-batch that really fits, proven by real training steps, and the gradient
 //! accumulation that reaches a global batch.
 //!
-//! Layout (data flows top to bottom):
-//! * [`cli`] → [`config`]: arguments parsed, then validated into a [`config::ProbeConfig`] in one place;
-//! * [`probe`]: orchestration: backend, limit, search, accumulation split, plan writing;
-//! * [`search`]: strategies and the proof invariant — knows only the [`backend::Backend`] trait;
-//! * [`backend`]: `sim` (a formula), `cpu` (child processes under `RLIMIT_DATA`), `cuda`;
-//! * [`trial`] / [`step`] / [`models`]: the only code that runs tch: a trial child and the shared
-//!   training step that `batchfit-train` reuses;
-//! * [`plan`]: the versioned JSON contract with the trainer and job scripts; [`accumulate`]: the split;
-//! * [`output`]: the plan as json/text/env/deepspeed, completions and the man page; [`throughput`]:
-//!   samples/s advice; [`progress`]: progress on stderr; [`plot`]: `--plot` (SVG/PNG of a plan).
+//! The modules, bottom to top; each imports only modules listed before it (`tests/layout.rs`
+//! holds the graph acyclic, and the engine free of tch, clap and NVML). `docs/architecture.md` has
+//! the data flow.
+//!
+//! | layer | modules |
+//! |---|---|
+//! | platform | [`platform`] (sizes, `/proc`, rlimits, signals, the one file writer), [`exit`] (exit codes) |
+//! | protocol | [`protocol`]: trial request and outcome, the workload interface, the OOM classifier |
+//! | GPU | [`gpu`]: NVML, the caching allocator's shim, GPU selection |
+//! | where memory is measured | [`device`]: the `Backend` trait; `sim`, `cpu`, `cuda`; the trial-process runner |
+//! | engine | [`search`] (the proof), [`accumulate`] (the split), [`plan`] (the contract: schema, model spec, merge, advice) |
+//! | what a trial runs | [`workload`]: the tch model (networks, training step, trial child) |
+//! | outputs | [`output`]: one exporter per `--format`, progress, plot |
+//! | command line | [`cli`] (clap definitions, completions, man pages), [`config`] (arguments → validated config) |
+//! | orchestration | [`probe`] (set-up, single/multi-GPU runs, split, cache, verify), [`doctor`] |
+//!
+//! The binaries (`src/bin/batchfit`, `src/bin/batchfit-train`) sit on top of all of them.
 
 pub mod accumulate;
-pub mod backend;
-pub mod cache;
 pub mod cli;
 pub mod config;
-pub mod data;
+pub mod device;
+pub mod doctor;
+pub mod exit;
 pub mod gpu;
-pub mod interrupt;
-pub mod jobs;
-pub mod models;
-pub mod multi_gpu;
-pub mod oom;
 pub mod output;
 pub mod plan;
-pub mod plot;
+pub mod platform;
 pub mod probe;
-pub mod progress;
+pub mod protocol;
 pub mod search;
-pub mod step;
-pub mod sysmem;
-pub mod throughput;
-pub mod trial;
-pub mod units;
+pub mod workload;

@@ -288,7 +288,9 @@ fn help_lists_exit_codes() {
         .args(["probe", "--help"])
         .assert()
         .success()
-        .stdout(predicate::str::contains("143  interrupted by SIGTERM"));
+        .stdout(predicate::str::contains(
+            "130 / 143  interrupted by SIGINT / SIGTERM",
+        ));
 }
 
 #[test]

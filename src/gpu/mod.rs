@@ -1,5 +1,7 @@
-//! GPU memory truth from NVML, behind a trait so every consumer (the cuda backend, `batchfit doctor`)
-//! is testable with [`FakeGpus`] on machines without a GPU.
+//! GPU memory truth from NVML, behind a trait ([`GpuQuery`]) so every consumer (the cuda device,
+//! `batchfit doctor`, `batchfit-train`) is testable on machines without a GPU (with the scripted GPUs
+//! of [`crate::device::cuda::fake`]); the caching allocator's own figures through the C++ shim
+//! ([`allocator`]); and which GPUs a job may use ([`visible_indices`], [`select`]).
 //!
 //! NVML reports what the card actually gives up (CUDA contexts, caching-allocator reserves, other
 //! processes), which is what decides a "CUDA out of memory" — not what `torch.cuda.memory_allocated`
@@ -7,9 +9,9 @@
 //! kept as a value and reported clearly, never as zeros.
 
 pub mod allocator;
-pub mod doctor;
-pub mod fake;
 pub mod nvml;
+
+pub use crate::protocol::GpuProcess;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -25,16 +27,11 @@ pub enum GpuError {
         "GPU index {index} does not exist: this machine has {count} GPU(s) (indices 0..{count})"
     )]
     NoSuchDevice { index: u32, count: u32 },
+    /// `--gpus` names no GPU index (user input, not the driver).
+    #[error("--gpus {spec:?}: {part:?} is not a GPU index (use `all` or e.g. 0,2)")]
+    BadSelection { spec: String, part: String },
     #[error("NVML query failed: {0}")]
     Query(String),
-}
-
-/// A process using a GPU.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GpuProcess {
-    pub pid: u32,
-    /// `None` where NVML reports per-process memory as unavailable.
-    pub used_bytes: Option<u64>,
 }
 
 /// One GPU as NVML sees it.
@@ -59,6 +56,16 @@ pub struct GpuInfo {
 
 fn is_zero(v: &u64) -> bool {
     *v == 0
+}
+
+impl GpuError {
+    /// Whether the error is the user's input (`--gpus`), not the machine's.
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            GpuError::BadSelection { .. } | GpuError::NoSuchDevice { .. }
+        )
+    }
 }
 
 impl GpuInfo {
@@ -93,42 +100,6 @@ pub trait GpuQuery {
             .iter()
             .find(|p| p.pid == pid)
             .and_then(|p| p.used_bytes))
-    }
-}
-
-/// A scripted set of GPUs for tests.
-#[derive(Debug, Clone, Default)]
-pub struct FakeGpus {
-    pub driver: String,
-    pub gpus: Vec<GpuInfo>,
-    /// When set, every query fails with this error (e.g. no driver).
-    pub fail: Option<GpuError>,
-}
-
-impl GpuQuery for FakeGpus {
-    fn driver_version(&self) -> Result<String, GpuError> {
-        match &self.fail {
-            Some(e) => Err(e.clone()),
-            None => Ok(self.driver.clone()),
-        }
-    }
-    fn device_count(&self) -> Result<u32, GpuError> {
-        match &self.fail {
-            Some(e) => Err(e.clone()),
-            None => Ok(self.gpus.len() as u32),
-        }
-    }
-    fn device(&self, index: u32) -> Result<GpuInfo, GpuError> {
-        if let Some(e) = &self.fail {
-            return Err(e.clone());
-        }
-        self.gpus
-            .get(index as usize)
-            .cloned()
-            .ok_or(GpuError::NoSuchDevice {
-                index,
-                count: self.gpus.len() as u32,
-            })
     }
 }
 
@@ -168,10 +139,9 @@ pub fn select(spec: &str, q: &dyn GpuQuery) -> Result<Vec<u32>, GpuError> {
     }
     let mut v = vec![];
     for part in spec.split(',') {
-        let index: u32 = part.trim().parse().map_err(|_| {
-            GpuError::Query(format!(
-                "--gpus {spec:?}: {part:?} is not a GPU index (use `all` or e.g. 0,2)"
-            ))
+        let index: u32 = part.trim().parse().map_err(|_| GpuError::BadSelection {
+            spec: spec.to_string(),
+            part: part.to_string(),
         })?;
         if index >= count {
             return Err(GpuError::NoSuchDevice { index, count });
@@ -184,29 +154,9 @@ pub fn select(spec: &str, q: &dyn GpuQuery) -> Result<Vec<u32>, GpuError> {
 }
 
 #[cfg(test)]
-pub(crate) fn fake_h200(processes: Vec<GpuProcess>) -> FakeGpus {
-    let gib = 1u64 << 30;
-    let used: u64 = processes.iter().filter_map(|p| p.used_bytes).sum::<u64>() + gib / 2;
-    FakeGpus {
-        driver: "580.95".into(),
-        gpus: vec![GpuInfo {
-            index: 0,
-            name: "NVIDIA H200".into(),
-            uuid: "GPU-00000000-1111-2222-3333-444444444444".into(),
-            total_bytes: 141 * gib,
-            free_bytes: 141 * gib - used - (600 << 20),
-            used_bytes: used,
-            processes,
-            processes_unavailable: false,
-            reserved_bytes: 600 << 20,
-        }],
-        fail: None,
-    }
-}
-
-#[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::cuda::fake::{fake_h200, FakeGpus};
 
     #[test]
     fn selection() {

@@ -278,7 +278,7 @@ mod tests {
     }
 
     fn trials(spec: &str) -> (Option<u64>, usize) {
-        use crate::backend::sim::{SimBackend, SimSpec};
+        use crate::device::sim::{SimBackend, SimSpec};
         use crate::search::{Prober, SearchConfig};
         let spec = SimSpec::parse(spec).unwrap();
         let limit = spec.capacity / 20 * 19;

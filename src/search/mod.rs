@@ -9,12 +9,14 @@
 //! complete. If a cap on trials or time, or an interruption, stops the search first, the result is
 //! marked partial.
 //!
-//! This module knows nothing of clap, tch or NVML: it talks to a [`Backend`].
+//! This module knows nothing of clap, tch or NVML: it talks to a [`Backend`] (a device) and sees only
+//! outcomes.
 
 pub mod bisect;
 pub mod guided;
 
-use crate::backend::{Backend, BackendError, Isolation, TrialOutcome, TrialRequest};
+use crate::device::{Backend, BackendError};
+use crate::protocol::{Isolation, TrialOutcome, TrialRequest};
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
@@ -94,6 +96,10 @@ pub struct TrialRecord {
     pub outcome: TrialOutcome,
     /// Wall seconds of the whole trial, process start included.
     pub seconds: f64,
+    /// The GPU (NVML index) the trial ran on, in probes of several GPUs (`--gpus`). (`gpu` is the
+    /// outcome's measurement.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_index: Option<u32>,
 }
 
 fn one() -> u32 {
@@ -253,6 +259,8 @@ pub struct Prober<'b> {
     worker_trusted: bool,
     /// Accumulation of the trials being run (see [`Prober::confirm_split`]).
     accumulation: u32,
+    /// The GPU to record in every trial (multi-GPU probes).
+    gpu: Option<u32>,
 }
 
 /// Why a run of trials stopped early.
@@ -261,6 +269,17 @@ pub enum Stop {
     Reason(StopReason),
     Interrupted(i32),
     Fatal(String),
+}
+
+/// What a confirmation trial showed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Confirmation {
+    /// The size fits with the confirmation steps (and the accumulation asked for).
+    Fits,
+    /// It ran out of memory (or needed allocator retries): proof that it does not fit this way.
+    OutOfMemory,
+    /// It ended in an error or a timeout, twice: no proof either way.
+    Failed(String),
 }
 
 impl<'b> Prober<'b> {
@@ -275,7 +294,21 @@ impl<'b> Prober<'b> {
             on_trial: Box::new(|_, _| {}),
             worker_trusted: true,
             accumulation: 1,
+            gpu: None,
         }
+    }
+
+    /// Records `gpu` as the device of every trial (probes of several GPUs).
+    pub fn on_gpu(mut self, gpu: u32) -> Self {
+        self.gpu = Some(gpu);
+        self
+    }
+
+    /// Continues from `trials` already run on this device (a confirmation then skips a size they
+    /// already confirmed).
+    pub fn with_history(mut self, trials: Vec<TrialRecord>) -> Self {
+        self.trials = trials;
+        self
     }
 
     pub fn on_trial(mut self, f: impl FnMut(&TrialRecord, &[TrialRecord]) + 'b) -> Self {
@@ -344,6 +377,7 @@ impl<'b> Prober<'b> {
             accumulation: self.accumulation,
             outcome: outcome.clone(),
             seconds: t0.elapsed().as_secs_f64(),
+            gpu_index: self.gpu,
         };
         self.trials.push(rec);
         (self.on_trial)(self.trials.last().unwrap(), &self.trials);
@@ -393,22 +427,24 @@ impl<'b> Prober<'b> {
         }
     }
 
-    /// Confirms a size that no fitting trial with `confirm_steps` has covered yet. Returns whether it fits.
     /// Confirms `batch` run the way the trainer will: `accumulation` micro-batches per optimizer step
-    /// (gradient accumulation holds more memory than one micro-batch alone). Returns whether it fits.
+    /// (gradient accumulation holds more memory than one micro-batch alone).
     pub fn confirm_split(
         &mut self,
         batch: u64,
         accumulation: u32,
         purpose: Purpose,
-    ) -> Result<bool, Stop> {
+    ) -> Result<Confirmation, Stop> {
         self.accumulation = accumulation.max(1);
         let r = self.confirm(batch, purpose);
         self.accumulation = 1;
         r
     }
 
-    pub fn confirm(&mut self, batch: u64, purpose: Purpose) -> Result<bool, Stop> {
+    /// Confirms `batch` with `confirm_steps` (at the current accumulation), unless a fitting trial
+    /// already did. An error or a timeout is retried once and then reported as
+    /// [`Confirmation::Failed`]: never read as an out-of-memory.
+    pub fn confirm(&mut self, batch: u64, purpose: Purpose) -> Result<Confirmation, Stop> {
         let steps = self.cfg.confirm_steps.max(self.cfg.steps);
         if self.trials.iter().any(|t| {
             t.batch == batch
@@ -416,9 +452,20 @@ impl<'b> Prober<'b> {
                 && t.outcome.fits()
                 && t.accumulation >= self.accumulation
         }) {
-            return Ok(true);
+            return Ok(Confirmation::Fits);
         }
-        Ok(self.trial_with_retry(batch, steps, purpose)?.fits())
+        let o = self.trial_with_retry(batch, steps, purpose)?;
+        Ok(if o.fits() {
+            Confirmation::Fits
+        } else if o.is_bound() {
+            Confirmation::OutOfMemory
+        } else {
+            Confirmation::Failed(format!(
+                "{} at {batch}: {}",
+                o.kind(),
+                o.message().unwrap_or_default()
+            ))
+        })
     }
 
     fn search_inner(&mut self, found: &mut (Option<u64>, Option<u64>)) -> Stop {
@@ -500,7 +547,14 @@ impl<'b> Prober<'b> {
                         found.0 = None;
                         return s;
                     }
-                    Ok(true) => {
+                    Ok(Confirmation::Failed(why)) => {
+                        // Neither a fit nor memory: nothing is proven about b.
+                        found.0 = None;
+                        return Stop::Fatal(format!(
+                            "the confirmation trial of {b} failed ({why}); no size is proven"
+                        ));
+                    }
+                    Ok(Confirmation::Fits) => {
                         found.0 = Some(b);
                         found.1 = hi.map(|h| grid.batch(h));
                         let reason = if hi == Some(l + 1) {
@@ -514,7 +568,7 @@ impl<'b> Prober<'b> {
                         };
                         return Stop::Reason(reason);
                     }
-                    Ok(false) => {
+                    Ok(Confirmation::OutOfMemory) => {
                         // More memory appears with more steps: the bound moves down, and from now on
                         // only fits with the confirm steps count (a walk down one size at a time,
                         // confirming each, would cost hundreds of trials).
@@ -539,10 +593,18 @@ impl<'b> Prober<'b> {
                 limit_bytes: self.limit_bytes,
             };
             let i = strategy.propose(&state);
-            debug_assert!(
-                lo.is_none_or(|l| i > l) && upper.is_none_or(|u| i < u),
-                "bad proposal {i}"
-            );
+            // The engine owns the bracket: a proposal outside it would re-run a settled size (and a
+            // strategy that keeps doing so would never end), so it stops the search instead.
+            if lo.is_some_and(|l| i <= l) || upper.is_some_and(|u| i >= u) || i > grid.last_index {
+                found.0 = None;
+                return Stop::Fatal(format!(
+                    "internal error: the {:?} strategy proposed size {} outside the open bracket                      (largest fit {:?}, smallest bound {:?})",
+                    self.cfg.strategy,
+                    grid.batch(i),
+                    lo.map(|l| grid.batch(l)),
+                    upper.map(|u| grid.batch(u))
+                ));
+            }
             let b = grid.batch(i);
             // A trial next to either end of the bracket may close it: run it fresh, so it is already
             // the proof (saves the worker trial plus its fresh re-run under hybrid isolation).

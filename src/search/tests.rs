@@ -1,5 +1,5 @@
 use super::*;
-use crate::backend::sim::{SimBackend, SimSpec};
+use crate::device::sim::{SimBackend, SimSpec};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
@@ -195,11 +195,11 @@ struct HybridSim {
     spec: SimSpec,
     overhead: u64,
     limit: u64,
-    device: crate::backend::DeviceInfo,
+    device: crate::device::DeviceInfo,
 }
 
 impl Backend for HybridSim {
-    fn device(&self) -> &crate::backend::DeviceInfo {
+    fn device(&self) -> &crate::device::DeviceInfo {
         &self.device
     }
     fn default_budget(&self) -> u64 {
@@ -242,8 +242,8 @@ fn hybrid_proof_runs_fresh_and_survives_false_worker_ooms() {
         for strategy in [StrategyKind::Guided, StrategyKind::Bisect] {
             let spec = SimSpec::affine(600 * MIB, MIB / 100, 1000 * MIB);
             let truth = spec.true_max(1000 * MIB, 5, 1_000_000);
-            let device = crate::backend::DeviceInfo {
-                kind: "sim".into(),
+            let device = crate::device::DeviceInfo {
+                kind: crate::device::DeviceKind::Sim,
                 name: "hybrid".into(),
                 total_bytes: 1000 * MIB,
                 free_bytes_at_start: 1000 * MIB,

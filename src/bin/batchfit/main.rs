@@ -1,0 +1,60 @@
+//! `batchfit`: parse → dispatch → exit code. Each subcommand's edge (its arguments, what it prints,
+//! its exit code) is one function in [`probe`], [`plans`] or [`info`]; the work is the library's.
+
+mod info;
+mod plans;
+mod probe;
+
+use batchfit::cli::{Cli, Command};
+use batchfit::exit::{self, Exit, Fail};
+use batchfit::platform::{interrupt, sysmem};
+use batchfit::workload::child;
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    sysmem::configure_malloc();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                Exit::Usage
+            } else {
+                Exit::Success
+            }
+            .into();
+        }
+    };
+    let result = match cli.command {
+        Command::Trial { spec } => child::child_main(&spec),
+        Command::Worker { template } => child::worker_main(&template),
+        Command::Probe(args) => probe::probe(&args),
+        Command::Show(args) => plans::show(&args),
+        Command::Merge(args) => plans::merge(&args),
+        Command::Verify(args) => plans::verify(&args),
+        Command::Cache { action } => plans::cache(&action),
+        Command::Doctor { json, plan } => info::doctor(json, plan.as_deref()),
+        Command::Models { json } => info::models(json),
+        Command::Completions { shell } => info::completions(shell),
+        Command::Man { subcommand } => info::man(subcommand.as_deref()),
+    };
+    exit::finish("batchfit", result)
+}
+
+/// What every command that runs trials needs first: signal handlers (so an interruption kills the
+/// trials and keeps a partial plan) and this executable's path (trials are its hidden subcommands).
+fn trial_setup() -> Result<std::path::PathBuf, Fail> {
+    interrupt::install().map_err(|e| {
+        Fail(
+            Exit::Environment,
+            anyhow::Error::new(e).context("cannot install signal handlers"),
+        )
+    })?;
+    std::env::current_exe().map_err(|e| {
+        Fail(
+            Exit::Environment,
+            anyhow::Error::new(e).context("cannot find my own executable to start trials"),
+        )
+    })
+}

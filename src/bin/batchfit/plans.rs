@@ -1,0 +1,138 @@
+//! The commands that read and write plans: `show`, `merge`, `verify`, `cache`.
+
+use batchfit::cli::{CacheAction, FormatArg, MergeArgs, ShowArgs, VerifyArgs};
+use batchfit::device::sim::SimSpec;
+use batchfit::exit::{fail, print_stdout, Exit, Fail};
+use batchfit::output;
+use batchfit::output::progress::StderrProgress;
+use batchfit::plan::merge::{self, MergeError, MergeOptions};
+use batchfit::plan::Plan;
+use batchfit::platform::files;
+use batchfit::probe::cache;
+use batchfit::probe::verify::{self, VerifyEnding};
+use std::path::Path;
+
+fn print_plan(plan: &Plan, format: FormatArg, path: &Path) -> Result<(), Fail> {
+    let s = output::render(plan, format.into(), Some(path)).map_err(fail(Exit::Usage))?;
+    print_stdout(&s)
+}
+
+fn write_plan(plan: &Plan, out: &Path) -> Result<(), Fail> {
+    plan.write_atomic(out).map_err(fail(Exit::Environment))
+}
+
+/// `batchfit show PLAN --format ... [--plot FILE]`: an existing plan in another format.
+pub fn show(args: &ShowArgs) -> Result<Exit, Fail> {
+    if let Some(p) = args.plot.as_deref() {
+        output::plot::check_target(p).map_err(fail(Exit::Usage))?;
+    }
+    let plan = Plan::read(&args.plan).map_err(fail(Exit::Usage))?;
+    print_plan(&plan, args.format, &args.plan)?;
+    if let Some(p) = args.plot.as_deref() {
+        crate::probe::draw(&plan, p)?;
+    }
+    Ok(Exit::Success)
+}
+
+/// `batchfit merge A B … --global-batch G --out M`.
+pub fn merge(a: &MergeArgs) -> Result<Exit, Fail> {
+    if a.format == FormatArg::Deepspeed && a.allow_uneven {
+        return Err(Fail(
+            Exit::Usage,
+            anyhow::anyhow!(
+                "--format deepspeed cannot express micro-batches of unequal size; drop \
+                 --allow-uneven (or use --format json)"
+            ),
+        ));
+    }
+    files::check_target(&a.out).map_err(|e| Fail(Exit::Usage, anyhow::anyhow!("--out: {e}")))?;
+    let opts = MergeOptions {
+        plans: a.plans.clone(),
+        global_batch: a.global_batch,
+        world_size: a.world_size,
+        allow_uneven: a.allow_uneven,
+    };
+    let plan = merge::merge(&opts).map_err(|e| match e {
+        MergeError::Usage(_) | MergeError::Read(_) => Fail(Exit::Usage, e.into()),
+    })?;
+    write_plan(&plan, &a.out)?;
+    print_plan(&plan, a.format, &a.out)?;
+    eprintln!(
+        "batchfit: merged plan written to {} (not verified: run `batchfit verify {}` on the machine \
+         that trains)",
+        a.out.display(),
+        a.out.display()
+    );
+    Ok(Exit::Success)
+}
+
+/// `batchfit verify PLAN [--out FILE] [--sim SPEC]`.
+pub fn verify(a: &VerifyArgs) -> Result<Exit, Fail> {
+    let plan = Plan::read(&a.plan).map_err(fail(Exit::Usage))?;
+    let sim = a
+        .sim
+        .as_deref()
+        .map(SimSpec::parse)
+        .transpose()
+        .map_err(fail(Exit::Usage))?;
+    let out = a.out.clone().unwrap_or_else(|| a.plan.clone());
+    files::check_target(&out).map_err(|e| Fail(Exit::Usage, anyhow::anyhow!("--out: {e}")))?;
+    let exe = crate::trial_setup()?;
+    let mut progress = StderrProgress::new(a.quiet);
+    let result = verify::verify(&plan, &exe, sim, &mut progress);
+    progress.finish();
+    let report = result.map_err(|e| Fail(e.exit(), e.into()))?;
+    write_plan(&report.plan, &out)?;
+    print_plan(&report.plan, a.format, &out)?;
+    Ok(match report.ending {
+        VerifyEnding::Verified => {
+            eprintln!("batchfit: verified; plan written to {}", out.display());
+            Exit::Success
+        }
+        VerifyEnding::Failed(why) => {
+            eprintln!(
+                "batchfit: not verified: {why}; the plan (verified: false, with the trial) is in {}",
+                out.display()
+            );
+            Exit::Unproven
+        }
+        VerifyEnding::Interrupted(sig) => {
+            eprintln!("batchfit: verification interrupted");
+            Exit::Interrupted(sig)
+        }
+    })
+}
+
+/// `batchfit cache list|clear`.
+pub fn cache(action: &CacheAction) -> Result<Exit, Fail> {
+    let dir = cache::default_dir().map_err(fail(Exit::Environment))?;
+    match action {
+        CacheAction::List => {
+            let entries = cache::list(&dir).map_err(fail(Exit::Environment))?;
+            eprintln!("batchfit: cache {}", dir.display());
+            let mut s = format!(
+                "{:<20}  {:<16}  {:<30}  {:>11}  DATE (UTC)\n",
+                "KEY", "MODEL", "DEVICE", "MICRO-BATCH"
+            );
+            for e in entries {
+                s += &format!(
+                    "{:<20}  {:<16}  {:<30}  {:>11}  {}\n",
+                    e.key,
+                    e.model,
+                    e.device,
+                    e.micro_batch,
+                    cache::format_date(e.created_unix)
+                );
+            }
+            print_stdout(&s)?;
+        }
+        CacheAction::Clear => {
+            let n = cache::clear(&dir).map_err(fail(Exit::Environment))?;
+            eprintln!(
+                "batchfit: removed {n} cached plan(s) from {}",
+                dir.display()
+            );
+        }
+    }
+    Ok(Exit::Success)
+}

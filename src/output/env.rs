@@ -1,0 +1,75 @@
+//! `--format env`: `export BATCHFIT_*=...` lines for `eval` in a job script.
+
+use super::{Exporter, OutputError};
+use crate::plan::{Plan, Status};
+use std::path::Path;
+
+pub struct Env;
+
+impl Exporter for Env {
+    fn render(&self, plan: &Plan, plan_path: Option<&Path>) -> Result<String, OutputError> {
+        Ok(env(plan, plan_path))
+    }
+}
+
+/// `s` quoted for a POSIX shell: unchanged when it has only safe characters, else in single quotes
+/// (a `'` inside becomes `'\''`).
+pub fn shell_quote(s: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "_-./:@%+,=".contains(c);
+    if !s.is_empty() && s.chars().all(safe) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+fn status_name(s: Status) -> &'static str {
+    match s {
+        Status::Complete => "complete",
+        Status::Partial => "partial",
+        Status::NothingFits => "nothing-fits",
+    }
+}
+
+/// `export BATCHFIT_*=...` lines for `eval`. Without a recommendation only `BATCHFIT_STATUS`.
+pub fn env(plan: &Plan, plan_path: Option<&Path>) -> String {
+    let mut vars: Vec<(&str, String)> = vec![];
+    match &plan.recommendation {
+        Some(r) if plan.status == Status::Complete => {
+            vars.push(("BATCHFIT_MICRO_BATCH", r.micro_batch.to_string()));
+            vars.push(("BATCHFIT_ACCUMULATION", r.accumulation.to_string()));
+            vars.push(("BATCHFIT_GLOBAL_BATCH", r.global_batch.to_string()));
+            vars.push(("BATCHFIT_WORLD_SIZE", r.world_size.to_string()));
+            vars.push((
+                "BATCHFIT_MAX_FITTING_BATCH",
+                r.max_fitting_batch.to_string(),
+            ));
+            if let Some(f) = r.fastest_micro_batch {
+                vars.push(("BATCHFIT_FASTEST_MICRO_BATCH", f.to_string()));
+            }
+            vars.push(("BATCHFIT_STATUS", status_name(plan.status).into()));
+            if let Some(p) = plan_path {
+                let p = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+                vars.push(("BATCHFIT_PLAN", p.to_string_lossy().into_owned()));
+            }
+        }
+        _ => vars.push(("BATCHFIT_STATUS", status_name(plan.status).into())),
+    }
+    vars.iter()
+        .map(|(k, v)| format!("export {k}={}\n", shell_quote(v)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(shell_quote("4096"), "4096");
+        assert_eq!(shell_quote("/tmp/a-b/plan.json"), "/tmp/a-b/plan.json");
+        assert_eq!(shell_quote(""), "''");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's $HOME"), r"'it'\''s $HOME'");
+    }
+}

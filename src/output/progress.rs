@@ -1,0 +1,144 @@
+//! Progress of a probe: the [`Progress`] trait the probe reports to (a line, a finished trial), and
+//! its implementation on stderr, [`StderrProgress`]:
+//!
+//! * stderr a terminal (and not `--quiet`): every trial's line is printed above a live status line
+//!   (indicatif) that shows the trials so far, the last trial (batch, outcome, peak, seconds) and the
+//!   elapsed time, and ticks while a trial runs;
+//! * stderr not a terminal (logs, CI, tests): the plain lines, one per trial, `trial   1: batch ...`;
+//! * `--quiet`: nothing.
+
+use crate::platform::units::format_size;
+use crate::search::TrialRecord;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
+use std::time::Duration;
+
+/// One progress line for stderr.
+pub fn progress_line(n: usize, t: &TrialRecord, limit: u64) -> String {
+    let peak = t
+        .outcome
+        .peak_bytes()
+        .map(|p| {
+            format!(
+                "peak {:>10} ({:>3.0}% of limit)",
+                format_size(p),
+                100.0 * p as f64 / limit.max(1) as f64
+            )
+        })
+        .unwrap_or_default();
+    let msg = match (&t.outcome, t.outcome.message()) {
+        (o, Some(m)) if !o.is_oom() => format!("  {m}"),
+        _ => String::new(),
+    };
+    let acc = if t.accumulation > 1 {
+        format!(" × accumulation {}", t.accumulation)
+    } else {
+        String::new()
+    };
+    format!(
+        "trial {n:>3}: batch {:>8}{acc} × {} steps {:<8} {:<7} {peak} {:>7.2} s{msg}",
+        t.batch,
+        t.steps,
+        format!("{:?}", t.purpose).to_lowercase(),
+        t.outcome.kind(),
+        t.seconds
+    )
+}
+
+/// Receives the probe's progress: lines for stderr, and every trial as it ends.
+pub trait Progress {
+    fn line(&mut self, line: &str);
+    /// Trial number `n` (1-based) ended. Default: one [`progress_line`].
+    fn trial(&mut self, n: usize, t: &TrialRecord, limit: u64) {
+        self.line(&progress_line(n, t, limit));
+    }
+}
+
+/// Progress as plain lines handed to a closure.
+pub struct Lines<'a>(pub &'a mut dyn FnMut(&str));
+
+impl Progress for Lines<'_> {
+    fn line(&mut self, line: &str) {
+        (self.0)(line)
+    }
+}
+
+pub enum StderrProgress {
+    Quiet,
+    Plain,
+    Live(ProgressBar),
+}
+
+impl StderrProgress {
+    /// Live when stderr is a terminal, plain otherwise, nothing when `quiet`.
+    pub fn new(quiet: bool) -> Self {
+        if quiet {
+            StderrProgress::Quiet
+        } else if std::io::stderr().is_terminal() {
+            let pb = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+            pb.set_style(
+                ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+            );
+            pb.set_message("searching: trial 1 running");
+            pb.enable_steady_tick(Duration::from_millis(120));
+            StderrProgress::Live(pb)
+        } else {
+            StderrProgress::Plain
+        }
+    }
+
+    /// Removes the live line (before the summary is printed).
+    pub fn finish(&self) {
+        if let StderrProgress::Live(pb) = self {
+            pb.finish_and_clear();
+        }
+    }
+}
+
+impl Drop for StderrProgress {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// The live status line after trial `n`.
+pub fn status_line(n: usize, t: &TrialRecord, limit: u64) -> String {
+    let peak = t
+        .outcome
+        .peak_bytes()
+        .map(|p| {
+            format!(
+                ", peak {} ({:.0}%)",
+                format_size(p),
+                100.0 * p as f64 / limit.max(1) as f64
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "{n} trial{} so far; last: batch {} {}{peak}, {:.2} s; trial {} running",
+        if n == 1 { "" } else { "s" },
+        t.batch,
+        t.outcome.kind(),
+        t.seconds,
+        n + 1
+    )
+}
+
+impl Progress for StderrProgress {
+    fn line(&mut self, line: &str) {
+        match self {
+            StderrProgress::Quiet => {}
+            StderrProgress::Plain => eprintln!("{line}"),
+            StderrProgress::Live(pb) => pb.println(line),
+        }
+    }
+
+    fn trial(&mut self, n: usize, t: &TrialRecord, limit: u64) {
+        let line = progress_line(n, t, limit);
+        self.line(&line);
+        if let StderrProgress::Live(pb) = self {
+            pb.set_message(status_line(n, t, limit));
+        }
+    }
+}

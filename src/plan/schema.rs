@@ -1,0 +1,299 @@
+//! The v1 plan's types: everything `batchfit probe` writes and everything downstream reads.
+//!
+//! Types defined here: [`Plan`] and its sections. Types the plan embeds from the layers below it (so
+//! that the engine and the plan share one definition):
+//! * [`crate::search`]: [`TrialRecord`], [`StopReason`], [`StrategyKind`], [`Purpose`];
+//! * [`crate::protocol`]: [`TrialOutcome`] and its measurements, [`Isolation`], [`GpuProcess`];
+//! * [`crate::device`]: [`DeviceInfo`], [`DeviceKind`], [`IsolationMode`], [`SimSpec`];
+//! * [`super::model`]: [`ModelSpec`] (the model's `config`) with its architecture, input and loss specs.
+//!
+//! `tests/data/plan-v1.json` is parsed and re-serialised unchanged by a test: renaming any of these
+//! types' fields changes the contract and fails it.
+
+pub use super::model::ModelSpec;
+pub use crate::device::{sim::SimSpec, DeviceInfo, DeviceKind, IsolationMode};
+pub use crate::protocol::{
+    AllocatorReport, FootprintMethod, GpuMeasure, GpuProcess, Isolation, TrialOutcome,
+};
+pub use crate::search::{Purpose, StopReason, StrategyKind, TrialRecord};
+
+use crate::accumulate::Split;
+use crate::search::SearchConfig;
+use serde::{Deserialize, Serialize};
+
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Status {
+    /// The proof is complete (or a stated cap was reached): the recommendation can be used.
+    Complete,
+    /// The search stopped early (interrupted, out of trials or time, errors): not a result.
+    Partial,
+    /// Even the smallest size ran out of memory.
+    NothingFits,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tool {
+    pub name: String,
+    pub version: String,
+    pub libtorch_version: String,
+}
+
+impl Tool {
+    pub fn current() -> Self {
+        Tool {
+            name: "batchfit".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            libtorch_version: option_env!("BATCHFIT_LIBTORCH_VERSION")
+                .unwrap_or("unknown-at-build")
+                .into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    pub name: String,
+    pub parameter_count: u64,
+    pub input_spec: String,
+    pub dtype: String,
+    pub optimizer: String,
+    /// Everything the trainer needs to rebuild the model.
+    pub config: ModelSpec,
+    /// SHA-256 of the canonical JSON of `config`.
+    pub fingerprint: String,
+}
+
+impl ModelInfo {
+    pub fn of(spec: &ModelSpec) -> Self {
+        ModelInfo {
+            name: spec.name(),
+            parameter_count: spec.parameter_count(),
+            input_spec: spec.input_spec(),
+            dtype: spec.precision.dtype().into(),
+            optimizer: spec.optimizer.as_str().into(),
+            config: spec.clone(),
+            fingerprint: spec.fingerprint(),
+        }
+    }
+}
+
+/// Process set-up the trainer must reproduce.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Runtime {
+    pub threads: u32,
+    pub seed: i64,
+    pub malloc_mmap_threshold: i32,
+    pub malloc_arena_max: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Recommendation {
+    pub micro_batch: u64,
+    pub accumulation: u64,
+    pub global_batch: u64,
+    pub world_size: u64,
+    /// The largest size proven to fit.
+    pub max_fitting_batch: u64,
+    /// The smallest size proven not to fit (absent when a cap was reached).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_failing_batch: Option<u64>,
+    /// Measured footprint of the recommended micro-batch (the quantity the limit acts on).
+    pub peak_bytes: u64,
+    pub samples_per_second: f64,
+    #[serde(default)]
+    pub uneven: bool,
+    pub micro_batches: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub better_global_batches: Vec<u64>,
+    /// The smallest tested size, below `micro_batch`, whose measured samples/s is within
+    /// `--throughput-tolerance` of the best measured (see [`super::throughput`]); absent otherwise
+    /// and in plans written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fastest_micro_batch: Option<u64>,
+    /// Measured samples/s of `fastest_micro_batch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fastest_samples_per_second: Option<f64>,
+}
+
+impl Recommendation {
+    pub fn from_split(
+        s: &Split,
+        max_fitting: u64,
+        first_failing: Option<u64>,
+        rec: &TrialRecord,
+    ) -> Self {
+        let step = rec.outcome.step_seconds().unwrap_or(0.0);
+        Recommendation {
+            micro_batch: s.micro_batch,
+            accumulation: s.accumulation,
+            global_batch: s.global_batch,
+            world_size: s.world_size,
+            max_fitting_batch: max_fitting,
+            first_failing_batch: first_failing,
+            peak_bytes: rec.outcome.peak_bytes().unwrap_or(0),
+            samples_per_second: if step > 0.0 {
+                rec.batch as f64 / step
+            } else {
+                0.0
+            },
+            uneven: s.uneven,
+            micro_batches: s.micro_batches.clone(),
+            warning: s.warning.clone(),
+            better_global_batches: s.better_global_batches.clone(),
+            fastest_micro_batch: None,
+            fastest_samples_per_second: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub schema_version: u32,
+    pub status: Status,
+    /// Seconds since the Unix epoch.
+    pub created_unix: u64,
+    pub tool: Tool,
+    pub device: DeviceInfo,
+    pub model: ModelInfo,
+    pub runtime: Runtime,
+    pub budget_bytes: u64,
+    pub reserve_bytes: u64,
+    pub margin: f64,
+    pub limit_bytes: u64,
+    pub search: SearchSettings,
+    pub recommendation: Option<Recommendation>,
+    pub stop_reason: StopReason,
+    pub stop_detail: String,
+    pub trials: Vec<TrialRecord>,
+    #[serde(default)]
+    pub warnings: Vec<String>,
+    /// `false` for a plan merged from other machines' plans (`batchfit merge`) until `batchfit verify`
+    /// confirms it here; `true` once verified; absent in probe plans (proven where they were made).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified: Option<bool>,
+    /// The plans a merged plan was made from (`batchfit merge`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<PlanSource>,
+    /// The simulated device's curve (sim backend only), so `batchfit verify` can rebuild it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sim_spec: Option<SimSpec>,
+    /// The GPU(s) as NVML saw them at the start, and how the footprint was measured (cuda only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuSection>,
+    /// Why `reserve_bytes` is what it is when batchfit chose it (DDP's gradient buckets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve_note: Option<String>,
+}
+
+/// The cuda backend's view of the card(s).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuSection {
+    /// NVML index of the GPU the plan's numbers are from (the one with the smallest answer when
+    /// several were probed).
+    pub index: u32,
+    pub uuid: String,
+    pub driver: String,
+    /// Other processes on the card at the start, and what they held: not available to this job.
+    pub other_processes: Vec<GpuProcess>,
+    pub other_processes_bytes: u64,
+    /// `PYTORCH_CUDA_ALLOC_CONF` of the trials as the user set it (batchfit adds
+    /// `per_process_memory_fraction` = limit / CUDA's total to each trial's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alloc_conf: Option<String>,
+    /// How the recommended size's footprint was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub footprint_method: Option<FootprintMethod>,
+    /// One entry per probed GPU (`--gpus`), each with its own largest fitting size and its check of
+    /// the plan's micro-batch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_gpu: Vec<PerGpu>,
+    /// `--compare-alloc-conf`: the same probe with `expandable_segments:True`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alloc_conf_comparison: Option<AllocConfComparison>,
+    /// Scripted GPUs (`BATCHFIT_FAKE_GPUS`, tests only): not a measurement.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fake: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PerGpu {
+    pub index: u32,
+    pub name: String,
+    pub uuid: String,
+    pub free_bytes_at_start: u64,
+    pub max_fitting_batch: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_failing_batch: Option<u64>,
+    pub trials: usize,
+    /// The plan's micro-batch(es) with its accumulation ran on this GPU and fit.
+    pub confirmed: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AllocConfComparison {
+    pub alloc_conf: String,
+    pub max_fitting_batch: Option<u64>,
+    pub peak_bytes: Option<u64>,
+    pub trials: usize,
+    /// Largest fitting size with the comparison setting minus the plan's (positive: it fits more).
+    pub difference: Option<i64>,
+}
+
+/// One input of `batchfit merge`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanSource {
+    /// The plan file as given on the command line.
+    pub path: String,
+    pub device_kind: DeviceKind,
+    pub device_name: String,
+    pub max_fitting_batch: u64,
+}
+
+/// The search flags as recorded (a copy of [`SearchConfig`] with the time limit in seconds).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SearchSettings {
+    pub strategy: StrategyKind,
+    pub steps: u32,
+    pub confirm_steps: u32,
+    pub min_batch: u64,
+    pub max_batch: u64,
+    pub multiple_of: u64,
+    pub max_trials: Option<u32>,
+    pub time_limit_seconds: Option<f64>,
+    pub trial_timeout_seconds: f64,
+    /// `process` or `hybrid` (cpu); absent for sim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<IsolationMode>,
+    /// `--allow-retries`: trials that needed allocator retries counted as fits.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_retries: bool,
+}
+
+impl SearchSettings {
+    pub fn of(
+        c: &SearchConfig,
+        trial_timeout_seconds: f64,
+        isolation: Option<IsolationMode>,
+    ) -> Self {
+        SearchSettings {
+            strategy: c.strategy,
+            steps: c.steps,
+            confirm_steps: c.confirm_steps,
+            min_batch: c.min_batch,
+            max_batch: c.max_batch,
+            multiple_of: c.multiple_of,
+            max_trials: c.max_trials,
+            time_limit_seconds: c.time_limit.map(|d| d.as_secs_f64()),
+            trial_timeout_seconds,
+            isolation,
+            allow_retries: c.allow_retries,
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! The operating-system layer: what every other module may use and which uses nothing of batchfit.
+//!
+//! * [`units`]: byte sizes as users write them (`1.5GiB`) and as batchfit prints them;
+//! * [`sysmem`]: `/proc` and cgroup memory facts, `RLIMIT_DATA`, the malloc set-up of trials;
+//! * [`interrupt`]: SIGINT/SIGTERM recorded for the search loop and the trial runner;
+//! * [`files`]: the one writer of result files (atomic, regular files only, modes kept).
+
+pub mod files;
+pub mod interrupt;
+pub mod sysmem;
+pub mod units;
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,262 @@
+//! The plan cache: a completed plan is stored under `${XDG_CACHE_HOME:-~/.cache}/batchfit/plans/`
+//! (or `$BATCHFIT_CACHE_DIR`), keyed by a hash over everything that changes the answer, so a repeated
+//! `batchfit probe` under the same conditions answers at once.
+//!
+//! Only that `plans` folder is ever touched: the libtorch folder next to it
+//! (`batchfit/libtorch-2.11.0`) is never read, listed or removed by any cache command.
+
+use crate::config::{BackendChoice, ProbeConfig};
+use crate::device::sim::SimSpec;
+use crate::plan::{Plan, PlanError, SearchSettings, Status, Tool};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// Overrides the cache directory (the `plans` folder itself).
+pub const DIR_ENV: &str = "BATCHFIT_CACHE_DIR";
+
+#[derive(Debug, Error)]
+pub enum CacheError {
+    #[error("cannot find a cache directory: set BATCHFIT_CACHE_DIR, XDG_CACHE_HOME or HOME")]
+    NoDir,
+    #[error("cache directory {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+}
+
+/// How `batchfit probe` uses the cache.
+#[derive(Debug, Clone)]
+pub struct CacheOptions {
+    pub dir: PathBuf,
+    /// Return a cached plan when the key matches (off with `--refresh` and `--no-cache`).
+    pub read: bool,
+    /// Store a completed plan (off with `--no-cache`).
+    pub write: bool,
+}
+
+/// `$BATCHFIT_CACHE_DIR`, else `${XDG_CACHE_HOME:-$HOME/.cache}/batchfit/plans`.
+pub fn default_dir() -> Result<PathBuf, CacheError> {
+    let non_empty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    if let Some(d) = non_empty(DIR_ENV) {
+        return Ok(PathBuf::from(d));
+    }
+    let base = match non_empty("XDG_CACHE_HOME") {
+        Some(x) => PathBuf::from(x),
+        None => PathBuf::from(non_empty("HOME").ok_or(CacheError::NoDir)?).join(".cache"),
+    };
+    Ok(base.join("batchfit").join("plans"))
+}
+
+/// Everything that changes the answer of a probe. Hashed (SHA-256 of its compact JSON) into the key.
+#[derive(Serialize)]
+struct KeyInput<'a> {
+    key_version: u32,
+    tool: &'a Tool,
+    device_kind: crate::device::DeviceKind,
+    device_name: &'a str,
+    device_total_bytes: u64,
+    /// Free bytes at start, rounded down to 1/16 of the total.
+    free_bucket: u64,
+    sim_spec: Option<&'a SimSpec>,
+    model_fingerprint: &'a str,
+    budget_bytes: u64,
+    reserve_bytes: u64,
+    margin: f64,
+    search: &'a SearchSettings,
+    threads: u32,
+    seed: i64,
+    global: Option<(u64, u64)>,
+    world_size: u64,
+    allow_uneven: bool,
+    throughput_tolerance: f64,
+    /// cuda: the card's identity and the allocator settings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_uuid: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_driver: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    alloc_conf: Option<&'a str>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    compare_alloc_conf: bool,
+}
+
+/// The cache key of a probe: `skeleton` is the plan before any trial (device, model, budget, search
+/// flags, runtime), `cfg` adds the split and advice settings.
+pub fn key(skeleton: &Plan, cfg: &ProbeConfig) -> String {
+    let d = &skeleton.device;
+    let sim = match &cfg.backend {
+        BackendChoice::Sim(s) => Some(s),
+        _ => None,
+    };
+    let input = KeyInput {
+        key_version: 1,
+        tool: &skeleton.tool,
+        device_kind: d.kind,
+        device_name: &d.name,
+        device_total_bytes: d.total_bytes,
+        free_bucket: d.free_bytes_at_start / (d.total_bytes / 16).max(1),
+        sim_spec: sim,
+        model_fingerprint: &skeleton.model.fingerprint,
+        budget_bytes: skeleton.budget_bytes,
+        reserve_bytes: skeleton.reserve_bytes,
+        margin: skeleton.margin,
+        search: &skeleton.search,
+        threads: skeleton.runtime.threads,
+        seed: skeleton.runtime.seed,
+        global: cfg.global,
+        world_size: cfg.world_size,
+        allow_uneven: cfg.allow_uneven,
+        throughput_tolerance: cfg.throughput_tolerance,
+        gpu_uuid: skeleton.gpu.as_ref().map(|g| g.uuid.as_str()),
+        gpu_driver: skeleton.gpu.as_ref().map(|g| g.driver.as_str()),
+        alloc_conf: skeleton.gpu.as_ref().and_then(|g| g.alloc_conf.as_deref()),
+        compare_alloc_conf: cfg.compare_alloc_conf,
+    };
+    let json = serde_json::to_string(&input).expect("key serialises");
+    let digest = Sha256::digest(json.as_bytes());
+    digest[..10].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// One key for a probe of several GPUs, from each GPU's key (in `--gpus` order).
+pub fn combine(keys: &[String]) -> String {
+    let digest = Sha256::digest(keys.join(",").as_bytes());
+    digest[..10].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn entry_path(dir: &Path, key: &str) -> PathBuf {
+    dir.join(format!("{key}.json"))
+}
+
+/// The cached complete plan for `key`, if any (an unreadable entry counts as a miss).
+pub fn lookup(dir: &Path, key: &str) -> Option<Plan> {
+    Plan::read(&entry_path(dir, key))
+        .ok()
+        .filter(|p| p.status == Status::Complete && p.recommendation.is_some())
+}
+
+/// Stores a complete plan under `key` (atomically). Other plans are not stored.
+pub fn store(dir: &Path, key: &str, plan: &Plan) -> Result<(), CacheError> {
+    if plan.status != Status::Complete {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir).map_err(|source| CacheError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    plan.write_atomic(&entry_path(dir, key))?;
+    Ok(())
+}
+
+/// One cached plan, for `batchfit cache list`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Entry {
+    pub key: String,
+    pub model: String,
+    pub device: String,
+    pub micro_batch: u64,
+    pub created_unix: u64,
+}
+
+/// The cache entries (`KEY.json` files of the cache folder), oldest first. A missing folder is empty.
+pub fn list(dir: &Path) -> Result<Vec<Entry>, CacheError> {
+    let mut v = vec![];
+    for path in entry_files(dir)? {
+        let Ok(plan) = Plan::read(&path) else {
+            continue;
+        };
+        let key = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        v.push(Entry {
+            key,
+            model: format!(
+                "{} ({} params)",
+                plan.model.name, plan.model.parameter_count
+            ),
+            device: format!("{} {}", plan.device.kind, plan.device.name),
+            micro_batch: plan.recommendation.as_ref().map_or(0, |r| r.micro_batch),
+            created_unix: plan.created_unix,
+        });
+    }
+    v.sort_by(|a, b| (a.created_unix, &a.key).cmp(&(b.created_unix, &b.key)));
+    Ok(v)
+}
+
+/// Removes the cache entries (and leftover temporary files) from the cache folder only; returns how
+/// many entries were removed. Nothing outside `dir` is touched, and no folder is removed.
+pub fn clear(dir: &Path) -> Result<usize, CacheError> {
+    let mut n = 0;
+    for path in entry_files(dir)? {
+        std::fs::remove_file(&path).map_err(|source| CacheError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Plain files named `*.json` (entries) or `.batchfit-*.tmp` (interrupted writes) directly in `dir`.
+fn entry_files(dir: &Path) -> Result<Vec<PathBuf>, CacheError> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+        Err(source) => {
+            return Err(CacheError::Io {
+                path: dir.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let mut v = vec![];
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let is_file = e.file_type().map(|t| t.is_file()).unwrap_or(false);
+        if is_file
+            && (name.ends_with(".json")
+                || (name.starts_with(".batchfit-") && name.ends_with(".tmp")))
+        {
+            v.push(e.path());
+        }
+    }
+    v.sort();
+    Ok(v)
+}
+
+/// `YYYY-MM-DD HH:MM` (UTC) of a Unix time.
+pub fn format_date(unix: u64) -> String {
+    let days = (unix / 86_400) as i64;
+    let secs = unix % 86_400;
+    // civil_from_days (Howard Hinnant)
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}",
+        secs / 3600,
+        (secs % 3600) / 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(format_date(0), "1970-01-01 00:00");
+        assert_eq!(format_date(1_709_210_096), "2024-02-29 12:34");
+    }
+}

@@ -1,0 +1,255 @@
+//! `batchfit probe`: from a validated [`ProbeConfig`] to a written plan.
+//!
+//! ```text
+//! run_cached ─ setup::resolve (auto → cuda | cpu | sim) ─ setup::skeleton (budget → limit)
+//!            ├ cache::lookup ── hit → the cached plan
+//!            ├ single::run    ── one device: search, then split::confirmed
+//!            └ multi_gpu::run ── each GPU's search in parallel (single::search), split confirmed on all
+//!            → report::write (--out, or NAME.partial.json) → cache::store
+//! ```
+//! The search ([`crate::search`]) owns the proof; this module wires it to a device, solves the
+//! accumulation split (proving each split size with its accumulation), and writes the plan. Like
+//! hyperfine's exporters, the partial plan is rewritten after every trial, so a crash or an
+//! interruption keeps what was measured; only a complete plan is written to `--out`. `batchfit
+//! verify` ([`verify`]) re-runs a plan's sizes with the same set-up.
+
+pub mod cache;
+pub mod multi_gpu;
+pub mod report;
+pub mod setup;
+pub mod single;
+pub mod split;
+pub mod verify;
+
+pub use report::{progress_line, Ending, ProbeError, ProbeReport, Progress};
+
+use crate::config::ProbeConfig;
+use crate::device::sim::SimBackend;
+use crate::device::Backend;
+use crate::plan::{self, GpuSection, Plan, Status};
+use crate::platform::units::format_size;
+use cache::CacheOptions;
+use setup::Devices;
+use std::path::Path;
+
+/// [`run_cached`] without the cache, with progress as plain lines.
+pub fn run(
+    cfg: &ProbeConfig,
+    exe: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<ProbeReport, ProbeError> {
+    run_cached(cfg, exe, &mut report::Lines(progress), None)
+}
+
+/// [`run_cached`] without the cache.
+pub fn run_with(
+    cfg: &ProbeConfig,
+    exe: &Path,
+    progress: &mut dyn Progress,
+) -> Result<ProbeReport, ProbeError> {
+    run_cached(cfg, exe, progress, None)
+}
+
+/// Probes as `cfg` says (trials are `exe`'s hidden subcommands), answering from the plan cache
+/// ([`cache`]) when `cache` allows it and the key matches, and storing a complete plan there.
+pub fn run_cached(
+    cfg: &ProbeConfig,
+    exe: &Path,
+    progress: &mut dyn Progress,
+    cache: Option<&CacheOptions>,
+) -> Result<ProbeReport, ProbeError> {
+    let mut notices = vec![];
+    let devices = setup::resolve(cfg, &mut notices)?;
+    // The device choice is news before the search, not after it.
+    for n in notices.drain(..) {
+        progress.line(&n);
+    }
+    // Fault injection is a test of the trial runner: never answered from, nor stored in, the cache.
+    let cache = cache.filter(|_| cfg.fault.is_none());
+    match devices {
+        Devices::Sim(spec) => {
+            let mut b = SimBackend::new(spec);
+            one_device(cfg, &mut b, None, None, exe, progress, cache)
+        }
+        Devices::Cpu => {
+            let mut b = setup::cpu_backend(cfg, exe)?;
+            one_device(cfg, &mut b, None, None, exe, progress, cache)
+        }
+        Devices::Cuda(gpus) => {
+            let (c, note) = setup::cuda_effective(cfg, &gpus)?;
+            if gpus.indices.len() > 1 {
+                return several_gpus(&c, &gpus, note, exe, progress, cache);
+            }
+            let mut b = gpus.backend(gpus.indices[0], &c, exe)?;
+            let section = gpus.section(&b, &c);
+            one_device(&c, &mut b, Some(section), note, exe, progress, cache)
+        }
+    }
+}
+
+/// The plan for `key` from the cache, written to `--out`, when the cache has it.
+fn from_cache(
+    cfg: &ProbeConfig,
+    cache: Option<&CacheOptions>,
+    key: Option<&String>,
+) -> Result<Option<ProbeReport>, ProbeError> {
+    let (Some(c), Some(key)) = (cache.filter(|c| c.read), key) else {
+        return Ok(None);
+    };
+    let Some(plan) = cache::lookup(&c.dir, key) else {
+        return Ok(None);
+    };
+    let notice = format!(
+        "batchfit: plan from cache ({}, probed {}; --refresh re-probes, --no-cache ignores the cache)",
+        c.dir.join(format!("{key}.json")).display(),
+        cache::format_date(plan.created_unix)
+    );
+    let written = report::write(cfg.out.as_deref(), &plan)?;
+    Ok(Some(ProbeReport {
+        plan,
+        ending: Ending::Complete,
+        written,
+        notices: vec![notice],
+    }))
+}
+
+/// Writes the finished plan (`--out` or its `.partial` sibling) and stores a complete one in the cache.
+fn finish(
+    cfg: &ProbeConfig,
+    plan: Plan,
+    ending: Ending,
+    cache: Option<&CacheOptions>,
+    key: Option<&String>,
+) -> Result<ProbeReport, ProbeError> {
+    let written = report::write(cfg.out.as_deref(), &plan)?;
+    let mut notices = vec![];
+    if let (Some(c), Some(key), Status::Complete) = (cache.filter(|c| c.write), key, plan.status) {
+        if let Err(e) = cache::store(&c.dir, key, &plan) {
+            notices.push(format!("batchfit: warning: the plan was not cached: {e}"));
+        }
+    }
+    Ok(ProbeReport {
+        plan,
+        ending,
+        written,
+        notices,
+    })
+}
+
+fn one_device(
+    cfg: &ProbeConfig,
+    backend: &mut dyn Backend,
+    gpu: Option<GpuSection>,
+    reserve_note: Option<String>,
+    exe: &Path,
+    progress: &mut dyn Progress,
+    cache: Option<&CacheOptions>,
+) -> Result<ProbeReport, ProbeError> {
+    let (skeleton, limit) = setup::skeleton(cfg, backend, gpu, reserve_note)?;
+    let key = cache.map(|_| cache::key(&skeleton, cfg));
+    if let Some(hit) = from_cache(cfg, cache, key.as_ref())? {
+        return Ok(hit);
+    }
+    progress.line(&format!(
+        "batchfit: {} on {} ({}): budget {}, limit {} ({} params)",
+        skeleton.model.name,
+        skeleton.device.kind,
+        skeleton.device.name,
+        format_size(skeleton.budget_bytes),
+        format_size(limit),
+        skeleton.model.parameter_count
+    ));
+    let (mut plan, ending) = single::run(cfg, backend, &skeleton, limit, progress)?;
+    if cfg.compare_alloc_conf && plan.status == Status::Complete && plan.gpu.is_some() {
+        let comparison = compare_alloc_conf(cfg, exe, progress, &plan)?;
+        if let Some(g) = plan.gpu.as_mut() {
+            g.alloc_conf_comparison = Some(comparison);
+        }
+    }
+    finish(cfg, plan, ending, cache, key.as_ref())
+}
+
+fn several_gpus(
+    cfg: &ProbeConfig,
+    gpus: &setup::CudaSetup,
+    reserve_note: Option<String>,
+    exe: &Path,
+    progress: &mut dyn Progress,
+    cache: Option<&CacheOptions>,
+) -> Result<ProbeReport, ProbeError> {
+    if cfg.compare_alloc_conf {
+        return Err(ProbeError::Usage(format!(
+            "--compare-alloc-conf compares two probes of one GPU, and --gpus selects {} ({}); give \
+             one GPU, e.g. --gpus {}",
+            gpus.indices.len(),
+            gpus.list(),
+            gpus.indices[0]
+        )));
+    }
+    let mut devices = vec![];
+    for &i in &gpus.indices {
+        let b = gpus.backend(i, cfg, exe)?;
+        let section = gpus.section(&b, cfg);
+        let (skeleton, limit) = setup::skeleton(cfg, &b, Some(section), reserve_note.clone())?;
+        devices.push(multi_gpu::Gpu::new(i, b, skeleton, limit));
+    }
+    let key = cache.map(|_| {
+        let keys: Vec<String> = devices
+            .iter()
+            .map(|g| cache::key(&g.skeleton, cfg))
+            .collect();
+        cache::combine(&keys)
+    });
+    if let Some(hit) = from_cache(cfg, cache, key.as_ref())? {
+        return Ok(hit);
+    }
+    let (plan, ending) = multi_gpu::run(cfg, gpus, &mut devices, progress)?;
+    finish(cfg, plan, ending, cache, key.as_ref())
+}
+
+/// `--compare-alloc-conf`: the same probe once more with `expandable_segments:True` added to
+/// `PYTORCH_CUDA_ALLOC_CONF` (fewer, growable segments: less fragmentation), reported beside the plan.
+fn compare_alloc_conf(
+    cfg: &ProbeConfig,
+    exe: &Path,
+    progress: &mut dyn Progress,
+    plan: &Plan,
+) -> Result<plan::AllocConfComparison, ProbeError> {
+    let conf = match cfg.alloc_conf.as_deref() {
+        Some(c) if c.contains("expandable_segments") => c
+            .split(',')
+            .map(|p| {
+                if p.trim().starts_with("expandable_segments") {
+                    "expandable_segments:True"
+                } else {
+                    p
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+        Some(c) => format!("{c},expandable_segments:True"),
+        None => "expandable_segments:True".to_string(),
+    };
+    progress.line(&format!(
+        "batchfit: --compare-alloc-conf: probing again with PYTORCH_CUDA_ALLOC_CONF={conf}"
+    ));
+    let mut c = cfg.clone();
+    c.compare_alloc_conf = false;
+    c.out = None;
+    c.global = None;
+    c.alloc_conf = Some(conf.clone());
+    c.world_size_given = true;
+    let other = run_cached(&c, exe, progress, None)?.plan;
+    let theirs = other.recommendation.as_ref().map(|r| r.max_fitting_batch);
+    let ours = plan.recommendation.as_ref().map(|r| r.max_fitting_batch);
+    Ok(plan::AllocConfComparison {
+        alloc_conf: conf,
+        max_fitting_batch: theirs,
+        peak_bytes: other.recommendation.as_ref().map(|r| r.peak_bytes),
+        trials: other.trials.len(),
+        difference: match (theirs, ours) {
+            (Some(t), Some(o)) => Some(t as i64 - o as i64),
+            _ => None,
+        },
+    })
+}

@@ -1,0 +1,260 @@
+//! Several GPUs of one machine (`--gpus all|0,2,…`): one search per GPU, in parallel (each its own
+//! trial processes on its own card), then one plan for all of them.
+//!
+//! Data-parallel training runs the same micro-batch on every rank, so the plan takes the smallest of
+//! the GPUs' largest fitting sizes, re-solves the accumulation for the global batch over the world
+//! size (default: the number of GPUs), and confirms the chosen micro-batch — with its accumulation,
+//! as the trainer runs it — on **every** GPU, again in parallel ([`super::split`], the same loop as
+//! one device's). GPUs of one model can still differ: another job may hold memory on one of them,
+//! which is exactly what this catches. Each GPU's own result is kept in the plan's `gpu.per_gpu`;
+//! while the searches run, the partial plan beside `--out` holds every GPU's trials so far (each
+//! trial records its `gpu`).
+//!
+//! Beyond one machine, `batchfit merge` combines the plans of several nodes (see docs/recipes.md).
+
+use super::report::{self, Ending, ProbeError, Progress};
+use super::setup::CudaSetup;
+use super::single::{self, best_fit};
+use super::split;
+use crate::config::ProbeConfig;
+use crate::device::cuda::CudaBackend;
+use crate::plan::{PerGpu, Plan, Recommendation, Status};
+use crate::search::{Confirmation, Prober, Purpose, SearchOutcome, TrialRecord};
+use std::sync::{mpsc, Mutex};
+
+/// One GPU of the probe: its device, the plan skeleton and limit from its own budget, its trials.
+pub struct Gpu {
+    pub index: u32,
+    pub backend: CudaBackend,
+    pub skeleton: Plan,
+    pub limit: u64,
+    trials: Vec<TrialRecord>,
+}
+
+impl Gpu {
+    pub fn new(index: u32, backend: CudaBackend, skeleton: Plan, limit: u64) -> Self {
+        Gpu {
+            index,
+            backend,
+            skeleton,
+            limit,
+            trials: vec![],
+        }
+    }
+}
+
+/// Progress lines of one GPU's thread, sent to the caller's progress on the main thread.
+struct Forward {
+    tx: mpsc::Sender<String>,
+    prefix: String,
+}
+
+impl Progress for Forward {
+    fn line(&mut self, line: &str) {
+        let _ = self.tx.send(format!("{}{line}", self.prefix));
+    }
+}
+
+/// Runs `work(gpu, progress)` for every GPU in parallel, forwarding progress lines.
+fn each_gpu<T: Send>(
+    gpus: &mut [Gpu],
+    progress: &mut dyn Progress,
+    work: impl Fn(&mut Gpu, &mut dyn Progress) -> T + Sync,
+) -> Vec<T> {
+    let (tx, rx) = mpsc::channel::<String>();
+    std::thread::scope(|s| {
+        let work = &work;
+        let handles: Vec<_> = gpus
+            .iter_mut()
+            .map(|g| {
+                let mut fwd = Forward {
+                    tx: tx.clone(),
+                    prefix: format!("[gpu {}] ", g.index),
+                };
+                s.spawn(move || work(g, &mut fwd))
+            })
+            .collect();
+        drop(tx);
+        for line in rx {
+            progress.line(&line);
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a GPU's probe thread panicked"))
+            .collect()
+    })
+}
+
+/// Every GPU's own result, for the plan's `gpu.per_gpu`.
+fn per_gpu_entries(gpus: &[Gpu], outcomes: &[Option<SearchOutcome>]) -> Vec<PerGpu> {
+    gpus.iter()
+        .zip(outcomes)
+        .map(|(g, o)| PerGpu {
+            index: g.index,
+            name: g.skeleton.device.name.clone(),
+            uuid: g
+                .skeleton
+                .gpu
+                .as_ref()
+                .map(|s| s.uuid.clone())
+                .unwrap_or_default(),
+            free_bytes_at_start: g.skeleton.device.free_bytes_at_start,
+            max_fitting_batch: o.as_ref().and_then(|o| o.max_fitting),
+            first_failing_batch: o.as_ref().and_then(|o| o.first_failing),
+            trials: g.trials.len(),
+            confirmed: false,
+            peak_bytes: None,
+        })
+        .collect()
+}
+
+pub fn run(
+    cfg: &ProbeConfig,
+    setup: &CudaSetup,
+    gpus: &mut [Gpu],
+    progress: &mut dyn Progress,
+) -> Result<(Plan, Ending), ProbeError> {
+    progress.line(&format!(
+        "batchfit: probing {} GPUs in parallel ({}); the plan takes the smallest answer and confirms it on \
+         each",
+        setup.indices.len(),
+        setup.list()
+    ));
+    // 1. Each GPU's largest fitting micro-batch; the partial plan holds every GPU's trials so far.
+    let first = gpus[0].skeleton.clone();
+    let all_trials: Mutex<Vec<TrialRecord>> = Mutex::new(vec![]);
+    let write_error: Mutex<Option<ProbeError>> = Mutex::new(None);
+    let outcomes: Vec<Option<SearchOutcome>> = each_gpu(gpus, progress, |g, p| {
+        let limit = g.limit;
+        let index = g.index;
+        let (all_trials, write_error, first) = (&all_trials, &write_error, &first);
+        let searched = single::search(cfg, &mut g.backend, limit, Some(index), move |t, all| {
+            p.trial(all.len(), t, limit);
+            let mut shared = all_trials.lock().unwrap_or_else(|e| e.into_inner());
+            shared.push(t.clone());
+            let mut snap = first.clone();
+            snap.trials = shared.clone();
+            if let Err(e) = report::write(cfg.out.as_deref(), &snap) {
+                *write_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+            }
+        });
+        let single::Searched { outcome, .. } = searched;
+        Some(outcome)
+    });
+    if let Some(e) = write_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Err(e);
+    }
+    for (g, o) in gpus.iter_mut().zip(&outcomes) {
+        g.trials = o.as_ref().map(|o| o.trials.clone()).unwrap_or_default();
+    }
+    let mut per_gpu = per_gpu_entries(gpus, &outcomes);
+
+    // A GPU whose search did not complete makes the whole plan partial (its reason is the plan's).
+    if let Some((i, o)) = outcomes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, o)| o.as_ref().map(|o| (i, o)))
+        .find(|(_, o)| !o.stop_reason.is_complete())
+    {
+        let (mut plan, ending) = single::assemble(cfg, &gpus[i].skeleton, o, None);
+        if let Some(g) = plan.gpu.as_mut() {
+            g.per_gpu = per_gpu;
+        }
+        return Ok((plan, ending));
+    }
+
+    // 2. The smallest answer, split for the global batch, confirmed on every GPU.
+    let base = (0..gpus.len())
+        .min_by_key(|&i| outcomes[i].as_ref().and_then(|o| o.max_fitting))
+        .expect("at least two GPUs");
+    let base_outcome = outcomes[base].clone().expect("searched");
+    let smallest = base_outcome.max_fitting.expect("complete searches fit");
+    let (g, w) = cfg
+        .global
+        .unwrap_or((smallest * cfg.world_size, cfg.world_size));
+    let mut failures: Vec<String> = vec![];
+    let outcome = split::confirmed(g, w, smallest, cfg.allow_uneven, &mut |b, acc, retest| {
+        let purpose = if retest {
+            Purpose::Retry
+        } else {
+            Purpose::Split
+        };
+        let results = each_gpu(gpus, progress, |gpu, p| {
+            let limit = gpu.limit;
+            let history = std::mem::take(&mut gpu.trials);
+            let mut prober = Prober::new(&mut gpu.backend, cfg.search.clone(), limit)
+                .on_gpu(gpu.index)
+                .with_history(history)
+                .on_trial(move |t, all| p.trial(all.len(), t, limit));
+            let r = prober.confirm_split(b, acc, purpose);
+            let trials = prober.trials().to_vec();
+            drop(prober);
+            gpu.trials = trials;
+            (gpu.index, r)
+        });
+        let mut combined = Confirmation::Fits;
+        for (i, r) in results {
+            match r? {
+                Confirmation::Fits => {}
+                Confirmation::OutOfMemory => {
+                    failures.push(format!(
+                        "micro-batch {b} × accumulation {acc} did not fit on GPU {i}"
+                    ));
+                    if combined == Confirmation::Fits {
+                        combined = Confirmation::OutOfMemory;
+                    }
+                }
+                Confirmation::Failed(why) => {
+                    combined = Confirmation::Failed(format!("GPU {i}: {why}"));
+                }
+            }
+        }
+        Ok(combined)
+    });
+
+    // 3. The plan: the smallest GPU's measurements, every GPU's result, the confirmed split.
+    let mut plan = gpus[base].skeleton.clone();
+    plan.trials = gpus[base].trials.clone();
+    plan.warnings.extend(outcome.warnings);
+    plan.warnings.extend(failures);
+    plan.stop_reason = base_outcome.stop_reason;
+    let split = match outcome.split {
+        Ok(s) => s,
+        Err(stop) => {
+            let ending = single::stopped(&mut plan, stop);
+            plan.status = Status::Partial;
+            if let Some(gs) = plan.gpu.as_mut() {
+                gs.per_gpu = per_gpu;
+            }
+            return Ok((plan, ending));
+        }
+    };
+    for (e, gpu) in per_gpu.iter_mut().zip(gpus.iter()) {
+        e.trials = gpu.trials.len();
+        let fit = best_fit(&gpu.trials, split.micro_batch);
+        e.confirmed = fit.is_some_and(|t| u64::from(t.accumulation) >= split.accumulation);
+        e.peak_bytes = fit.and_then(|t| t.outcome.peak_bytes());
+    }
+    let rec_trial = best_fit(&plan.trials, split.micro_batch)
+        .cloned()
+        .ok_or_else(|| {
+            ProbeError::Environment("the confirmed micro-batch has no fitting trial".into())
+        })?;
+    let r = Recommendation::from_split(&split, smallest, base_outcome.first_failing, &rec_trial);
+    plan.recommendation = Some(r);
+    if let Some(w) = &split.warning {
+        plan.warnings.push(w.clone());
+    }
+    plan.stop_detail = format!(
+        "{}; the smallest of {} GPUs' answers (GPU {}), confirmed on every GPU",
+        base_outcome.stop_reason.describe(),
+        setup.indices.len(),
+        gpus[base].index
+    );
+    if let Some(gs) = plan.gpu.as_mut() {
+        gs.per_gpu = per_gpu;
+        gs.footprint_method = rec_trial.outcome.gpu().map(|m| m.method);
+    }
+    plan.status = Status::Complete;
+    Ok((plan, Ending::Complete))
+}

@@ -1,0 +1,427 @@
+//! From a validated config to devices ready to run trials: the workload, the device (auto → cuda or
+//! cpu), the GPUs of `--gpus`, the budget → limit, and the plan's skeleton. Shared by the probe and
+//! `batchfit verify` ([`plan_backend`]).
+
+use super::report::ProbeError;
+use crate::accumulate;
+use crate::config::{self, BackendChoice, ProbeConfig};
+use crate::device::cpu::CpuBackend;
+use crate::device::cuda::{fake, CudaBackend, Executor};
+use crate::device::sim::{SimBackend, SimSpec};
+use crate::device::{Backend, DeviceKind, IsolationMode};
+use crate::gpu::{GpuError, GpuProcess, GpuQuery};
+use crate::plan::model::{ModelSpec, Precision};
+use crate::plan::{GpuSection, ModelInfo, Plan, Runtime, SearchSettings, Status, StopReason, Tool};
+use crate::platform::units::format_size;
+use crate::platform::{now_unix, sysmem};
+use crate::protocol::Workload;
+use crate::workload::child::TrialSpec;
+use crate::workload::{ModelWorkload, LIBTORCH_MIN_DATA};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The tch model workload of `model` (trials are `exe __trial …`).
+pub fn model_workload(
+    exe: &Path,
+    model: &ModelSpec,
+    threads: u32,
+    seed: i64,
+    fault: Option<crate::workload::child::fault::FaultAt>,
+) -> Arc<dyn Workload> {
+    Arc::new(ModelWorkload {
+        exe: exe.to_path_buf(),
+        template: TrialSpec {
+            model: model.clone(),
+            batch: 0,
+            steps: 0,
+            threads,
+            seed,
+            accumulation: 1,
+            fault,
+            cuda_device: None,
+        },
+    })
+}
+
+fn workload(cfg: &ProbeConfig, exe: &Path) -> Arc<dyn Workload> {
+    model_workload(exe, &cfg.model, cfg.threads, cfg.seed, cfg.fault)
+}
+
+/// The resolved cuda set-up: NVML (or the scripted GPUs of tests), the GPUs to probe.
+pub struct CudaSetup {
+    pub gpus: Arc<dyn GpuQuery + Send + Sync>,
+    pub fake: Option<fake::Fake>,
+    pub indices: Vec<u32>,
+    pub driver: String,
+}
+
+fn gpu_error(e: GpuError) -> ProbeError {
+    match e {
+        GpuError::NoSuchDevice { .. } => {
+            ProbeError::Usage(format!("--gpus: {e}; `batchfit doctor` lists them"))
+        }
+        e if e.is_usage() => ProbeError::Usage(e.to_string()),
+        other => ProbeError::Environment(other.to_string()),
+    }
+}
+
+impl CudaSetup {
+    fn resolve(cfg: &ProbeConfig) -> Result<CudaSetup, ProbeError> {
+        let fake = fake::Fake::from_env().transpose().map_err(gpu_error)?;
+        let gpus: Arc<dyn GpuQuery + Send + Sync> = match &fake {
+            Some(f) => Arc::new(f.gpus.clone()),
+            None => {
+                if !tch::Cuda::is_available() {
+                    // NVML may work while libtorch cannot use the GPU (driver/runtime mismatch).
+                    let nvml = crate::gpu::nvml::RealNvml::get().map_err(gpu_error)?;
+                    return Err(ProbeError::Environment(format!(
+                        "NVML sees {} GPU(s) but libtorch sees no CUDA device (driver too old for \
+                         CUDA 13, or CUDA_VISIBLE_DEVICES hides them); use --backend cpu or sim",
+                        nvml.device_count().unwrap_or(0),
+                    )));
+                }
+                Arc::new(crate::gpu::nvml::RealNvml::get().map_err(gpu_error)?)
+            }
+        };
+        // A scheduler's (or the user's) CUDA_VISIBLE_DEVICES limits which GPUs this job may use.
+        let visible_env = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+        let visible = crate::gpu::visible_indices(visible_env.as_deref(), gpus.as_ref())
+            .map_err(gpu_error)?;
+        let default = match &visible {
+            Some(v) => match v.first() {
+                Some(i) => i.to_string(),
+                None => {
+                    return Err(ProbeError::Environment(
+                        "CUDA_VISIBLE_DEVICES hides every GPU; unset it or name a GPU".into(),
+                    ))
+                }
+            },
+            None => "0".to_string(),
+        };
+        let mut indices =
+            crate::gpu::select(cfg.gpus.as_deref().unwrap_or(&default), gpus.as_ref())
+                .map_err(gpu_error)?;
+        if let Some(v) = &visible {
+            if cfg.gpus.as_deref().map(str::trim) == Some("all") {
+                indices.retain(|i| v.contains(i));
+            } else if let Some(i) = indices.iter().find(|i| !v.contains(i)) {
+                return Err(ProbeError::Usage(format!(
+                    "--gpus: GPU {i} is hidden by CUDA_VISIBLE_DEVICES={}; pick one of {v:?}",
+                    visible_env.unwrap_or_default()
+                )));
+            }
+        }
+        let driver = gpus.driver_version().map_err(gpu_error)?;
+        Ok(CudaSetup {
+            gpus,
+            fake,
+            indices,
+            driver,
+        })
+    }
+
+    /// The selected GPUs as `0, 2`.
+    pub fn list(&self) -> String {
+        self.indices
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The device of GPU `index`.
+    pub fn backend(
+        &self,
+        index: u32,
+        cfg: &ProbeConfig,
+        exe: &Path,
+    ) -> Result<CudaBackend, ProbeError> {
+        let exec = match &self.fake {
+            Some(f) => Executor::Fake(SimBackend::new(f.sim(index).ok_or_else(|| {
+                ProbeError::Environment(format!("{}: no sim curve for GPU {index}", fake::ENV))
+            })?)),
+            None => Executor::Real(workload(cfg, exe)),
+        };
+        CudaBackend::new(
+            self.gpus.clone(),
+            index,
+            exec,
+            cfg.alloc_conf.clone(),
+            cfg.trial_timeout,
+        )
+        .map_err(|e| ProbeError::Environment(e.to_string()))
+    }
+
+    /// The plan's `gpu` section for the GPU of `b` (as NVML saw it at the start).
+    pub fn section(&self, b: &CudaBackend, cfg: &ProbeConfig) -> GpuSection {
+        let g = b.gpu();
+        let me = std::process::id();
+        let others: Vec<GpuProcess> = g
+            .processes
+            .iter()
+            .filter(|p| p.pid != me)
+            .cloned()
+            .collect();
+        GpuSection {
+            index: g.index,
+            uuid: g.uuid.clone(),
+            driver: self.driver.clone(),
+            other_processes_bytes: others.iter().filter_map(|p| p.used_bytes).sum(),
+            other_processes: others,
+            alloc_conf: cfg.alloc_conf.clone(),
+            footprint_method: None,
+            per_gpu: vec![],
+            alloc_conf_comparison: None,
+            fake: self.fake.is_some(),
+        }
+    }
+}
+
+/// Whether `--backend auto` may pick CUDA: libtorch sees CUDA *and* NVML initialises (or the fake GPUs
+/// of tests are set); `Err` says why not.
+fn cuda_usable() -> Result<(), String> {
+    if std::env::var_os(fake::ENV).is_some() {
+        return Ok(());
+    }
+    if !tch::Cuda::is_available() {
+        return Err("libtorch sees no CUDA device".into());
+    }
+    crate::gpu::nvml::RealNvml::get()
+        .map(|_| ())
+        .map_err(|e| format!("NVML is unavailable: {e}"))
+}
+
+/// The devices a probe runs on.
+pub enum Devices {
+    Sim(SimSpec),
+    Cpu,
+    Cuda(CudaSetup),
+}
+
+/// The device the config asks for, resolved (auto → cuda or cpu, with a notice in `notices`).
+pub fn resolve(cfg: &ProbeConfig, notices: &mut Vec<String>) -> Result<Devices, ProbeError> {
+    match &cfg.backend {
+        BackendChoice::Sim(spec) => Ok(Devices::Sim(spec.clone())),
+        BackendChoice::Cpu => Ok(Devices::Cpu),
+        BackendChoice::Cuda => Ok(Devices::Cuda(CudaSetup::resolve(cfg)?)),
+        BackendChoice::Auto => match cuda_usable() {
+            Ok(()) => {
+                if cfg.isolation == IsolationMode::Hybrid {
+                    return Err(ProbeError::Usage(format!(
+                        "--backend auto chose cuda: {}",
+                        config::HYBRID_ON_CUDA
+                    )));
+                }
+                let setup = CudaSetup::resolve(cfg)?;
+                notices.push(format!(
+                    "batchfit: --backend auto: using cuda (GPU {})",
+                    setup.list()
+                ));
+                Ok(Devices::Cuda(setup))
+            }
+            Err(why) if cfg.model.precision.is_amp() => Err(ProbeError::Usage(format!(
+                "--precision {} needs CUDA, and --backend auto chose the cpu ({why}); use --precision \
+                 bf16 or fp32 on cpu",
+                cfg.model.precision.as_str()
+            ))),
+            Err(why) if cfg.gpus.is_some() || cfg.compare_alloc_conf => {
+                Err(ProbeError::Environment(format!(
+                    "--gpus and --compare-alloc-conf need CUDA, and there is none here: {why}"
+                )))
+            }
+            Err(why) => {
+                notices.push(format!(
+                    "batchfit: --backend auto: using the cpu backend ({why})"
+                ));
+                Ok(Devices::Cpu)
+            }
+        },
+    }
+}
+
+/// The cpu device running `cfg`'s workload.
+pub fn cpu_backend(cfg: &ProbeConfig, exe: &Path) -> Result<CpuBackend, ProbeError> {
+    CpuBackend::new(workload(cfg, exe), cfg.trial_timeout, cfg.isolation)
+        .map_err(|e| ProbeError::Environment(e.to_string()))
+}
+
+/// Gradient bytes per parameter (DDP's buckets hold one copy of the gradients).
+fn gradient_bytes(cfg: &ProbeConfig) -> u64 {
+    match cfg.model.precision {
+        Precision::Bf16 => 2,
+        _ => 4,
+    }
+}
+
+/// The cuda config with the world size defaulting to the number of GPUs and, for DDP (world size > 1)
+/// without `--reserve`, one copy of the gradients reserved (the note says so).
+pub fn cuda_effective(
+    cfg: &ProbeConfig,
+    setup: &CudaSetup,
+) -> Result<(ProbeConfig, Option<String>), ProbeError> {
+    let mut c = cfg.clone();
+    if !c.world_size_given {
+        c.world_size = setup.indices.len() as u64;
+        if let Some((g, _)) = c.global {
+            accumulate::check_global(g, c.world_size).map_err(|e| {
+                ProbeError::Usage(format!(
+                    "{e} (the world size defaults to the {} GPU(s) of --gpus; give --world-size)",
+                    setup.indices.len()
+                ))
+            })?;
+            c.global = Some((g, c.world_size));
+        }
+    }
+    let mut note = None;
+    if c.world_size > 1 && !c.reserve_given {
+        let bytes = c.model.parameter_count() * gradient_bytes(&c);
+        c.reserve = bytes;
+        note = Some(format!(
+            "--reserve defaulted to {} for world size {}: DDP's gradient buckets hold about one copy of \
+             the gradients ({} parameters × {} bytes) beside what a trial measures; give --reserve to \
+             change it",
+            format_size(bytes),
+            c.world_size,
+            c.model.parameter_count(),
+            gradient_bytes(&c)
+        ));
+    }
+    Ok((c, note))
+}
+
+/// The plan before any trial, on `backend`, and the limit its trials run under: the budget (given,
+/// or the device's default) checked against the device, less the reserve and the margin.
+pub fn skeleton(
+    cfg: &ProbeConfig,
+    backend: &dyn Backend,
+    gpu: Option<GpuSection>,
+    reserve_note: Option<String>,
+) -> Result<(Plan, u64), ProbeError> {
+    let device = backend.device().clone();
+    let budget = cfg.budget.unwrap_or_else(|| backend.default_budget());
+    if budget > device.total_bytes {
+        return Err(ProbeError::Usage(format!(
+            "--memory-budget {} is larger than the device's {} ({}); give at most {}",
+            format_size(budget),
+            format_size(device.total_bytes),
+            device.name,
+            format_size(device.total_bytes)
+        )));
+    }
+    if cfg.reserve >= budget {
+        return Err(ProbeError::Usage(format!(
+            "--reserve {} leaves nothing of the {} budget; lower --reserve",
+            format_size(cfg.reserve),
+            format_size(budget)
+        )));
+    }
+    let limit = config::limit(budget, cfg.reserve, cfg.margin);
+    if device.kind == DeviceKind::Cpu && limit < LIBTORCH_MIN_DATA {
+        return Err(ProbeError::Usage(format!(
+            "the limit {} (budget {} − reserve {}, less the {:.0}% margin) is below the {} a libtorch process \
+             needs to start on CPU; raise --memory-budget",
+            format_size(limit),
+            format_size(budget),
+            format_size(cfg.reserve),
+            cfg.margin * 100.0,
+            format_size(LIBTORCH_MIN_DATA)
+        )));
+    }
+    let sim_spec = match &cfg.backend {
+        BackendChoice::Sim(s) => Some(s.clone()),
+        _ => None,
+    };
+    let plan = Plan {
+        schema_version: crate::plan::SCHEMA_VERSION,
+        status: Status::Partial,
+        created_unix: now_unix(),
+        tool: Tool::current(),
+        model: ModelInfo::of(&cfg.model),
+        runtime: Runtime {
+            threads: cfg.threads,
+            seed: cfg.seed,
+            malloc_mmap_threshold: sysmem::MMAP_THRESHOLD,
+            malloc_arena_max: sysmem::ARENA_MAX,
+        },
+        budget_bytes: budget,
+        reserve_bytes: cfg.reserve,
+        margin: cfg.margin,
+        limit_bytes: limit,
+        search: SearchSettings::of(
+            &cfg.search,
+            cfg.trial_timeout.as_secs_f64(),
+            (device.kind != DeviceKind::Sim).then_some(cfg.isolation),
+        ),
+        device,
+        recommendation: None,
+        stop_reason: StopReason::Interrupted,
+        stop_detail: "search in progress".into(),
+        trials: vec![],
+        warnings: vec![],
+        verified: None,
+        sources: vec![],
+        sim_spec,
+        gpu,
+        reserve_note,
+    };
+    Ok((plan, limit))
+}
+
+/// The device to re-run `plan`'s trials on here (`batchfit verify`): the plan's kind of device, its
+/// model, threads, seed and allocator settings; `sim` replaces a sim plan's curve.
+pub fn plan_backend(
+    plan: &Plan,
+    exe: &Path,
+    sim: Option<SimSpec>,
+) -> Result<Box<dyn Backend>, ProbeError> {
+    let timeout = Duration::from_secs_f64(plan.search.trial_timeout_seconds.max(1.0));
+    let workload = || {
+        model_workload(
+            exe,
+            &plan.model.config,
+            plan.runtime.threads,
+            plan.runtime.seed,
+            None,
+        )
+    };
+    let env = |e: String| ProbeError::Environment(e);
+    Ok(match plan.device.kind {
+        DeviceKind::Sim => {
+            let spec = sim.or_else(|| plan.sim_spec.clone()).ok_or_else(|| {
+                ProbeError::Usage(
+                    "this sim plan does not record its simulated device (sim_spec); give --sim SPEC"
+                        .into(),
+                )
+            })?;
+            Box::new(SimBackend::new(spec))
+        }
+        DeviceKind::Cpu => Box::new(
+            CpuBackend::new(workload(), timeout, IsolationMode::Process)
+                .map_err(|e| env(e.to_string()))?,
+        ),
+        DeviceKind::Cuda => {
+            let index = plan.gpu.as_ref().map_or(0, |g| g.index);
+            let fake = fake::Fake::from_env()
+                .transpose()
+                .map_err(|e| env(e.to_string()))?;
+            let (gpus, exec): (Arc<dyn GpuQuery + Send + Sync>, Executor) = match fake {
+                Some(f) => {
+                    let sim = f
+                        .sim(index)
+                        .ok_or_else(|| env(format!("{}: no sim curve", fake::ENV)))?;
+                    (Arc::new(f.gpus), Executor::Fake(SimBackend::new(sim)))
+                }
+                None => (
+                    Arc::new(crate::gpu::nvml::RealNvml::get().map_err(|e| env(e.to_string()))?),
+                    Executor::Real(workload()),
+                ),
+            };
+            let alloc_conf = plan.gpu.as_ref().and_then(|g| g.alloc_conf.clone());
+            Box::new(
+                CudaBackend::new(gpus, index, exec, alloc_conf, timeout)
+                    .map_err(|e| env(e.to_string()))?,
+            )
+        }
+    })
+}

@@ -1,0 +1,174 @@
+//! `batchfit verify`: confirmation trials of a plan's micro-batch sizes on this machine, each with
+//! the plan's accumulation (as the trainer will run it), under the plan's limit, with the probe's own
+//! set-up ([`super::setup::plan_backend`]) and confirmation ([`Prober::confirm_split`]).
+
+use super::report::{ProbeError, Progress};
+use super::setup;
+use crate::config;
+use crate::device::sim::SimSpec;
+use crate::device::DeviceKind;
+use crate::plan::{Plan, Status};
+use crate::platform::now_unix;
+use crate::platform::units::format_size;
+use crate::search::{Confirmation, Prober, Purpose, SearchConfig, Stop};
+use std::path::Path;
+
+/// How a verification ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VerifyEnding {
+    Verified,
+    /// A confirmation trial did not fit (or failed): why.
+    Failed(String),
+    Interrupted(i32),
+}
+
+#[derive(Debug)]
+pub struct VerifyReport {
+    pub plan: Plan,
+    pub ending: VerifyEnding,
+}
+
+/// Runs confirmation trials of every size of the plan's micro-batches (largest first, with the plan's
+/// steps and confirm steps) on this machine's backend of the plan's kind, under
+/// `(budget − reserve) × (1 − margin)` from the plan. The trials are appended to the plan's `trials`;
+/// on success the plan is `verified: true` and its `device` is this machine's.
+/// `sim` replaces the plan's simulated device (`sim_spec`).
+pub fn verify(
+    plan: &Plan,
+    exe: &Path,
+    sim: Option<SimSpec>,
+    progress: &mut dyn Progress,
+) -> Result<VerifyReport, ProbeError> {
+    let rec = match (&plan.status, &plan.recommendation) {
+        (Status::Complete, Some(r)) => r.clone(),
+        _ => {
+            return Err(ProbeError::Usage(format!(
+                "the plan is not complete (status {:?}: {}); there is nothing to verify",
+                plan.status, plan.stop_detail
+            )))
+        }
+    };
+    if plan.model.config.fingerprint() != plan.model.fingerprint {
+        return Err(ProbeError::Usage(
+            "the plan's model fingerprint does not match its model config; the plan was edited"
+                .into(),
+        ));
+    }
+    if sim.is_some() && plan.device.kind != DeviceKind::Sim {
+        return Err(ProbeError::Usage(
+            "--sim is only used with plans of the sim backend".into(),
+        ));
+    }
+    let mut backend = setup::plan_backend(plan, exe, sim)?;
+    let device = backend.device().clone();
+    if plan.budget_bytes > device.total_bytes {
+        return Err(ProbeError::Usage(format!(
+            "the plan's budget {} is larger than this device's {} ({}); probe here instead",
+            format_size(plan.budget_bytes),
+            format_size(device.total_bytes),
+            device.name
+        )));
+    }
+    let limit = config::limit(plan.budget_bytes, plan.reserve_bytes, plan.margin);
+    let search = SearchConfig {
+        strategy: plan.search.strategy,
+        steps: plan.search.steps,
+        confirm_steps: plan.search.confirm_steps,
+        min_batch: plan.search.min_batch,
+        max_batch: plan.search.max_batch,
+        multiple_of: plan.search.multiple_of,
+        max_trials: None,
+        time_limit: None,
+        allow_retries: plan.search.allow_retries,
+    };
+    progress.line(&format!(
+        "batchfit: verifying micro-batches {:?} of {} on {} ({}): limit {}",
+        rec.micro_batches,
+        plan.model.name,
+        device.kind,
+        device.name,
+        format_size(limit)
+    ));
+    let mut sizes = rec.micro_batches.clone();
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    sizes.dedup();
+    let (ending, trials) = {
+        let progress = &mut *progress;
+        let mut prober = Prober::new(backend.as_mut(), search, limit)
+            .on_trial(move |t, all| progress.trial(all.len(), t, limit));
+        let mut ending = VerifyEnding::Verified;
+        let acc = u32::try_from(rec.accumulation).unwrap_or(u32::MAX);
+        for b in sizes {
+            match prober.confirm_split(b, acc, Purpose::Confirm) {
+                Ok(Confirmation::Fits) => {}
+                Ok(Confirmation::Failed(why)) => {
+                    ending = VerifyEnding::Failed(format!(
+                        "micro-batch {b} × accumulation {acc} could not be confirmed on {}: {why}",
+                        device.name
+                    ));
+                    break;
+                }
+                Ok(Confirmation::OutOfMemory) => {
+                    let why = prober
+                        .trials()
+                        .last()
+                        .and_then(|t| t.outcome.message().map(String::from))
+                        .unwrap_or_default();
+                    ending = VerifyEnding::Failed(format!(
+                        "micro-batch {b} × accumulation {acc} did not fit under the {} limit on {} ({}): {why}",
+                        format_size(limit),
+                        device.name,
+                        prober.trials().last().map_or("", |t| t.outcome.kind())
+                    ));
+                    break;
+                }
+                Err(Stop::Interrupted(sig)) => {
+                    ending = VerifyEnding::Interrupted(sig);
+                    break;
+                }
+                Err(Stop::Fatal(m)) => return Err(ProbeError::Environment(m)),
+                Err(Stop::Reason(r)) => {
+                    ending = VerifyEnding::Failed(r.describe().to_string());
+                    break;
+                }
+            }
+        }
+        (ending, prober.trials().to_vec())
+    };
+    let mut out = plan.clone();
+    out.trials.extend(trials.iter().cloned());
+    match &ending {
+        VerifyEnding::Verified => {
+            out.verified = Some(true);
+            out.device = device.clone();
+            out.limit_bytes = limit;
+            if let (Some(r), Some(t)) = (
+                out.recommendation.as_mut(),
+                trials
+                    .iter()
+                    .filter(|t| t.batch == rec.micro_batch && t.outcome.fits())
+                    .max_by_key(|t| t.steps),
+            ) {
+                r.peak_bytes = t.outcome.peak_bytes().unwrap_or(r.peak_bytes);
+                if let Some(s) = t.outcome.step_seconds().filter(|s| *s > 0.0) {
+                    r.samples_per_second = t.batch as f64 / s;
+                }
+            }
+            out.stop_detail = format!(
+                "verified on {} ({}) at {}",
+                device.name,
+                device.kind,
+                super::cache::format_date(now_unix())
+            );
+        }
+        VerifyEnding::Failed(why) => {
+            out.verified = Some(false);
+            out.warnings.push(format!("verification failed: {why}"));
+        }
+        VerifyEnding::Interrupted(_) => {
+            out.verified = Some(false);
+            out.warnings.push("verification interrupted".into());
+        }
+    }
+    Ok(VerifyReport { plan: out, ending })
+}

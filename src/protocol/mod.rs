@@ -1,0 +1,287 @@
+//! The protocol between the probe (parent) and a trial (child process), below both of them.
+//!
+//! * [`TrialRequest`]: what the search asks of a device: `steps` training steps at `batch`, with
+//!   `accumulation` micro-batches per optimizer step;
+//! * [`TrialOutcome`] with its measurements ([`GpuMeasure`], [`AllocatorReport`]): what a trial came to
+//!   (fits / oom / retries / timeout / error), as the search, the plan and the progress lines see it;
+//! * the stdout markers a tch trial child prints ([`STARTED_MARKER`], [`RESULT_PREFIX`]) and
+//!   [`result_line`] / [`parse_result`] for its result line;
+//! * [`Workload`]: how a device starts one trial of *something* (a tch model, a user's command) without
+//!   knowing what it is;
+//! * [`classify`]: the one out-of-memory classifier, fed the evidence of a failure.
+//!
+//! Nothing here knows tch, clap or NVML.
+
+pub mod classify;
+
+use serde::{Deserialize, Serialize};
+
+/// One trial: `steps` full training steps (forward, backward, optimizer step) at `batch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrialRequest {
+    pub batch: u64,
+    pub steps: u32,
+    /// Must run in a fresh process (proof trials). When false, a backend may use a long-lived worker.
+    pub fresh: bool,
+    /// Micro-batches of `batch` per optimizer step (gradient accumulation), as the trainer will run them.
+    pub accumulation: u32,
+}
+
+/// Where a trial ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Isolation {
+    /// A fresh process, as a training job will see it.
+    Process,
+    /// The long-lived exploration worker (hybrid isolation).
+    Worker,
+    /// No process at all (sim).
+    None,
+}
+
+/// What a trial measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "kebab-case")]
+pub enum TrialOutcome {
+    /// All steps completed under the limit.
+    Fits {
+        /// The footprint the limit acts on (cpu: peak data segment; sim: the curve's value).
+        peak_bytes: u64,
+        /// Peak resident set size of the trial process (cpu only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rss_peak_bytes: Option<u64>,
+        /// Median seconds per training step (the first step, which allocates optimizer state, excluded
+        /// when there are at least two).
+        step_seconds: f64,
+        /// CUDA: both measurements of the footprint (cuda backend only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gpu: Option<GpuMeasure>,
+    },
+    /// The device ran out of memory: proof that this batch does not fit.
+    Oom {
+        message: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peak_bytes: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rss_peak_bytes: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gpu: Option<GpuMeasure>,
+    },
+    /// CUDA: the steps completed, but only after the caching allocator freed its cache and retried an
+    /// allocation. Such a size runs slowly (and fails under a little more pressure), so it bounds the
+    /// search like an OOM unless `--allow-retries` counts it as a fit.
+    Retries {
+        retries: u64,
+        peak_bytes: u64,
+        step_seconds: f64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gpu: Option<GpuMeasure>,
+    },
+    /// Killed after the trial timeout: neither a fit nor proof of a limit.
+    Timeout {
+        /// How long it ran before it was killed (`timeout_seconds` in JSON: a trial record's own
+        /// `seconds` sits beside the flattened outcome).
+        #[serde(rename = "timeout_seconds")]
+        seconds: f64,
+    },
+    /// Anything else (crash, bad loss, no result): neither a fit nor proof of a limit.
+    Error { message: String },
+}
+
+impl TrialOutcome {
+    pub fn fits(&self) -> bool {
+        matches!(self, TrialOutcome::Fits { .. })
+    }
+    pub fn is_oom(&self) -> bool {
+        matches!(self, TrialOutcome::Oom { .. })
+    }
+    /// Proof that this size is too large: an OOM, or a completion that needed allocator retries.
+    pub fn is_bound(&self) -> bool {
+        matches!(
+            self,
+            TrialOutcome::Oom { .. } | TrialOutcome::Retries { .. }
+        )
+    }
+    pub fn gpu(&self) -> Option<&GpuMeasure> {
+        match self {
+            TrialOutcome::Fits { gpu, .. }
+            | TrialOutcome::Oom { gpu, .. }
+            | TrialOutcome::Retries { gpu, .. } => gpu.as_ref(),
+            _ => None,
+        }
+    }
+    /// This outcome with `g` as its GPU measurement and its peak (what the limit acts on) taken from
+    /// it: fits and retries; other outcomes as they are.
+    pub fn measured_by(self, g: GpuMeasure) -> TrialOutcome {
+        match self {
+            TrialOutcome::Fits { step_seconds, .. } => TrialOutcome::Fits {
+                peak_bytes: g.nvml_peak_bytes,
+                rss_peak_bytes: None,
+                step_seconds,
+                gpu: Some(g),
+            },
+            TrialOutcome::Retries {
+                retries,
+                step_seconds,
+                ..
+            } => TrialOutcome::Retries {
+                retries,
+                peak_bytes: g.nvml_peak_bytes,
+                step_seconds,
+                gpu: Some(g),
+            },
+            other => other,
+        }
+    }
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TrialOutcome::Fits { .. } => "fits",
+            TrialOutcome::Oom { .. } => "oom",
+            TrialOutcome::Retries { .. } => "retries",
+            TrialOutcome::Timeout { .. } => "timeout",
+            TrialOutcome::Error { .. } => "error",
+        }
+    }
+    pub fn peak_bytes(&self) -> Option<u64> {
+        match self {
+            TrialOutcome::Fits { peak_bytes, .. } => Some(*peak_bytes),
+            TrialOutcome::Oom { peak_bytes, .. } => *peak_bytes,
+            TrialOutcome::Retries { peak_bytes, .. } => Some(*peak_bytes),
+            _ => None,
+        }
+    }
+    pub fn rss_peak_bytes(&self) -> Option<u64> {
+        match self {
+            TrialOutcome::Fits { rss_peak_bytes, .. }
+            | TrialOutcome::Oom { rss_peak_bytes, .. } => *rss_peak_bytes,
+            _ => None,
+        }
+    }
+    pub fn step_seconds(&self) -> Option<f64> {
+        match self {
+            TrialOutcome::Fits { step_seconds, .. } => Some(*step_seconds),
+            _ => None,
+        }
+    }
+    pub fn message(&self) -> Option<&str> {
+        match self {
+            TrialOutcome::Oom { message, .. } | TrialOutcome::Error { message } => Some(message),
+            TrialOutcome::Timeout { .. } => Some("killed after the trial timeout"),
+            TrialOutcome::Retries { .. } => Some(
+                "completed only after the CUDA caching allocator freed its cache and retried \
+                 (slow; --allow-retries counts it as a fit)",
+            ),
+            TrialOutcome::Fits { .. } => None,
+        }
+    }
+}
+
+/// How a CUDA trial's footprint was measured: NVML's used memory for the trial's process, or (where
+/// NVML cannot attribute memory to it, e.g. another PID namespace) the device's change in used memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FootprintMethod {
+    NvmlProcess,
+    NvmlDeviceDelta,
+}
+
+/// The caching allocator's own statistics for a trial (through the C++ shim).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct AllocatorReport {
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    /// Reserved at the end of the steps.
+    pub reserved_bytes: u64,
+    pub alloc_retries: u64,
+    pub ooms: u64,
+}
+
+/// Both measurements of a CUDA trial: what the card gave up (NVML) and what the allocator saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuMeasure {
+    /// Peak of NVML's used memory for the trial (CUDA context + allocator reserve + libraries), by
+    /// `method`. This is the footprint the limit acts on.
+    pub nvml_peak_bytes: u64,
+    pub method: FootprintMethod,
+    /// The allocator's statistics (absent when the child died before reporting them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator: Option<AllocatorReport>,
+}
+
+/// A process using a GPU, as NVML reports it (the plan lists the other processes on the card).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    /// `None` where NVML reports per-process memory as unavailable.
+    pub used_bytes: Option<u64>,
+}
+
+/// Printed on stdout by a tch trial child once the process is set up (before any model work): a
+/// child that runs out of memory before it is not measuring the trial, only its own start.
+pub const STARTED_MARKER: &str = "BATCHFIT-TRIAL-STARTED";
+/// Prefix of a tch trial child's result line on stdout (the [`TrialOutcome`] as JSON).
+pub const RESULT_PREFIX: &str = "BATCHFIT-TRIAL-RESULT ";
+
+/// The result line for `outcome` (with its newline).
+pub fn result_line(outcome: &TrialOutcome) -> String {
+    format!(
+        "{RESULT_PREFIX}{}\n",
+        serde_json::to_string(outcome).unwrap_or_default()
+    )
+}
+
+/// The outcome of the first result line in `stdout`, if there is one (an unreadable one is an error).
+pub fn parse_result(stdout: &str) -> Option<TrialOutcome> {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(RESULT_PREFIX))
+        .map(|json| {
+            serde_json::from_str(json).unwrap_or_else(|e| TrialOutcome::Error {
+                message: format!("unreadable trial result ({e}): {json}"),
+            })
+        })
+}
+
+/// Whether `stdout` carries the [`STARTED_MARKER`] line.
+pub fn started(stdout: &str) -> bool {
+    stdout.lines().any(|l| l == STARTED_MARKER)
+}
+
+/// Where a trial runs, as the device tells the workload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    Cpu,
+    /// One GPU: NVML's index (the child queries NVML with it) and its UUID (the device exposes it as
+    /// the trial's only CUDA device, `cuda:0`).
+    Cuda {
+        nvml_index: u32,
+        uuid: String,
+    },
+}
+
+/// A trial process that ended, as the process runner saw it.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub status: std::process::ExitStatus,
+    /// Captured output (head and tail when long).
+    pub stdout: String,
+    pub stderr: String,
+    /// The kernel's OOM killer killed a process of the trial (its `oom_kill` counter rose and the
+    /// process died by SIGKILL).
+    pub kernel_oom_kill: bool,
+}
+
+/// What a trial runs, as a device sees it: the command of one trial and what its end means. The
+/// device adds the memory limit, its own environment and the measurements; it never knows whether
+/// the command is batchfit's own tch child or a user's training script.
+pub trait Workload: Send + Sync {
+    /// The command of one trial in a fresh process.
+    fn command(&self, req: &TrialRequest, at: &Placement) -> std::process::Command;
+    /// A long-lived worker that reads one [`TrialRequest`] (JSON) per stdin line and prints one result
+    /// line per trial (`--isolation hybrid`), when this workload has one.
+    fn worker_command(&self, _at: &Placement) -> Option<std::process::Command> {
+        None
+    }
+    /// What a finished trial process means.
+    fn outcome(&self, finished: &Finished) -> TrialOutcome;
+}

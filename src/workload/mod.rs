@@ -1,0 +1,124 @@
+//! What a trial runs.
+//!
+//! A workload knows how to start one trial of itself at a [`TrialRequest`] and what the trial's end
+//! means ([`crate::protocol::Workload`]); it knows nothing of limits or measurement, which are the
+//! device's ([`crate::device`]). One kind today:
+//!
+//! * [`ModelWorkload`]: a tch model (a zoo model or a TorchScript file, described by
+//!   [`crate::plan::model::ModelSpec`]) trained by this very executable's hidden `__trial`
+//!   subcommand ([`child`]), with the step code `batchfit-train` also runs ([`model`]).
+//!
+//! Adding a workload: implement [`crate::protocol::Workload`] (the command of one trial at
+//! `(batch, steps, accumulation)` on a [`Placement`], and the outcome of a finished process, using
+//! [`crate::protocol::classify`]), give it a plan `model` section, and let `probe::setup` build it.
+
+pub mod child;
+pub mod model;
+
+use crate::platform::units::format_size;
+use crate::protocol::classify::{classify, first_line, Evidence, Verdict};
+use crate::protocol::{Finished, Placement, TrialOutcome, TrialRequest, Workload};
+use child::TrialSpec;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The smallest data segment under which a libtorch process starts at all on CPU (measured).
+pub const LIBTORCH_MIN_DATA: u64 = 600 << 20;
+
+/// A tch model trained by `exe __trial SPEC` (`exe`: this batchfit binary).
+pub struct ModelWorkload {
+    pub exe: PathBuf,
+    /// Model, threads, seed, fault injection; batch, steps and accumulation are set per trial.
+    pub template: TrialSpec,
+}
+
+impl ModelWorkload {
+    fn spec(&self, req: &TrialRequest, at: &Placement) -> TrialSpec {
+        TrialSpec {
+            batch: req.batch,
+            steps: req.steps,
+            accumulation: req.accumulation,
+            cuda_device: match at {
+                Placement::Cpu => None,
+                Placement::Cuda { nvml_index, .. } => Some(*nvml_index),
+            },
+            ..self.template.clone()
+        }
+    }
+}
+
+impl Workload for ModelWorkload {
+    fn command(&self, req: &TrialRequest, at: &Placement) -> Command {
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("__trial")
+            .arg(serde_json::to_string(&self.spec(req, at)).expect("spec serialises"));
+        cmd
+    }
+
+    fn worker_command(&self, at: &Placement) -> Option<Command> {
+        let template = self.spec(
+            &TrialRequest {
+                batch: 0,
+                steps: 0,
+                fresh: false,
+                accumulation: 1,
+            },
+            at,
+        );
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("__worker")
+            .arg(serde_json::to_string(&template).expect("spec serialises"));
+        Some(cmd)
+    }
+
+    /// The child's own result line when it exited cleanly; otherwise the evidence of its death (its
+    /// stderr, the kernel's OOM killer) through the classifier. Out of memory before the child
+    /// started is not a measurement of the trial: an error saying the limit is too small.
+    fn outcome(&self, f: &Finished) -> TrialOutcome {
+        if f.status.success() {
+            return crate::protocol::parse_result(&f.stdout).unwrap_or_else(|| {
+                TrialOutcome::Error {
+                    message: format!(
+                        "the trial process exited without a result; stderr: {}",
+                        first_line(&f.stderr)
+                    ),
+                }
+            });
+        }
+        let what = match (f.status.code(), f.status.signal()) {
+            (Some(c), _) => format!("exit code {c}"),
+            (_, Some(s)) => format!("signal {s}"),
+            _ => "unknown status".into(),
+        };
+        let verdict = classify(&Evidence {
+            message: &f.stderr,
+            kernel_oom_kill: f.kernel_oom_kill,
+            ..Default::default()
+        });
+        match verdict {
+            Verdict::Oom(_) if !crate::protocol::started(&f.stdout) && !f.kernel_oom_kill => {
+                TrialOutcome::Error {
+                    message: format!(
+                        "the trial process ran out of memory before it started ({what}): the memory \
+                         limit is below what libtorch itself needs (about {} of data segment); raise \
+                         --memory-budget",
+                        format_size(LIBTORCH_MIN_DATA)
+                    ),
+                }
+            }
+            Verdict::Oom(message) => TrialOutcome::Oom {
+                message,
+                peak_bytes: None,
+                rss_peak_bytes: None,
+                gpu: None,
+            },
+            Verdict::Error(_) => TrialOutcome::Error {
+                message: format!(
+                    "the trial process died ({what}) without a result; stderr: {}",
+                    first_line(&f.stderr)
+                ),
+            },
+        }
+    }
+}
