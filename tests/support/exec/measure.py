@@ -30,7 +30,8 @@ OOM_SIGNATURES = [
     ("cublas-alloc", re.compile(r"CUBLAS_STATUS_ALLOC_FAILED")),
     ("cpu-allocator", re.compile(r"DefaultCPUAllocator: can't allocate memory")),
     ("bad-alloc", re.compile(r"std::bad_alloc")),
-    ("python-memoryerror", re.compile(r"^(\w+\.)*MemoryError(:.*)?$", re.M)),
+    # the last line of a Python traceback, also with torchrun's "[rank1]: " prefix
+    ("python-memoryerror", re.compile(r"^(\[rank\d+\]:\s*)?(\w+\.)*MemoryError(:.*)?$", re.M)),
     ("xla-resource-exhausted", re.compile(r"RESOURCE_EXHAUSTED")),
     # seen under RLIMIT_DATA, not in the original list:
     ("dlopen-map-failed", re.compile(r"failed to map segment from shared object")),
