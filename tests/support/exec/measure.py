@@ -5,11 +5,13 @@ what happened. Standard library only; Linux only.
 
   measure.py run   --limit BYTES [--batch N] [--steps S] [--accumulation A] -- CMD ARG...
   measure.py scan  --limit BYTES [--start N] [--steps S] [--accumulation A] [--repeat R] -- CMD ARG...
+  measure.py sweep --limit BYTES --batches N,N,... --repeat R [--steps S] [--accumulation A] -- CMD ARG...
 
 `{batch}`, `{steps}`, `{accumulation}` in CMD are replaced, and BATCHFIT_BATCH/STEPS/ACCUMULATION/TRIAL/
 RESULT are set, as batchfit does. `run` does one trial; `scan` doubles from --start until a trial runs out
 of memory, bisects to the largest size that fits, then re-runs that size and the next one --repeat times
-each. Every trial prints one JSON line on stdout (outcome, exit status, wall seconds, peak of the summed
+each. `sweep` runs each listed size --repeat times, interleaved (rounds over the list), and prints how
+often each fit: the width of the band where the outcome is a coin toss. Every trial prints one JSON line on stdout (outcome, exit status, wall seconds, peak of the summed
 RSS of the process tree and the largest VmData of one process, sampled every 10 ms, the OOM signature
 found, the report); `--log DIR` keeps each trial's output. Options: `--env K=V` (repeatable), `--timeout S`.
 """
@@ -155,7 +157,8 @@ def trial(cmd, limit, batch, steps, accumulation, index, extra_env, timeout, log
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=["run", "scan"])
+    p.add_argument("mode", choices=["run", "scan", "sweep"])
+    p.add_argument("--batches", help="sweep: comma-separated sizes")
     p.add_argument("--limit", type=lambda s: int(float(s)), required=True, help="RLIMIT_DATA bytes (0: none)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--start", type=int, default=256)
@@ -180,13 +183,23 @@ def main():
         r = trial(cmd, a.limit, batch, a.steps, a.accumulation, index, extra_env, a.timeout, a.log)
         index += 1
         print(json.dumps(r), flush=True)
-        if r["outcome"] in ("error", "timeout"):
+        if r["outcome"] in ("error", "timeout") and a.mode != "sweep":
             sys.exit(f"measure.py: trial at batch {batch} ended with {r['outcome']} (exit {r['exit']}): "
                      f"{r['last_lines']}")
         return r["outcome"] == "fit"
 
     if a.mode == "run":
         go(a.batch)
+        return
+    if a.mode == "sweep":
+        sizes = [int(b) for b in a.batches.split(",")]
+        fits = {b: 0 for b in sizes}
+        t0 = time.monotonic()
+        for _ in range(max(1, a.repeat)):
+            for b in sizes:
+                fits[b] += go(b)
+        print(json.dumps({"summary": {"repeat": max(1, a.repeat), "fits": {str(b): fits[b] for b in sizes},
+                                      "sweep_s": round(time.monotonic() - t0, 1)}}), flush=True)
         return
     t0 = time.monotonic()
     lo, hi, b = 0, None, a.start
@@ -206,6 +219,7 @@ def main():
     search_s = time.monotonic() - t0
     summary = {"answer": lo, "first_oom": hi, "search_trials": index, "search_s": round(search_s, 1)}
     if a.repeat and lo:
+        # the boundary: the answer and the next size, each --repeat times
         fits_lo = sum(go(lo) for _ in range(a.repeat))
         fits_hi = sum(go(lo + 1) for _ in range(a.repeat))
         summary.update(repeat=a.repeat, fits_at_answer=fits_lo, fits_at_answer_plus_1=fits_hi)

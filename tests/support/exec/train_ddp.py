@@ -49,7 +49,7 @@ def main():
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: helper, else 100)")
     p.add_argument("--accumulation", type=int, default=None, help="micro-batches per step (default: helper, else 1)")
     p.add_argument("--input", type=int, default=256)
-    p.add_argument("--hidden", default="512,512", help="comma-separated hidden widths")
+    p.add_argument("--hidden", default="128,128", help="comma-separated hidden widths")
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)

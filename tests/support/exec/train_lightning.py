@@ -60,7 +60,7 @@ def main():
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--accumulation", type=int, default=None)
     p.add_argument("--input", type=int, default=256)
-    p.add_argument("--hidden", default="512,512")
+    p.add_argument("--hidden", default="128,128")
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
