@@ -355,5 +355,76 @@ class WithTorch(HelperCase):
         self.assertGreaterEqual(cuda["peak_reserved_bytes"], cuda["peak_allocated_bytes"])
 
 
+def run_script(script, args, env, launcher=(sys.executable,)):
+    """Runs one of the training scripts next to this file (with `launcher`: python, or torchrun and its
+    flags), the helper importable through PYTHONPATH."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHFIT_")}
+    full_env.update(env)
+    full_env["PYTHONPATH"] = HELPER_DIR
+    return subprocess.run([*launcher, os.path.join(HERE, script), *args], capture_output=True, text=True,
+                          env=full_env, stdin=subprocess.DEVNULL, timeout=300)
+
+
+@unittest.skipUnless(have("torch"), f"torch is not importable by {sys.executable}: run with the libtorch venv's python")
+class TrainingScripts(unittest.TestCase):
+    """train_mlp.py (and train_ddp.py under torchrun when it is next to this python) end to end, small."""
+
+    def test_train_mlp_without_batchfit_writes_nothing(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            p = subprocess.run([sys.executable, os.path.join(HERE, "train_mlp.py"), "--batch-size", "4", "--steps", "2"],
+                               capture_output=True, text=True, cwd=tmp, timeout=300,
+                               env={k: v for k, v in os.environ.items() if not k.startswith("BATCHFIT_")})
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("trained batch 4 x accumulation 1 for 2 steps", p.stdout)
+            self.assertEqual(os.listdir(tmp), [])
+
+    def test_train_mlp_reports_what_batchfit_asked(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            result = os.path.join(tmp, "r.json")
+            p = run_script("train_mlp.py", [], {"BATCHFIT_BATCH": "6", "BATCHFIT_STEPS": "2",
+                                                "BATCHFIT_ACCUMULATION": "3", "BATCHFIT_TRIAL": "0",
+                                                "BATCHFIT_RESULT": result})
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(result) as f:
+                r = json.load(f)
+            self.assertEqual((r["batch"], r["steps"], r["accumulation"], r["reads_accumulation"]), (6, 2, 3, True))
+            self.assertEqual(len(r["step_seconds"]), 2)
+            self.assertIsNotNone(r["torch"])
+
+    def test_train_ddp_under_torchrun_reports_every_rank(self):
+        torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+        if not os.path.exists(torchrun):
+            self.skipTest(f"no torchrun next to {sys.executable}")
+        with tempfile.TemporaryDirectory() as tmp:
+            result = os.path.join(tmp, "r.json")
+            p = run_script("train_ddp.py", ["--batch-size", "5", "--steps", "2",
+                                            "--accumulation", "2"],
+                           {"BATCHFIT_RESULT": result, "BATCHFIT_TRIAL": "0"},
+                           launcher=(torchrun, "--nproc-per-node", "2"))
+            self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+            self.assertIn("world 2 x micro-batch 5 x accumulation 2 = global batch 20", p.stdout)
+            for path, rank in ((result, 0), (result + ".rank1", 1)):
+                with open(path) as f:
+                    r = json.load(f)
+                self.assertEqual((r["batch"], r["steps"], r["accumulation"], r["rank"], r["world_size"]),
+                                 (5, 2, 2, rank, 2))
+
+
+@unittest.skipUnless(have("lightning") or have("pytorch_lightning"),
+                     f"Lightning is not importable by {sys.executable}: run with the benchmark venv's python")
+class RealLightning(unittest.TestCase):
+    def test_callback_reports_optimizer_steps_with_accumulation(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            result = os.path.join(tmp, "r.json")
+            p = run_script("train_lightning.py", [], {"BATCHFIT_BATCH": "7", "BATCHFIT_STEPS": "3",
+                                                      "BATCHFIT_ACCUMULATION": "2", "BATCHFIT_TRIAL": "0",
+                                                      "BATCHFIT_RESULT": result})
+            self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+            with open(result) as f:
+                r = json.load(f)
+            self.assertEqual((r["batch"], r["steps"], r["accumulation"]), (7, 3, 2))
+            self.assertEqual(len(r["step_seconds"]), 3)
+
+
 if __name__ == "__main__":
     unittest.main()
