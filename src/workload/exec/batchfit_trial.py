@@ -1,0 +1,471 @@
+"""batchfit_trial: the optional helper for training scripts probed by ``batchfit probe --exec``.
+
+``batchfit probe --exec -- CMD ARG...`` finds the largest micro-batch your own training command can run
+by running it again and again, each time fresh, at chosen batch sizes, under a memory limit. This file
+lets that command (1) read the batch size, step count and accumulation batchfit asks for and (2) tell
+batchfit what it really trained, so a trial that exits 0 can be checked (the batch it was given, the
+number of optimizer steps, the time per step, the CUDA allocator's peaks).
+
+Get it with ``batchfit python-helper > batchfit_trial.py`` and put it next to your script. It needs only
+the Python standard library; torch, Lightning and transformers are used when the script already uses
+them and are never imported by this file on its own.
+
+The script stays the one you run without batchfit: with no ``BATCHFIT_*`` variables in the
+environment every function returns its default and ``report()`` writes nothing.
+
+Environment contract (set by batchfit for each trial):
+
+    BATCHFIT_BATCH         micro-batch size to train (per rank)             -> batch_size()
+    BATCHFIT_STEPS         optimizer steps to run                           -> steps()
+    BATCHFIT_ACCUMULATION  micro-batches per optimizer step                 -> accumulation()
+    BATCHFIT_TRIAL         index of the trial (0, 1, ...)                   -> trial_index()
+    BATCHFIT_RESULT        file the report goes to (rank 0; rank r > 0 writes BATCHFIT_RESULT.rank<r>)
+    RANK, WORLD_SIZE       set by torchrun; 0 and 1 without it
+
+The same values are also substituted into the command's arguments wherever they contain ``{batch}``,
+``{steps}`` or ``{accumulation}``, so a script with its own ``--batch-size`` flag needs no helper at all.
+
+The report (JSON, written atomically: a temporary file in the same directory, then ``os.replace``)::
+
+    {"schema": "batchfit-trial-report/1",
+     "batch": 64, "steps": 3, "accumulation": 1, "reads_accumulation": true,
+     "step_seconds": [0.41, 0.12, 0.12], "rank": 0, "world_size": 1,
+     "cuda": null,            # or {"device": "cuda:0", "peak_allocated_bytes": ..., "peak_reserved_bytes": ...,
+                              #     "reserved_bytes": ..., "alloc_retries": ..., "ooms": ...}
+     "python": "3.11.7", "torch": "2.11.0+cu130"}  # torch: its __version__ when the script imported it, else null
+
+plus ``"extra": {...}`` only when ``report(**extra)`` was given extra keywords. A block or script that ends
+with an exception writes no report (the exit status says what happened).
+
+A plain PyTorch loop::
+
+    import batchfit_trial as bt
+    batch, steps, accum = bt.batch_size(default=64), bt.steps(default=1000), bt.accumulation(default=1)
+    with bt.Trial(batch=batch, accumulation=accum) as t:
+        for step in range(steps):
+            for micro in range(accum):
+                x, y = next(data)                      # `batch` samples
+                (loss_fn(model(x), y) / accum).backward()
+            opt.step(); opt.zero_grad()
+            t.step()                                   # one optimizer step done (times it)
+    # leaving the block without an exception writes the report (only under batchfit)
+
+Lightning (``BatchfitCallback`` exists only when ``lightning`` or ``pytorch_lightning`` is installed)::
+
+    from batchfit_trial import BatchfitCallback, batch_size, steps, accumulation
+    loader = DataLoader(ds, batch_size=batch_size(default=64))
+    trainer = L.Trainer(max_steps=steps(default=1000), accumulate_grad_batches=accumulation(default=1),
+                        callbacks=[BatchfitCallback()])
+
+Hugging Face Trainer (``BatchfitTrainerCallback`` exists only when ``transformers`` is installed)::
+
+    from batchfit_trial import BatchfitTrainerCallback, batch_size, steps, accumulation
+    args = TrainingArguments(..., per_device_train_batch_size=batch_size(default=8),
+                             max_steps=steps(default=1000), gradient_accumulation_steps=accumulation(default=1))
+    Trainer(model=model, args=args, ..., callbacks=[BatchfitTrainerCallback()]).train()
+"""
+
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+
+__all__ = [
+    "SCHEMA",
+    "BatchfitError",
+    "batch_size",
+    "steps",
+    "accumulation",
+    "trial_index",
+    "in_trial",
+    "start",
+    "step",
+    "report",
+    "Trial",
+    "BatchfitCallback",
+    "BatchfitTrainerCallback",
+]
+
+#: The ``schema`` field of every report; batchfit refuses reports with another one.
+SCHEMA = "batchfit-trial-report/1"
+
+ENV_BATCH = "BATCHFIT_BATCH"
+ENV_STEPS = "BATCHFIT_STEPS"
+ENV_ACCUMULATION = "BATCHFIT_ACCUMULATION"
+ENV_TRIAL = "BATCHFIT_TRIAL"
+ENV_RESULT = "BATCHFIT_RESULT"
+
+
+class BatchfitError(ValueError):
+    """A value the script asked for is missing or malformed (the message says which and what to do)."""
+
+
+# What the script asked for and did, for the report's defaults. Module-level, like the environment it
+# mirrors: one training run per process.
+_state = {
+    "batch": None,  # what batch_size() last returned
+    "steps": None,  # what steps() last returned
+    "accumulation": None,  # what accumulation() last returned
+    "reads_accumulation": False,  # accumulation() was called
+    "step_seconds": [],  # wall seconds of each optimizer step marked with step()
+    "last_mark": time.perf_counter(),  # at import, start() or the last step(): where the next step began
+}
+
+
+def _reset_for_tests():
+    """Forget everything recorded (the unit tests run many "scripts" in one process)."""
+    _state.update(batch=None, steps=None, accumulation=None, reads_accumulation=False)
+    _state["last_mark"] = time.perf_counter()
+    _state["step_seconds"] = []
+
+
+def _env_int(name, minimum):
+    """The integer in environment variable ``name``, or None when it is unset or empty."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise BatchfitError(f"batchfit_trial: {name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise BatchfitError(f"batchfit_trial: {name}={value} is below {minimum}")
+    return value
+
+
+def _value(name, default, what, minimum=1):
+    value = _env_int(name, minimum)
+    if value is not None:
+        return value
+    if default is None:
+        raise BatchfitError(
+            f"batchfit_trial: {name} is not set and no default was given; "
+            f"call {what}(default=...) so the script also runs without batchfit"
+        )
+    if isinstance(default, bool) or not isinstance(default, int) or default < minimum:
+        raise BatchfitError(f"batchfit_trial: {what}(default={default!r}) must be an integer >= {minimum}")
+    return default
+
+
+def batch_size(default=None):
+    """The micro-batch size to train per rank: ``BATCHFIT_BATCH``, else ``default``, else an error."""
+    _state["batch"] = _value(ENV_BATCH, default, "batch_size")
+    return _state["batch"]
+
+
+def steps(default=None):
+    """The number of optimizer steps to run: ``BATCHFIT_STEPS``, else ``default``, else an error."""
+    _state["steps"] = _value(ENV_STEPS, default, "steps")
+    return _state["steps"]
+
+
+def accumulation(default=1):
+    """Micro-batches per optimizer step: ``BATCHFIT_ACCUMULATION``, else ``default``.
+
+    Calling it tells batchfit that the script honours accumulation (``reads_accumulation`` in the report).
+    """
+    _state["accumulation"] = _value(ENV_ACCUMULATION, default, "accumulation")
+    _state["reads_accumulation"] = True
+    return _state["accumulation"]
+
+
+def trial_index():
+    """The index of this trial (``BATCHFIT_TRIAL``), or None outside batchfit."""
+    return _env_int(ENV_TRIAL, 0)
+
+
+def in_trial():
+    """Whether this process was started by batchfit as a trial (``BATCHFIT_TRIAL`` or ``BATCHFIT_RESULT`` set)."""
+    return bool(os.environ.get(ENV_TRIAL) or os.environ.get(ENV_RESULT))
+
+
+def _torch_if_imported():
+    """The torch module if the script has imported it; this file never imports torch itself."""
+    return sys.modules.get("torch")
+
+
+def _cuda_initialized(torch):
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # a torch build without CUDA support, or a half-imported torch
+        return False
+
+
+def start():
+    """Start (or restart) the clock for the first optimizer step; ``Trial`` calls it on entry."""
+    _state["last_mark"] = time.perf_counter()
+
+
+def step():
+    """Mark the end of one optimizer step: record its wall time (since the last step, ``start()``, or
+    this module's import when neither came before).
+
+    On CUDA (when the script has initialized it) the device is synchronized first, so the time covers
+    the step's kernels rather than their launch.
+    """
+    torch = _torch_if_imported()
+    if _cuda_initialized(torch):
+        torch.cuda.synchronize()
+    now = time.perf_counter()
+    _state["step_seconds"].append(now - _state["last_mark"])
+    _state["last_mark"] = now
+
+
+def _cuda_report(torch):
+    """The current CUDA device's allocator statistics, or None when CUDA was not initialized."""
+    if not _cuda_initialized(torch):
+        return None
+    index = torch.cuda.current_device()
+    stats = torch.cuda.memory_stats(index)
+    return {
+        "device": f"cuda:{index}",
+        "peak_allocated_bytes": int(stats.get("allocated_bytes.all.peak", 0)),
+        "peak_reserved_bytes": int(stats.get("reserved_bytes.all.peak", 0)),
+        "reserved_bytes": int(stats.get("reserved_bytes.all.current", 0)),
+        "alloc_retries": int(stats.get("num_alloc_retries", 0)),
+        "ooms": int(stats.get("num_ooms", 0)),
+    }
+
+
+def _positive_int(name, value, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise BatchfitError(f"batchfit_trial.report(): {name}={value!r} must be an integer >= {minimum}")
+    return value
+
+
+def _build_report(batch, steps_done, accum, step_seconds, rank, world_size, extra):
+    if batch is None:
+        batch = _state["batch"]
+    if batch is None:
+        raise BatchfitError(
+            "batchfit_trial.report(): the batch size trained is unknown; pass batch=... "
+            "or read it with batch_size()"
+        )
+    if step_seconds is None:
+        step_seconds = list(_state["step_seconds"])
+    step_seconds = [float(s) for s in step_seconds]
+    if steps_done is None:
+        # Steps marked with step() are the evidence; without them, a script that reaches report()
+        # ran the steps it read with steps().
+        steps_done = len(step_seconds) if step_seconds else _state["steps"]
+    if steps_done is None:
+        raise BatchfitError(
+            "batchfit_trial.report(): the number of optimizer steps is unknown; pass steps=..., "
+            "mark each step with step() / Trial.step(), or read it with steps()"
+        )
+    if accum is None:
+        accum = _state["accumulation"] if _state["accumulation"] is not None else 1
+    if rank is None:
+        rank = _env_int("RANK", 0) or 0
+    if world_size is None:
+        world_size = _env_int("WORLD_SIZE", 1) or 1
+    torch = _torch_if_imported()
+    report_obj = {
+        "schema": SCHEMA,
+        "batch": _positive_int("batch", batch),
+        "steps": _positive_int("steps", steps_done, minimum=0),
+        "accumulation": _positive_int("accumulation", accum),
+        "reads_accumulation": bool(_state["reads_accumulation"]),
+        "step_seconds": step_seconds,
+        "rank": _positive_int("rank", rank, minimum=0),
+        "world_size": _positive_int("world_size", world_size),
+        "cuda": _cuda_report(torch),
+        "python": platform.python_version(),
+        "torch": str(getattr(torch, "__version__", None)) if torch is not None else None,
+    }
+    if extra:
+        report_obj["extra"] = extra
+    return report_obj
+
+
+def _result_path(rank):
+    path = os.environ.get(ENV_RESULT)
+    if not path:
+        return None
+    return path if rank == 0 else f"{path}.rank{rank}"
+
+
+def _write_atomically(path, text):
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def report(batch=None, steps=None, accumulation=None, step_seconds=None, *, rank=None, world_size=None, **extra):
+    """Write the trial report to ``$BATCHFIT_RESULT`` (``.rank<r>`` for rank r > 0); the path, or None.
+
+    Outside batchfit (``BATCHFIT_RESULT`` unset) it does nothing and returns None. Defaults: ``batch``
+    is what ``batch_size()`` returned; ``steps`` the number of ``step()`` marks, else what ``steps()``
+    returned; ``accumulation`` what ``accumulation()`` returned, else 1; ``step_seconds`` the times of
+    the ``step()`` marks; ``rank``/``world_size`` from ``RANK``/``WORLD_SIZE``. Extra keywords (JSON
+    values) go to the report's ``extra`` object. A missing value it cannot default raises
+    ``BatchfitError`` (only under batchfit: the script's own runs are never affected).
+    """
+    if not os.environ.get(ENV_RESULT):
+        return None
+    obj = _build_report(batch, steps, accumulation, step_seconds, rank, world_size, extra)
+    path = _result_path(obj["rank"])
+    _write_atomically(path, json.dumps(obj, indent=1) + "\n")
+    return path
+
+
+class Trial:
+    """``with Trial(batch=..., accumulation=...) as t:`` around the training loop, ``t.step()`` after
+    each optimizer step; a block that ends without an exception writes the report (under batchfit).
+
+    ``batch`` and ``accumulation`` default as in ``report()``. ``t.extra`` (a dict) goes to the
+    report's ``extra``. An exception leaves no report and is not swallowed; ``sys.exit(0)`` inside the
+    block counts as a normal end.
+    """
+
+    def __init__(self, batch=None, accumulation=None, steps=None):
+        self.batch = batch
+        self.accumulation = accumulation
+        self.steps = steps  # optimizer steps done; None: the number of t.step() calls
+        self.extra = {}
+
+    def __enter__(self):
+        _state["step_seconds"] = []
+        start()
+        return self
+
+    def step(self):
+        """One optimizer step is done."""
+        step()
+
+    @property
+    def step_seconds(self):
+        return list(_state["step_seconds"])
+
+    def report(self, **extra):
+        """Write the report now (the end of the block writes it again, with the final counts)."""
+        self.extra.update(extra)
+        return report(batch=self.batch, steps=self.steps, accumulation=self.accumulation, **self.extra)
+
+    def __exit__(self, exc_type, exc, tb):
+        clean_exit = exc_type is None or (issubclass(exc_type, SystemExit) and exc.code in (None, 0))
+        if clean_exit:
+            self.report()
+        return False  # never swallow an exception
+
+
+def _first_dim(batch):
+    """The leading dimension of the first tensor in a batch (tensor, tuple/list, dict), or None."""
+    if hasattr(batch, "shape") and len(getattr(batch, "shape", ())) > 0:
+        return int(batch.shape[0])
+    if isinstance(batch, (list, tuple)) and batch:
+        return _first_dim(batch[0])
+    if isinstance(batch, dict) and batch:
+        return _first_dim(next(iter(batch.values())))
+    return None
+
+
+def _make_lightning_callback():
+    try:
+        from lightning.pytorch.callbacks import Callback
+    except ImportError:
+        try:
+            from pytorch_lightning.callbacks import Callback
+        except ImportError:
+            raise ImportError(
+                "batchfit_trial.BatchfitCallback needs Lightning (the lightning or pytorch_lightning package)"
+            ) from None
+
+    class BatchfitCallback(Callback):
+        """Lightning callback: times each optimizer step and reports at the end of training.
+
+        The micro-batch reported is the largest leading dimension seen in a training batch (what the
+        model really got), else ``batch_size()``'s value; the accumulation is the trainer's
+        ``accumulate_grad_batches``; rank and world size are the trainer's.
+        """
+
+        def __init__(self):
+            super().__init__()
+            self._last_global_step = 0
+            self._seen_batch = None
+
+        def on_train_start(self, trainer, pl_module):
+            _state["step_seconds"] = []
+            self._last_global_step = trainer.global_step
+            start()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            n = _first_dim(batch)
+            if n is not None:
+                self._seen_batch = max(n, self._seen_batch or 0)
+            # global_step counts optimizer steps: it moves only on the last micro-batch of an accumulation
+            if trainer.global_step > self._last_global_step:
+                self._last_global_step = trainer.global_step
+                step()
+
+        def on_train_end(self, trainer, pl_module):
+            report(
+                batch=self._seen_batch,
+                steps=len(_state["step_seconds"]),
+                accumulation=int(trainer.accumulate_grad_batches),
+                rank=int(trainer.global_rank),
+                world_size=int(trainer.world_size),
+            )
+
+    return BatchfitCallback
+
+
+def _make_trainer_callback():
+    try:
+        from transformers import TrainerCallback
+    except ImportError:
+        raise ImportError("batchfit_trial.BatchfitTrainerCallback needs the transformers package") from None
+
+    class BatchfitTrainerCallback(TrainerCallback):
+        """Hugging Face Trainer callback: times each optimizer step and reports at the end of training.
+
+        Batch, accumulation, rank and world size are the TrainingArguments' (per device batch size,
+        gradient_accumulation_steps, process_index, world_size).
+        """
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            _state["step_seconds"] = []
+            start()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            step()  # the Trainer calls on_step_end once per optimizer step (after accumulation)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            report(
+                batch=int(args.per_device_train_batch_size),
+                steps=len(_state["step_seconds"]),
+                accumulation=int(args.gradient_accumulation_steps),
+                rank=int(args.process_index),
+                world_size=int(args.world_size),
+            )
+
+    return BatchfitTrainerCallback
+
+
+_LAZY = {"BatchfitCallback": _make_lightning_callback, "BatchfitTrainerCallback": _make_trainer_callback}
+
+
+def __getattr__(name):
+    """Build the framework callbacks on first use, so this file imports with the standard library alone."""
+    if name in _LAZY:
+        cls = _LAZY[name]()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if __name__ == "__main__":
+    print(__doc__)
