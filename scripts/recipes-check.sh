@@ -465,7 +465,9 @@ wait_job() {
     fi
     sleep 1
   done
-  scontrol -o show job "$id" 2>/dev/null | sed -n 's/.*JobId=\([^ ]*\) .*JobState=\([^ ]*\) .*ExitCode=\([^ ]*\).*/\1 \2 \3/p'
+  # "JobId=2 ArrayJobId=1 ArrayTaskId=1 … JobState=COMPLETED … ExitCode=0:0" → "1_1 COMPLETED 0:0"
+  scontrol -o show job "$id" 2>/dev/null | sed -e 's/^JobId=[^ ]* ArrayJobId=\([^ ]*\) ArrayTaskId=\([^ ]*\)/JobId=\1_\2/' \
+    | sed -n 's/^JobId=\([^ ]*\) .* JobState=\([^ ]*\) .* ExitCode=\([^ ]*\).*/\1 \2 \3/p' | sort
 }
 
 need_cluster() {

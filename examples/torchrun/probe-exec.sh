@@ -19,6 +19,14 @@ PLAN=${PLAN:-plan-exec.json}
 PROBE=(--backend cpu --memory-budget 2GiB)
 if [ -n "${BATCHFIT_PROBE_ARGS:-}" ]; then read -r -a PROBE <<<"$BATCHFIT_PROBE_ARGS"; fi
 
+# optional: batchfit's trial helper, imported by train.py when it is on the path, reports what each
+# trial really trained (batch, steps, step times), so batchfit can check a trial that exited 0
+if batchfit python-helper > batchfit_trial.py 2> /dev/null; then
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+else
+  rm -f batchfit_trial.py
+fi
+
 vars=$(batchfit probe "${PROBE[@]}" --global-batch "$GLOBAL_BATCH" --world-size "$NPROC" \
          --out "$PLAN" --format env \
          --exec --fingerprint-file "$here/train.py" -- \

@@ -39,6 +39,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+try:  # optional: `batchfit python-helper > batchfit_trial.py`; under `batchfit probe --exec` it tells
+    import batchfit_trial  # batchfit what each trial really trained (batch, steps, step times)
+except ImportError:
+    batchfit_trial = None
+
 
 def log(msg):
     print(f"batchfit-recipe: {msg}", flush=True)
@@ -161,6 +166,10 @@ def init_distributed():
 def main():
     args = parse_args()
     micro, accum, plan_world, plan, source = batch_settings(args)
+    if batchfit_trial and batchfit_trial.in_trial():  # a trial of `batchfit probe --exec`
+        asked = (batchfit_trial.batch_size(default=micro), batchfit_trial.accumulation(default=accum))
+        if asked != (micro, accum):
+            die(f"batchfit asked for micro-batch {asked[0]} × accumulation {asked[1]}, the flags say {micro} × {accum}")
     rank, world = init_distributed()
     if plan_world is not None and plan_world != world:
         die(
@@ -181,23 +190,27 @@ def main():
         )
     start = time.monotonic()
     used = []
-    for step in range(args.steps):
-        opt.zero_grad(set_to_none=True)
-        samples = 0
-        for i in range(accum):
-            x, y = next(data)
-            # gradients are all-reduced on the last micro-batch of the step only
-            sync = contextlib.nullcontext() if i + 1 == accum else model.no_sync()
-            with sync:
-                loss = F.cross_entropy(model(x), y) / accum  # mean over the accumulated batch
-                loss.backward()
-            samples += x.shape[0]
-        opt.step()
-        total = torch.tensor([samples], dtype=torch.int64)
-        dist.all_reduce(total)  # the samples of this optimizer step on all ranks
-        used.append(int(total.item()))
-        if rank == 0:
-            log(f"step {step + 1}/{args.steps} loss {loss.item() * accum:.4f} global_batch={used[-1]}")
+    trial = batchfit_trial.Trial(batch=micro, accumulation=accum) if batchfit_trial else contextlib.nullcontext()
+    with trial as t:
+        for step in range(args.steps):
+            opt.zero_grad(set_to_none=True)
+            samples = 0
+            for i in range(accum):
+                x, y = next(data)
+                # gradients are all-reduced on the last micro-batch of the step only
+                sync = contextlib.nullcontext() if i + 1 == accum else model.no_sync()
+                with sync:
+                    loss = F.cross_entropy(model(x), y) / accum  # mean over the accumulated batch
+                    loss.backward()
+                samples += x.shape[0]
+            opt.step()
+            if t:
+                t.step()
+            total = torch.tensor([samples], dtype=torch.int64)
+            dist.all_reduce(total)  # the samples of this optimizer step on all ranks
+            used.append(int(total.item()))
+            if rank == 0:
+                log(f"step {step + 1}/{args.steps} loss {loss.item() * accum:.4f} global_batch={used[-1]}")
     seconds = time.monotonic() - start
     if rank == 0:
         batch = used[0] if used and all(u == used[0] for u in used) else "varied:" + ",".join(map(str, used))
