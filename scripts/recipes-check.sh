@@ -42,6 +42,8 @@
 #   RECIPES_NO_INSTALL=1    no apt-get and no pip: the stages that need them are NOT RUN (with that reason)
 #   RECIPES_DEEPSPEED_PYTHON  a python that has deepspeed (and torch): no side venv is built
 #   RECIPES_KEEP=1          keep the work dir (it is always kept when a stage failed)
+#   RECIPES_SUMMARY_FILE    also write the summary there: one line per stage, name, result, seconds
+#                           and detail separated by tabs (tests/recipes.rs reads it)
 #   RECIPES_WORK_DIR        the work dir (default: a new mktemp -d); everything the check writes is there,
 #                           except what apt-get installs
 #
@@ -82,7 +84,7 @@ unset BATCHFIT_PLAN BATCHFIT_MICRO_BATCH BATCHFIT_ACCUMULATION BATCHFIT_WORLD_SI
 
 ALL_STAGES=(torchrun torchrun-exec deepspeed-merge deepspeed-engine slurm-cluster slurm-array slurm-two-node)
 names=() results=() seconds=() details=()
-failed=0
+failed=0 current=""
 SLURM_DIR=$WORK/slurm
 
 now() { echo "${EPOCHREALTIME/,/.}"; }
@@ -133,8 +135,10 @@ run_stage() {
   echo "=== $name ==="
   t0=$(now)
   rm -f "$WORK/.result"
+  current=$name current_t0=$t0
   ( "stage_${name//-/_}" ) 2>&1 | tee "$WORK/$name.log"
   rc=${PIPESTATUS[0]}
+  current=
   detail=$(cat "$WORK/.result" 2>/dev/null || true)
   case $rc in
     0) result=PASS ;;
@@ -330,13 +334,38 @@ slurm_log_tail() { # FILE: its last errors, for a reason
   grep -v -i 'pmix' "$1" 2>/dev/null | grep -i -E 'error|fatal' | tail -n 3 | tr '\n' ' ' | cut -c1-400
 }
 
+# apt_get ARGS…: apt-get, its output to the work dir, its time on the stage's output
+apt_get() {
+  local t0 rc; t0=$(now)
+  DEBIAN_FRONTEND=noninteractive apt-get "$@" >> "$WORK/apt/apt-get.log" 2>&1; rc=$?
+  echo "  [$(elapsed "$t0") s] apt-get $* (exit $rc)"
+  return $rc
+}
+apt_install() { apt_get install -y -q --no-install-recommends slurm-wlm munge; }
+
+# leftovers LABEL: processes of this run's jobs and daemons still alive (their working directory is
+# under the work dir: job steps run in their submit directory, slurmstepd in the log directory)
+leftovers() {
+  local p cwd
+  for p in /proc/[0-9]*; do
+    p=${p#/proc/}
+    [ "$p" = $$ ] || [ "$p" = "$BASHPID" ] && continue
+    cwd=$(readlink "/proc/$p/cwd" 2>/dev/null) || continue
+    case $cwd in "$WORK"|"$WORK"/*) [ "$(cut -d' ' -f3 "/proc/$p/stat" 2>/dev/null)" = Z ] || echo "$p" ;; esac
+  done
+}
+
 stop_cluster() {
   [ -f "$SLURM_DIR/started" ] || return 0
   export SLURM_CONF=$SLURM_DIR/slurm.conf
-  local f pid i
-  scancel --partition=one,two > /dev/null 2>&1
-  for i in $(seq 20); do [ -z "$(squeue -h 2>/dev/null)" ] && break; sleep 0.5; done
-  scontrol shutdown > /dev/null 2>&1
+  local f pid i left
+  # cancel this run's jobs (an interrupted check leaves them running), wait until they are gone
+  if [ -s "$SLURM_DIR/jobs" ]; then
+    scancel $(cat "$SLURM_DIR/jobs") >> "$SLURM_DIR/log/stop.log" 2>&1
+    for i in $(seq 60); do [ -z "$(squeue -h 2>>"$SLURM_DIR/log/stop.log")" ] && break; sleep 0.5; done
+    [ -z "$(squeue -h 2>/dev/null)" ] || echo "recipes-check: jobs still in the queue after 30 s: $(squeue -h -o '%i %T' | tr '\n' ' ')"
+  fi
+  scontrol shutdown >> "$SLURM_DIR/log/stop.log" 2>&1
   for i in $(seq 20); do
     pgrep -F "$SLURM_DIR/run/slurmctld.pid" > /dev/null 2>&1 || break; sleep 0.5
   done
@@ -351,6 +380,11 @@ stop_cluster() {
     pid=$(cat "$f")
     if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null; echo "recipes-check: killed $(basename "$f" .pid) (pid $pid) with SIGKILL"; fi
   done
+  left=$(leftovers)
+  if [ -n "$left" ]; then
+    echo "recipes-check: processes of this run's jobs still alive, killed: $(ps -o pid=,args= -p "$(echo $left | tr ' ' ,)" | tr '\n' ';')"
+    kill -9 $left 2>/dev/null
+  fi
   rm -f "$SLURM_DIR/started"
   echo "recipes-check: Slurm cluster stopped (munged, slurmctld, slurmd)"
 }
@@ -366,14 +400,12 @@ stage_slurm_cluster() {
     command -v apt-get > /dev/null || notrun "Slurm is not installed (no ${missing[*]}) and there is no apt-get to install it (not Debian/Ubuntu)"
     echo "installing Slurm and MUNGE (missing: ${missing[*]})"
     mkdir -p "$WORK/apt"
-    if ! DEBIAN_FRONTEND=noninteractive timed "apt-get install slurm-wlm munge" apt-get install -y -q \
-        --no-install-recommends slurm-wlm munge > "$WORK/apt/install.log" 2>&1; then
-      DEBIAN_FRONTEND=noninteractive timed "apt-get update" apt-get update -q > "$WORK/apt/update.log" 2>&1
-      DEBIAN_FRONTEND=noninteractive timed "apt-get install slurm-wlm munge" apt-get install -y -q \
-        --no-install-recommends slurm-wlm munge > "$WORK/apt/install.log" 2>&1 \
-        || notrun "apt-get install slurm-wlm munge failed: $(tail -n 2 "$WORK/apt/install.log" | tr '\n' ' ')"
+    if ! apt_install; then
+      apt_get update -q
+      apt_install || notrun "apt-get install slurm-wlm munge failed: $(tail -n 2 "$WORK/apt/apt-get.log" | tr '\n' ' ')"
     fi
   fi
+  [ "$(id -u)" -eq 0 ] || notrun "slurmd runs as root (it starts job steps as the job's user) and this check runs as $(id -un)"
   echo "  $(slurmd -V) ($(command -v slurmd)), munge $(munged -V 2>&1 | head -n 1 | awk '{print $1}')"
   local run=$SLURM_DIR/run host ports p_ctld p0 p1 p2 cpus i
   mkdir -p "$run" "$SLURM_DIR"/{state,log,spool/rc0,spool/rc1,spool/rc2,munge} || fail "cannot make $SLURM_DIR"
@@ -489,6 +521,7 @@ stage_slurm_array() {
   id=$(env -u BATCHFIT_CACHE_DIR NPROC=2 GLOBAL_BATCH=1536 BATCHFIT_PROBE_ARGS="${SLURM_SIM[*]}" \
          sbatch --parsable train-array.sbatch) || fail "sbatch refused the job"
   id=${id%%;*}
+  echo "$id" >> "$SLURM_DIR/jobs"
   echo "  array job $id submitted"
   states=$(wait_job "$id" 300) || exit $?
   echo "  [$(elapsed "$t0") s] array job $id done:"; sed 's/^/    /' <<<"$states"
@@ -522,6 +555,7 @@ stage_slurm_two_node() {
   id=$(BATCHFIT_CACHE_DIR=$d/cache NPROC=1 GLOBAL_BATCH=1536 BATCHFIT_PROBE_ARGS="${SLURM_SIM[*]}" \
          sbatch --parsable --partition=two multi-node.sbatch) || fail "sbatch refused the job"
   id=${id%%;*}
+  echo "$id" >> "$SLURM_DIR/jobs"
   echo "  job $id submitted"
   states=$(wait_job "$id" 300) || exit $?
   echo "  [$(elapsed "$t0") s] job $id done: $states"
@@ -551,6 +585,10 @@ stage_slurm_two_node() {
 t_start=$(now)
 finish() {
   local rc=$?
+  if [ -n "${current:-}" ]; then   # a signal ended the check inside a stage
+    names+=("$current"); results+=(FAIL); seconds+=("$(elapsed "$current_t0")")
+    details+=("interrupted (exit $rc) during this stage"); failed=1
+  fi
   stop_cluster
   echo
   echo "=== recipes-check summary ($(elapsed "$t_start") s; batchfit from $BIN_DIR; work dir $WORK) ==="
@@ -561,6 +599,10 @@ finish() {
     case ${results[$i]} in PASS) npass=$((npass + 1)) ;; FAIL) nfail=$((nfail + 1)) ;; *) nnot=$((nnot + 1)) ;; esac
   done
   echo "$npass PASS, $nfail FAIL, $nnot NOT RUN (NOT RUN does not fail the check; the reason is above)"
+  if [ -n "${RECIPES_SUMMARY_FILE:-}" ]; then
+    for i in "${!names[@]}"; do printf '%s\t%s\t%s\t%s\n' "${names[$i]}" "${results[$i]}" "${seconds[$i]}" "${details[$i]}"; done \
+      > "$RECIPES_SUMMARY_FILE"
+  fi
   if [ $failed -eq 0 ] && [ $rc -eq 0 ] && [ -z "${RECIPES_KEEP:-}" ] && [ -z "${RECIPES_WORK_DIR:-}" ]; then
     rm -rf "$WORK"
   else

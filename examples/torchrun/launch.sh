@@ -14,7 +14,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 NPROC=${NPROC:-2}                    # processes (one per GPU) on this machine
-GLOBAL_BATCH=${GLOBAL_BATCH:-8192}  # samples per optimizer step, all ranks together
+GLOBAL_BATCH=${GLOBAL_BATCH:-8192}   # samples per optimizer step, all ranks together
 PLAN=${PLAN:-plan.json}
 PROBE=(--backend cpu --memory-budget 1GiB --mlp-input 65536 --mlp-hidden 16)
 if [ -n "${BATCHFIT_PROBE_ARGS:-}" ]; then read -r -a PROBE <<<"$BATCHFIT_PROBE_ARGS"; fi
