@@ -361,6 +361,7 @@ stop_cluster() {
   local f pid i left
   # cancel this run's jobs (an interrupted check leaves them running), wait until they are gone
   if [ -s "$SLURM_DIR/jobs" ]; then
+    # shellcheck disable=SC2046  # one job id per line
     scancel $(cat "$SLURM_DIR/jobs") >> "$SLURM_DIR/log/stop.log" 2>&1
     for i in $(seq 60); do [ -z "$(squeue -h 2>>"$SLURM_DIR/log/stop.log")" ] && break; sleep 0.5; done
     [ -z "$(squeue -h 2>/dev/null)" ] || echo "recipes-check: jobs still in the queue after 30 s: $(squeue -h -o '%i %T' | tr '\n' ' ')"
@@ -407,7 +408,7 @@ stage_slurm_cluster() {
   fi
   [ "$(id -u)" -eq 0 ] || notrun "slurmd runs as root (it starts job steps as the job's user) and this check runs as $(id -un)"
   echo "  $(slurmd -V) ($(command -v slurmd)), munge $(munged -V 2>&1 | head -n 1 | awk '{print $1}')"
-  local run=$SLURM_DIR/run host ports p_ctld p0 p1 p2 cpus i
+  local run=$SLURM_DIR/run host p_ctld p0 p1 p2 cpus i
   mkdir -p "$run" "$SLURM_DIR"/{state,log,spool/rc0,spool/rc1,spool/rc2,munge} || fail "cannot make $SLURM_DIR"
   chmod 755 "$SLURM_DIR" "$run"; chmod 700 "$SLURM_DIR/munge"
   # MUNGE with its own key, socket, pid and log: another munged on this host is left alone
@@ -507,6 +508,7 @@ need_cluster() {
   export SLURM_CONF=$SLURM_DIR/slurm.conf
 }
 
+# shellcheck disable=SC2054  # the commas are the sim spec's
 SLURM_SIM=(--backend sim --sim base=600MiB,per-sample=2MiB,capacity=1.2GiB --mlp-input 65536 --mlp-hidden 16)
 
 stage_slurm_array() {
