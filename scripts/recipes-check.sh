@@ -20,7 +20,10 @@
 #   slurm-cluster     a Slurm cluster on this host from Debian's slurm-wlm and munge (apt-get install when
 #                     missing, as root): munged, slurmctld and three slurmd (`slurmd -N`), every file and
 #                     port its own (config, state, logs and sockets under the work dir; free ports); the
-#                     daemons are stopped at exit, whatever happens
+#                     daemons are stopped at exit, whatever happens (this run's jobs cancelled first).
+#                     Without root, apt-get or network: NOT RUN. A cluster that does not come up is a
+#                     FAIL with the daemons' last errors (it comes up on Debian 12 without cgroups);
+#                     where only the second and third slurmd do not, slurm-two-node is NOT RUN with theirs
 #   slurm-array       sbatch examples/slurm/train-array.sbatch as an array of 2 tasks run one after the
 #                     other: each probes (sim backend: the point is the cache, whose key holds the free
 #                     memory) and trains with `srun torchrun` (2 processes); asserts the second task's plan
