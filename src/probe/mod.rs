@@ -60,9 +60,12 @@ pub fn run_cached(
 ) -> Result<ProbeReport, ProbeError> {
     let mut notices = vec![];
     let devices = setup::resolve(cfg, &mut notices)?;
-    // The device choice is news before the search, not after it.
+    // The device choice and the config's warnings are news before the search, not after it.
     for n in notices.drain(..) {
         progress.line(&n);
+    }
+    for w in &cfg.warnings {
+        progress.line(&format!("batchfit: warning: {w}"));
     }
     // Fault injection is a test of the trial runner: never answered from, nor stored in, the cache.
     let cache = cache.filter(|_| cfg.fault.is_none());
@@ -72,7 +75,10 @@ pub fn run_cached(
             one_device(cfg, &mut b, None, None, exe, progress, cache)
         }
         Devices::Cpu => {
-            let mut b = setup::cpu_backend(cfg, exe)?;
+            let mut b = setup::cpu_backend(cfg, exe, &mut notices)?;
+            for n in notices.drain(..) {
+                progress.line(&n);
+            }
             one_device(cfg, &mut b, None, None, exe, progress, cache)
         }
         Devices::Cuda(gpus) => {
@@ -151,13 +157,21 @@ fn one_device(
         return Ok(hit);
     }
     progress.line(&format!(
-        "batchfit: {} on {} ({}): budget {}, limit {} ({} params)",
-        skeleton.model.name,
+        "batchfit: {} on {} ({}): budget {}, limit {} ({})",
+        skeleton.model.name(),
         skeleton.device.kind,
         skeleton.device.name,
         format_size(skeleton.budget_bytes),
         format_size(limit),
-        skeleton.model.parameter_count
+        match skeleton.model.parameter_count() {
+            Some(n) => format!("{n} params"),
+            None => format!(
+                "limited by {}",
+                skeleton
+                    .limit_mechanism
+                    .map_or("the device".into(), |m| format!("{m:?}"))
+            ),
+        }
     ));
     let (mut plan, ending) = single::run(cfg, backend, &skeleton, limit, progress)?;
     if cfg.compare_alloc_conf && plan.status == Status::Complete && plan.gpu.is_some() {

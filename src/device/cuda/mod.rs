@@ -23,11 +23,12 @@ pub mod fake;
 
 use super::process::{self, Ran};
 use super::sim::SimBackend;
-use super::{Backend, BackendError, DeviceInfo, DeviceKind};
+use super::{Backend, BackendError, DeviceInfo, DeviceKind, LimitMechanism};
 use crate::gpu::{GpuInfo, GpuQuery};
 use crate::platform::units::format_size;
 use crate::protocol::{
-    FootprintMethod, GpuMeasure, Isolation, Placement, TrialOutcome, TrialRequest, Workload,
+    FootprintMethod, GpuMeasure, Isolation, Placement, TrialDetails, TrialOutcome, TrialRequest,
+    Workload,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,6 +50,10 @@ pub struct CudaBackend {
     exec: Executor,
     alloc_conf: Option<String>,
     timeout: Duration,
+    /// `--logs DIR`: each trial's whole output.
+    logs: Option<std::path::PathBuf>,
+    trials: u32,
+    details: Option<TrialDetails>,
 }
 
 /// The GPUs as this process sees them: NVML, or in tests the scripted GPUs of `BATCHFIT_FAKE_GPUS`
@@ -111,7 +116,16 @@ impl CudaBackend {
             exec,
             alloc_conf,
             timeout,
+            logs: None,
+            trials: 0,
+            details: None,
         })
+    }
+
+    /// Each trial's whole output into `dir`.
+    pub fn with_logs(mut self, dir: std::path::PathBuf) -> Self {
+        self.logs = Some(dir);
+        self
     }
 
     /// The GPU as NVML saw it at the start (other processes included).
@@ -124,10 +138,11 @@ impl CudaBackend {
     }
 
     fn run_real(
-        &self,
+        &mut self,
         workload: &dyn Workload,
         req: TrialRequest,
     ) -> Result<TrialOutcome, BackendError> {
+        self.trials += 1;
         let at = Placement::Cuda {
             nvml_index: self.index,
             uuid: self.info.uuid.clone(),
@@ -163,19 +178,38 @@ impl CudaBackend {
         let (mut pid_peak, mut device_peak) = (None::<u64>, None::<u64>);
         let gpus = &self.gpus;
         let index = self.index;
-        let ran = process::run(cmd, None, self.timeout, &mut |pid| {
-            if let Ok(Some(b)) = gpus.process_used(index, pid) {
+        let tree = workload.measured_by_device();
+        let opts = process::Options {
+            tree,
+            own_child: !tree,
+            log: self.logs.as_ref().map(|d| {
+                d.join(format!(
+                    "trial-{:03}-b{}-a{}",
+                    self.trials, req.batch, req.accumulation
+                ))
+            }),
+            ..Default::default()
+        };
+        // NVML's figure for the trial is the sum over its process tree (torchrun's ranks, workers).
+        let ran = process::run(cmd, &opts, self.timeout, &mut |pids| {
+            if let Ok(Some(b)) = gpus.processes_used(index, pids) {
                 pid_peak = Some(pid_peak.map_or(b, |p| p.max(b)));
             }
             if let Ok(u) = gpus.used_bytes(index) {
                 device_peak = Some(device_peak.map_or(u, |p| p.max(u)));
             }
         })?;
-        let out = match ran {
+        let (out, details) = match ran {
             Ran::Finished(f) => workload.outcome(&f),
-            Ran::TimedOut { seconds } => TrialOutcome::Timeout { seconds },
+            Ran::TimedOut { seconds } => (TrialOutcome::Timeout { seconds }, None),
         };
         let delta = device_peak.map(|d| d.saturating_sub(baseline));
+        self.details = details.map(|mut d| {
+            if let Some(p) = pid_peak {
+                d.gpu_peaks = vec![(self.index, p)];
+            }
+            d
+        });
         Ok(self.decide(out, pid_peak, delta))
     }
 
@@ -277,7 +311,17 @@ impl Backend for CudaBackend {
             Executor::Fake(_) => Isolation::None,
         }
     }
+    fn limit_mechanism(&self) -> LimitMechanism {
+        match self.exec {
+            Executor::Real(_) => LimitMechanism::CudaFraction,
+            Executor::Fake(_) => LimitMechanism::Simulated,
+        }
+    }
+    fn take_details(&mut self) -> Option<TrialDetails> {
+        self.details.take()
+    }
     fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
+        self.details = None;
         match &mut self.exec {
             Executor::Fake(sim) => {
                 let out = sim.run_trial(req)?;
