@@ -22,6 +22,10 @@
 //!
 //! The peers' functions are also replayed against recorded trial sequences of the real tools
 //! (`benches/data/*_real_sequence.json`) when those files exist.
+//!
+//! Layout: `suite.rs` holds the curves, the cost model and the runs of every tool (the only module that
+//! uses batchfit's library); `peers.rs` the re-implementations and their replay; `report.rs` turns the
+//! results into the Markdown section; this file wires them: run, replay, render, print, write.
 
 mod peers;
 mod report;

@@ -71,13 +71,23 @@ pub fn replay_status(status: ReplayStatus) -> &'static str {
 /// The search-cost section: `self_check` is what `suite::self_check_replay` returned (sequences checked,
 /// flipped sequences rejected), `replays` the replays of the recordings of the real tools.
 pub fn render(s: &Suite, self_check: (usize, usize), replays: &[ReplayReport]) -> String {
-    let (cases, tools, truths, results) = (&s.cases, &s.tools, &s.truths, &s.results);
-    let (confirm_steps, cap) = (s.confirm_steps, s.cap);
-    let (guided_idx, lbin_raised_idx) = (GUIDED_IDX, LBIN_RAISED_IDX);
-    let n = cases.len();
-
     let mut md = String::new();
     let w = &mut md;
+    intro(w, s);
+    let (guided_median_trials, guided_above) = summary(w, s);
+    hybrid(w, s);
+    per_curve(w, s);
+    targets(w, s, guided_median_trials, guided_above);
+    why_missed(w, s);
+    peer_notes(w, s);
+    replay_section(w, self_check, replays);
+    md
+}
+
+/// The title, how to run the bench, and the model's set-up and constants.
+fn intro(w: &mut String, s: &Suite) {
+    let (confirm_steps, cap) = (s.confirm_steps, s.cap);
+    let n = s.cases.len();
     let _ = writeln!(w, "## Search cost\n");
     let _ = writeln!(
         w,
@@ -125,7 +135,13 @@ pub fn render(s: &Suite, self_check: (usize, usize), replays: &[ReplayReport]) -
          its first step, so this slightly overcharges every tool alike); Lightning's checkpoint save/restore and \
          validation batches are not charged.\n"
     );
+}
 
+/// The per-strategy summary table; returns guided's median trials and answers above the truth (targets).
+fn summary(w: &mut String, s: &Suite) -> (f64, usize) {
+    let (tools, truths, results) = (&s.tools, &s.truths, &s.results);
+    let (guided_idx, lbin_raised_idx) = (GUIDED_IDX, LBIN_RAISED_IDX);
+    let n = s.cases.len();
     // Per-strategy summary.
     let _ = writeln!(w, "### Summary over {n} curves\n");
     let _ = writeln!(
@@ -176,7 +192,18 @@ pub fn render(s: &Suite, self_check: (usize, usize), replays: &[ReplayReport]) -
         );
     }
     let _ = writeln!(w);
+    (guided_median_trials, guided_above)
+}
 
+/// batchfit's strategies under hybrid isolation.
+fn hybrid(w: &mut String, s: &Suite) {
+    let (tools, results) = (&s.tools, &s.results);
+    let lbin_raised_idx = LBIN_RAISED_IDX;
+    let n = s.cases.len();
+    let lbin_secs: Vec<f64> = results
+        .iter()
+        .map(|r| r[lbin_raised_idx].seconds())
+        .collect();
     // The same for batchfit under hybrid isolation.
     let _ = writeln!(w, "### batchfit under hybrid isolation\n");
     let _ = writeln!(
@@ -211,7 +238,11 @@ pub fn render(s: &Suite, self_check: (usize, usize), replays: &[ReplayReport]) -
         );
     }
     let _ = writeln!(w);
+}
 
+/// Per curve: every tool's trials and answer, then its modeled time.
+fn per_curve(w: &mut String, s: &Suite) {
+    let (cases, tools, truths, results) = (&s.cases, &s.tools, &s.truths, &s.results);
     // Per-curve tables.
     let _ = writeln!(w, "### Per curve: trials · answer\n");
     let _ = writeln!(
@@ -267,25 +298,27 @@ pub fn render(s: &Suite, self_check: (usize, usize), replays: &[ReplayReport]) -
         let _ = writeln!(w);
     }
     let _ = writeln!(w);
+}
 
-    // Notes on peers' untested or error answers.
-    let mut notes = vec![];
-    for (ci, c) in cases.iter().enumerate() {
-        for (ti, t) in tools.iter().enumerate() {
-            let r = &results[ci][ti];
-            if t.in_process() && !r.note.is_empty() {
-                notes.push(format!("{} on {}: {}", t.short(), c.name, r.note));
-            }
-        }
-    }
-
-    // Targets.
+/// Modeled seconds per curve of guided and of Lightning binsearch (max_val raised), and their ratios.
+fn guided_vs_lightning(s: &Suite) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let results = &s.results;
+    let (guided_idx, lbin_raised_idx) = (GUIDED_IDX, LBIN_RAISED_IDX);
     let g_secs: Vec<f64> = results.iter().map(|r| r[guided_idx].seconds()).collect();
     let l_secs: Vec<f64> = results
         .iter()
         .map(|r| r[lbin_raised_idx].seconds())
         .collect();
     let per_curve_ratio: Vec<f64> = g_secs.iter().zip(&l_secs).map(|(g, l)| g / l).collect();
+    (g_secs, l_secs, per_curve_ratio)
+}
+
+/// The targets (guided against Lightning binsearch with max_val raised).
+fn targets(w: &mut String, s: &Suite, guided_median_trials: f64, guided_above: usize) {
+    let results = &s.results;
+    let guided_idx = GUIDED_IDX;
+    let n = s.cases.len();
+    let (g_secs, l_secs, per_curve_ratio) = guided_vs_lightning(s);
     let ratio_median_curve = median(&per_curve_ratio);
     let ratio_total = g_secs.iter().sum::<f64>() / l_secs.iter().sum::<f64>();
     let ratio_of_medians = median(&g_secs) / median(&l_secs);
@@ -355,6 +388,15 @@ pub fn render(s: &Suite, self_check: (usize, usize), replays: &[ReplayReport]) -
         verdict(h_ratio_median_curve <= 1.0 / 3.0)
     );
     let _ = writeln!(w);
+}
+
+/// Why the time target is missed, how good the baseline's answers are, and guided's costly curves.
+fn why_missed(w: &mut String, s: &Suite) {
+    let (cases, truths, results) = (&s.cases, &s.truths, &s.results);
+    let (guided_idx, lbin_raised_idx) = (GUIDED_IDX, LBIN_RAISED_IDX);
+    let confirm_steps = s.confirm_steps;
+    let n = cases.len();
+    let (g_secs, l_secs, per_curve_ratio) = guided_vs_lightning(s);
     let _ = writeln!(
         w,
         "Why the time target is out of reach for any strategy that proves its answer, under either model: a proven \
@@ -453,6 +495,21 @@ pub fn render(s: &Suite, self_check: (usize, usize), replays: &[ReplayReport]) -
         }
         let _ = writeln!(w);
     }
+}
+
+/// How the peers' notable answers came about (untested answers, errors, capped proposals).
+fn peer_notes(w: &mut String, s: &Suite) {
+    let (cases, tools, results) = (&s.cases, &s.tools, &s.results);
+    // Notes on peers' untested or error answers.
+    let mut notes = vec![];
+    for (ci, c) in cases.iter().enumerate() {
+        for (ti, t) in tools.iter().enumerate() {
+            let r = &results[ci][ti];
+            if t.in_process() && !r.note.is_empty() {
+                notes.push(format!("{} on {}: {}", t.short(), c.name, r.note));
+            }
+        }
+    }
     if !notes.is_empty() {
         let _ = writeln!(
             w,
@@ -463,7 +520,10 @@ pub fn render(s: &Suite, self_check: (usize, usize), replays: &[ReplayReport]) -
         }
         let _ = writeln!(w, "\n</details>\n");
     }
+}
 
+/// The replays: the self-check on the suite, then each recording of a real tool.
+fn replay_section(w: &mut String, self_check: (usize, usize), replays: &[ReplayReport]) {
     // Replays against the real tools.
     let _ = writeln!(
         w,
@@ -490,7 +550,6 @@ pub fn render(s: &Suite, self_check: (usize, usize), replays: &[ReplayReport]) -
         );
     }
     let _ = writeln!(w);
-    md
 }
 
 const BEGIN: &str = "<!-- search-cost:begin -->";
