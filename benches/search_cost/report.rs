@@ -92,7 +92,7 @@ fn intro(w: &mut String, s: &Suite) {
     let _ = writeln!(
         w,
         "How many trials, and how much modeled time, each strategy needs to find the largest micro-batch that fits, \
-         over {n} simulated memory curves (`benches/search_cost.rs`; deterministic, runs in about a second):\n"
+         over {n} simulated memory curves (`benches/search_cost/`; deterministic, runs in about a second):\n"
     );
     let _ = writeln!(
         w,
