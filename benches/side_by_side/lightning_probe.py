@@ -29,7 +29,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))  # harness
 from harness.files import save_json  # noqa: E402
-from harness.peers import each_trial, first_line, lightning_is_oom_error, lightning_trainer  # noqa: E402
+from harness.peers import (each_trial, first_line, import_accelerate, lightning_is_oom_error,  # noqa: E402
+                           lightning_trainer)
 from harness.procs import EXIT_OOM, limit_data, proc_status, reexec_with_malloc_env  # noqa: E402
 
 EXIT_OTHER = 7
@@ -214,7 +215,7 @@ def mode_finder(args):
 
 def mode_accelerate(args):
     import tempfile
-    from accelerate.utils import find_executable_batch_size
+    find_executable_batch_size, _ = import_accelerate()
 
     t_start = time.monotonic()
     Mlp, trainer, is_oom_error = build(args)

@@ -37,8 +37,8 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # scripts/: the harnesses' shared package
 from harness.files import save_json as write_json  # noqa: E402
-from harness.peers import (each_trial, first_line, import_lightning, lightning_is_oom_error,  # noqa: E402
-                           lightning_trainer)
+from harness.peers import (each_trial, first_line, import_accelerate, import_lightning,  # noqa: E402
+                           lightning_is_oom_error, lightning_trainer)
 from harness.procs import limit_data, proc_status, reexec_with_malloc_env, reset_rss_peak  # noqa: E402
 
 
@@ -328,12 +328,7 @@ def mode_lightning(args, rec, torch, M, device):
 
 def mode_accelerate(args, rec, torch, M, device):
     try:
-        from accelerate.utils import find_executable_batch_size
-        try:
-            from accelerate.utils.memory import should_reduce_batch_size
-        except ImportError:
-            def should_reduce_batch_size(e):
-                return "out of memory" in str(e) or "can't allocate memory" in str(e)
+        find_executable_batch_size, should_reduce_batch_size = import_accelerate()
     except Exception as e:  # noqa: BLE001
         rec.update(skipped=f"Accelerate cannot be imported: {type(e).__name__}: {first_line(e)}")
         return 4

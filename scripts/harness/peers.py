@@ -52,6 +52,19 @@ def lightning_is_oom_error():
     return is_oom_error
 
 
+def import_accelerate():
+    """(find_executable_batch_size, should_reduce_batch_size: Accelerate's own test for an out-of-memory
+    exception, or the same stand-in as lightning_is_oom_error's where this Accelerate lacks it). Raises
+    when Accelerate does not import."""
+    from accelerate.utils import find_executable_batch_size
+    try:
+        from accelerate.utils.memory import should_reduce_batch_size
+    except ImportError:
+        def should_reduce_batch_size(e):
+            return "out of memory" in str(e) or "can't allocate memory" in str(e)
+    return find_executable_batch_size, should_reduce_batch_size
+
+
 def lightning_trainer(pl, max_steps, root, accelerator="cpu", **extra):
     """A Trainer for one device that only trains: no logger, checkpoints, progress bar, model summary or
     validation; its files under root. `extra`: more Trainer arguments (precision)."""
