@@ -349,7 +349,12 @@ pub struct ProbeArgs {
     /// cpu, --exec: how a trial's memory is limited: a memory cgroup around its whole process tree
     /// (as a job's cgroup limits it), RLIMIT_DATA on each of its processes, or auto (cgroup where
     /// this process may create one, else rlimit; the plan records which).
-    #[arg(long, value_enum, default_value = "auto", help_heading = "Your own command")]
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        help_heading = "Your own command"
+    )]
     pub cpu_limit: CpuLimitArg,
     /// The command (after `--`).
     #[arg(last = true, value_name = "CMD")]

@@ -5,11 +5,11 @@ use crate::accumulate;
 use crate::cli::{
     BackendArg, CpuLimitArg, IsolationArg, OptimizerArg, PrecisionArg, ProbeArgs, StrategyArg,
 };
-use crate::plan::schema::{exec_fingerprint, ExecInfo, ExecKind, FileHash};
 use crate::device::sim::SimSpec;
 use crate::device::IsolationMode;
 use crate::output::Format;
 use crate::plan::model::{Architecture, InputSpec, LossSpec, ModelSpec, OptimizerKind, Precision};
+use crate::plan::schema::{exec_fingerprint, ExecInfo, ExecKind, FileHash};
 use crate::platform::files;
 use crate::platform::units::parse_size;
 use crate::search::{Grid, SearchConfig, StrategyKind};
@@ -355,7 +355,9 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
             ("--cpu-limit", a.cpu_limit != CpuLimitArg::Auto),
         ] {
             if given {
-                return err(format!("{flag} goes with --exec (probing your own command)"));
+                return err(format!(
+                    "{flag} goes with --exec (probing your own command)"
+                ));
             }
         }
         return Ok((None, vec![]));
@@ -397,9 +399,8 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
     let found = if program.contains('/') {
         std::path::Path::new(program).is_file()
     } else {
-        std::env::var_os("PATH").is_some_and(|paths| {
-            std::env::split_paths(&paths).any(|d| d.join(program).is_file())
-        })
+        std::env::var_os("PATH")
+            .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
     };
     if !found {
         return err(format!(
@@ -409,9 +410,8 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
     }
     let mut files = vec![];
     for f in &a.fingerprint_file {
-        let sha256 = files::sha256(f).map_err(|e| {
-            ConfigError(format!("--fingerprint-file {}: {e}", f.display()))
-        })?;
+        let sha256 = files::sha256(f)
+            .map_err(|e| ConfigError(format!("--fingerprint-file {}: {e}", f.display())))?;
         files.push(FileHash {
             path: f.display().to_string(),
             sha256,
@@ -421,8 +421,11 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
         .oom_pattern
         .iter()
         .map(|p| {
-            regex_lite::Regex::new(p)
-                .map_err(|e| ConfigError(format!("--oom-pattern {p:?} is not a regular expression: {e}")))
+            regex_lite::Regex::new(p).map_err(|e| {
+                ConfigError(format!(
+                    "--oom-pattern {p:?} is not a regular expression: {e}"
+                ))
+            })
         })
         .collect::<Result<Vec<_>, _>>()?;
     let mut warnings = vec![];

@@ -19,17 +19,32 @@
 //!
 //! The binaries (`src/bin/batchfit`, `src/bin/batchfit-train`) sit on top of all of them.
 
-pub mod accumulate;
-pub mod cli;
-pub mod config;
-pub mod device;
-pub mod doctor;
-pub mod exit;
-pub mod gpu;
-pub mod output;
-pub mod plan;
+// (one `mod` per group, so that rustfmt keeps the layer order)
+// platform
 pub mod platform;
-pub mod probe;
+// exit codes
+pub mod exit;
+// protocol
 pub mod protocol;
+// GPU
+pub mod gpu;
+// where memory is measured
+pub mod device;
+// engine
 pub mod search;
+// engine: the split
+pub mod accumulate;
+// engine: the contract
+pub mod plan;
+// what a trial runs
 pub mod workload;
+// outputs
+pub mod output;
+// command line
+pub mod cli;
+// validated configuration
+pub mod config;
+// orchestration
+pub mod probe;
+// orchestration: doctor
+pub mod doctor;

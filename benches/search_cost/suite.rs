@@ -5,10 +5,10 @@
 //! Its own module because it is the only part that drives batchfit's library: the report only formats
 //! what it returns.
 
+use batchfit::config::limit as config_limit;
 use batchfit::device::sim::{SimBackend, SimSpec};
 use batchfit::device::{Backend, BackendError, DeviceInfo};
 use batchfit::protocol::{Isolation, TrialOutcome, TrialRequest};
-use batchfit::config::limit as config_limit;
 use batchfit::search::{Prober, Purpose, SearchConfig, StrategyKind};
 use std::fmt::Write as _;
 

@@ -230,8 +230,11 @@ mod tests {
                 return;
             }
         };
-        let g = match Group::create(&parent, &format!("batchfit-test-{}", std::process::id()), 64 << 20)
-        {
+        let g = match Group::create(
+            &parent,
+            &format!("batchfit-test-{}", std::process::id()),
+            64 << 20,
+        ) {
             Ok(g) => g,
             Err(why) => {
                 eprintln!("cannot create a memory cgroup here: {why}");
@@ -241,7 +244,10 @@ mod tests {
         let procs = g.procs_path().clone();
         let mut cmd = std::process::Command::new("python3");
         // touches 256 MiB under a 64 MiB limit: the kernel kills it
-        cmd.args(["-c", "b = bytearray(256 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1"]);
+        cmd.args([
+            "-c",
+            "b = bytearray(256 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1",
+        ]);
         use std::os::unix::process::CommandExt;
         // SAFETY: only async-signal-safe calls (open, write, close) between fork and exec.
         unsafe {

@@ -16,9 +16,7 @@ use super::cgroup::{self, Group};
 use super::process::{self, Ran, Worker, WorkerRan};
 use super::{Backend, BackendError, DeviceInfo, DeviceKind, IsolationMode, LimitMechanism};
 use crate::platform::sysmem;
-use crate::protocol::{
-    Isolation, Placement, TrialDetails, TrialOutcome, TrialRequest, Workload,
-};
+use crate::protocol::{Isolation, Placement, TrialDetails, TrialOutcome, TrialRequest, Workload};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;

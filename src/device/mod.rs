@@ -84,6 +84,18 @@ pub enum LimitMechanism {
     Simulated,
 }
 
+impl LimitMechanism {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitMechanism::RlimitData => "RLIMIT_DATA per process",
+            LimitMechanism::CgroupV1 => "a memory cgroup (v1) around the process tree",
+            LimitMechanism::CgroupV2 => "a memory cgroup (v2) around the process tree",
+            LimitMechanism::CudaFraction => "the CUDA allocator's memory fraction, NVML checked",
+            LimitMechanism::Simulated => "a formula",
+        }
+    }
+}
+
 /// Failures that stop the whole probe (as opposed to one trial's outcome).
 #[derive(Debug, Error)]
 pub enum BackendError {

@@ -127,6 +127,32 @@ fn killed_by_kernel(status: ExitStatus, before: Option<u64>, after: Option<u64>)
     status.signal() == Some(libc::SIGKILL) && matches!((before, after), (Some(b), Some(a)) if a > b)
 }
 
+/// Waits for `pid` (without blocking unless `block`): its exit status and the kernel's high-water
+/// mark of its resident memory (`ru_maxrss`, which includes the children it waited for).
+fn reap(pid: u32, block: bool) -> std::io::Result<Option<(ExitStatus, u64)>> {
+    let mut status = 0;
+    // SAFETY: wait4 with valid pointers on our own child.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    let flags = if block { 0 } else { libc::WNOHANG };
+    loop {
+        let r = unsafe { libc::wait4(pid as i32, &mut status, flags, &mut ru) };
+        if r == 0 {
+            return Ok(None);
+        }
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(Some((
+            ExitStatus::from_raw(status),
+            (ru.ru_maxrss.max(0) as u64) * 1024,
+        )));
+    }
+}
+
 /// How a trial process ended.
 #[derive(Debug)]
 pub enum Ran {
@@ -158,7 +184,11 @@ pub fn run(
     let pid = child.id();
     let mut tree = opts.tree.then(|| super::tree::Tree::new(pid));
     let out = read_all(child.stdout.take().expect("piped"), 1 << 20, log(".stdout"));
-    let err = read_all(child.stderr.take().expect("piped"), 64 << 10, log(".stderr"));
+    let err = read_all(
+        child.stderr.take().expect("piped"),
+        64 << 10,
+        log(".stderr"),
+    );
     // Everything the trial started goes, whatever happens: its group, its tree, its cgroup.
     let kill_everything = |tree: &Option<super::tree::Tree>| {
         kill_group(pid);
@@ -183,7 +213,7 @@ pub fn run(
                 seconds: t0.elapsed().as_secs_f64(),
             });
         }
-        match child.try_wait() {
+        match reap(pid, false) {
             Ok(Some(s)) => break s,
             Ok(None) => {
                 match tree.as_mut() {
@@ -202,13 +232,19 @@ pub fn run(
             }
         }
     };
+    let (status, root_maxrss) = status;
     let seconds = t0.elapsed().as_secs_f64();
     kill_everything(&tree);
     let cgroup_oom = opts.cgroup.is_some_and(|g| g.oom_kills() > 0);
     let measure = TreeMeasure {
         data_peak: tree.as_ref().map(|t| t.data_peak).filter(|&b| b > 0),
         data_limit: opts.data_limit,
-        rss_peak: tree.as_ref().map(|t| t.rss_peak).filter(|&b| b > 0),
+        // the kernel's own high-water mark of the root (and its reaped children) covers a process
+        // that ended before the first sample
+        rss_peak: tree
+            .as_ref()
+            .map(|t| t.rss_peak.max(root_maxrss))
+            .filter(|&b| b > 0),
         cgroup_peak: opts.cgroup.and_then(|g| g.peak()),
         processes: tree.as_ref().map_or(1, |t| t.seen()),
         seconds,

@@ -110,7 +110,10 @@ impl Tree {
 
     /// The PIDs of the tree's live processes that are not zombies.
     pub fn live_pids(&self) -> Vec<u32> {
-        self.alive().into_iter().filter(|&p| !is_zombie(p)).collect()
+        self.alive()
+            .into_iter()
+            .filter(|&p| !is_zombie(p))
+            .collect()
     }
 
     /// SIGKILL to every live process of the tree (the same processes, never a reused PID).

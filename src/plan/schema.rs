@@ -95,9 +95,13 @@ impl<'de> Deserialize<'de> for WorkloadInfo {
         use serde::de::Error;
         let v = serde_json::Value::deserialize(d)?;
         if v.get("kind").and_then(|k| k.as_str()) == Some("exec") {
-            serde_json::from_value(v).map(WorkloadInfo::Exec).map_err(D::Error::custom)
+            serde_json::from_value(v)
+                .map(WorkloadInfo::Exec)
+                .map_err(D::Error::custom)
         } else {
-            serde_json::from_value(v).map(WorkloadInfo::Model).map_err(D::Error::custom)
+            serde_json::from_value(v)
+                .map(WorkloadInfo::Model)
+                .map_err(D::Error::custom)
         }
     }
 }
@@ -121,7 +125,9 @@ impl WorkloadInfo {
     pub fn fingerprint_matches(&self) -> bool {
         match self {
             WorkloadInfo::Model(m) => m.config.fingerprint() == m.fingerprint,
-            WorkloadInfo::Exec(e) => exec_fingerprint(&e.argv, &e.fingerprint_files) == e.fingerprint,
+            WorkloadInfo::Exec(e) => {
+                exec_fingerprint(&e.argv, &e.fingerprint_files) == e.fingerprint
+            }
         }
     }
     /// The tch model, when the trials ran one.

@@ -169,7 +169,7 @@ fn one_device(
                 "limited by {}",
                 skeleton
                     .limit_mechanism
-                    .map_or("the device".into(), |m| format!("{m:?}"))
+                    .map_or("the device", |m| m.as_str())
             ),
         }
     ));

@@ -4,22 +4,22 @@
 
 use super::report::ProbeError;
 use crate::accumulate;
+use crate::cli::CpuLimitArg;
 use crate::config::{self, BackendChoice, ProbeConfig};
+use crate::device::cgroup;
 use crate::device::cpu::CpuBackend;
 use crate::device::cuda::{fake, CudaBackend, Executor};
 use crate::device::sim::{SimBackend, SimSpec};
-use crate::cli::CpuLimitArg;
-use crate::device::cgroup;
 use crate::device::{Backend, DeviceKind, IsolationMode, LimitMechanism};
-use crate::plan::schema::{ExecInfo, WorkloadInfo};
-use crate::workload::exec::ExecWorkload;
 use crate::gpu::{GpuError, GpuProcess, GpuQuery};
 use crate::plan::model::{ModelSpec, Precision};
+use crate::plan::schema::{ExecInfo, WorkloadInfo};
 use crate::plan::{GpuSection, ModelInfo, Plan, Runtime, SearchSettings, Status, StopReason, Tool};
 use crate::platform::units::format_size;
 use crate::platform::{now_unix, sysmem};
 use crate::protocol::Workload;
 use crate::workload::child::TrialSpec;
+use crate::workload::exec::ExecWorkload;
 use crate::workload::{ModelWorkload, LIBTORCH_MIN_DATA};
 use std::path::Path;
 use std::sync::Arc;
@@ -294,8 +294,8 @@ pub fn cpu_backend(
             (_, Ok(parent)) => b = b.with_cgroup(parent),
             (CpuLimitArg::Cgroup, Err(why)) => {
                 return Err(ProbeError::Environment(format!(
-                    "--cpu-limit cgroup: {why}; use --cpu-limit rlimit (RLIMIT_DATA on each process)"
-                )))
+                "--cpu-limit cgroup: {why}; use --cpu-limit rlimit (RLIMIT_DATA on each process)"
+            )))
             }
             (CpuLimitArg::Auto, Err(why)) => notices.push(format!(
                 "batchfit: --cpu-limit auto: no memory cgroup for trials ({why}); each process of \

@@ -211,7 +211,10 @@ mod tests {
             text("[rank1]: Traceback (most recent call last):\n[rank1]: MemoryError").message(),
             "MemoryError"
         );
-        assert!(!text("[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:547] Connection closed by peer").is_oom());
+        assert!(!text(
+            "[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:547] Connection closed by peer"
+        )
+        .is_oom());
         // the line that says so is recorded, not whatever came first
         assert_eq!(
             text("warning: slow\nMemoryError: cannot grow").message(),

@@ -126,7 +126,12 @@ fn read_report(path: &Path) -> Result<Option<TrialReport>, String> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot read the trial report {}: {e}", path.display())),
+        Err(e) => {
+            return Err(format!(
+                "cannot read the trial report {}: {e}",
+                path.display()
+            ))
+        }
     };
     let r: TrialReport = serde_json::from_str(&text)
         .map_err(|e| format!("the command's trial report is not valid ({e})"))?;
@@ -164,7 +169,11 @@ fn mismatch(r: &TrialReport, req: &TrialRequest) -> Option<String> {
 }
 
 fn median(v: &[f64]) -> Option<f64> {
-    let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite() && *x > 0.0).collect();
+    let mut v: Vec<f64> = v
+        .iter()
+        .copied()
+        .filter(|x| x.is_finite() && *x > 0.0)
+        .collect();
     v.sort_by(|a, b| a.total_cmp(b));
     v.get(v.len() / 2).copied()
 }
@@ -207,7 +216,10 @@ impl Workload for ExecWorkload {
         let m = &f.measure;
         let mut details = TrialDetails {
             output_tail: tail(f, TAIL_LINES),
-            log: m.log.as_ref().map(|p| format!("{}.stdout/.stderr", p.display())),
+            log: m
+                .log
+                .as_ref()
+                .map(|p| format!("{}.stdout/.stderr", p.display())),
             report: None,
             tree_rss_peak_bytes: m.rss_peak,
             processes: Some(m.processes),
@@ -215,7 +227,7 @@ impl Workload for ExecWorkload {
             gpu_peaks: vec![],
         };
         // What the limit acts on: the cgroup's peak, else the largest data segment of the tree.
-        let peak = m.cgroup_peak.or(m.data_peak);
+        let peak = m.cgroup_peak.or(m.data_peak).or(m.rss_peak);
         if !f.status.success() {
             let message = format!("{}\n{}", f.stderr, f.stdout);
             let verdict = classify(&Evidence {
@@ -260,9 +272,10 @@ impl Workload for ExecWorkload {
         let Some(peak) = peak.filter(|&p| p > 0) else {
             return (
                 TrialOutcome::Error {
-                    message: "the command exited 0, but no memory of its process tree was measured \
+                    message:
+                        "the command exited 0, but no memory of its process tree was measured \
                               (it ended before the first sample)"
-                        .into(),
+                            .into(),
                 },
                 Some(details),
             );
@@ -282,13 +295,16 @@ impl Workload for ExecWorkload {
             ),
         };
         details.step_time = Some(source);
-        let allocator = report.as_ref().and_then(|r| r.cuda.as_ref()).map(|c| AllocatorReport {
-            peak_allocated_bytes: c.peak_allocated_bytes,
-            peak_reserved_bytes: c.peak_reserved_bytes,
-            reserved_bytes: c.reserved_bytes,
-            alloc_retries: c.alloc_retries,
-            ooms: c.ooms,
-        });
+        let allocator = report
+            .as_ref()
+            .and_then(|r| r.cuda.as_ref())
+            .map(|c| AllocatorReport {
+                peak_allocated_bytes: c.peak_allocated_bytes,
+                peak_reserved_bytes: c.peak_reserved_bytes,
+                reserved_bytes: c.reserved_bytes,
+                alloc_retries: c.alloc_retries,
+                ooms: c.ooms,
+            });
         details.report = report;
         // The allocator's view (the cuda device adds NVML's, which decides); a trial that fit only
         // by flushing the cache bounds the search, as for batchfit's own trials.
