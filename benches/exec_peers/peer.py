@@ -156,6 +156,16 @@ def mode_accelerate(a, rec, mod, args):
         rec.update(search_seconds=round(time.monotonic() - t0, 3))
 
 
+def framework_frame(e):
+    """The innermost frame of Lightning's or Accelerate's own code in the exception's traceback
+    ("file.py:function"), i.e. where in the finder it ended; None when none is there."""
+    where = None
+    for f in traceback.extract_tb(e.__traceback__):
+        if any(f"{os.sep}{pkg}{os.sep}" in f.filename for pkg in ("lightning", "pytorch_lightning", "accelerate")):
+            where = f"{os.path.basename(f.filename)}:{f.name}"
+    return where
+
+
 def main():
     a = parse_args()
     rec = Record(a.record, {"tool": a.mode, "script": a.script, "script_args": a.script_args, "pid": os.getpid()})
@@ -164,7 +174,11 @@ def main():
         args = mod.parse_args(a.script_args)
         answer = (mode_lightning if a.mode == "lightning" else mode_accelerate)(a, rec, mod, args)
     except BaseException as e:  # noqa: BLE001 - recorded, whatever it is
-        rec.update(error=f"{type(e).__name__}: {first_line(e)}", traceback=traceback.format_exc()[-3000:])
+        running = [t for t in rec.res["trials"] if t.get("outcome") == "running"]
+        rec.update(error=f"{type(e).__name__}: {first_line(e)}", traceback=traceback.format_exc()[-3000:],
+                   error_where=framework_frame(e), error_in_trial=bool(running),
+                   error_is_oom=isinstance(e, MemoryError) or "can't allocate memory" in str(e)
+                   or "out of memory" in str(e))
         print(f"peer {a.mode}: {type(e).__name__}: {first_line(e)}", file=sys.stderr, flush=True)
         return 1
     rec.update(answer=int(answer) if answer is not None else None, done=True)

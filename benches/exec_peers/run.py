@@ -86,7 +86,8 @@ def parse_args():
     p.add_argument("--doc", default=os.path.join(ROOT, "docs", "benchmarks.md"))
     p.add_argument("--nice", type=int, default=10)
     p.add_argument("--recheck", type=int, default=1, help="re-run the boundary of each scan (1) or not (0)")
-    p.add_argument("--run-timeout", type=int, default=300, help="seconds per true-maximum run")
+    p.add_argument("--run-timeout", type=int, default=240, help="seconds per true-maximum run (a run that "
+                   "takes longer counts as not completing)")
     p.add_argument("--peer-timeout", type=int, default=1200, help="seconds per peer search")
     p.add_argument("--batchfit-timeout", type=int, default=1800, help="seconds per batchfit probe")
     p.add_argument("--accelerate-start", type=int, default=4096)
@@ -343,7 +344,9 @@ def stage_peer(args, res, mech, script, tool):
     out = {"command": show(niced(args, cmd)), "mechanism": mechanism, "limit_bytes": limit, "exit_code": r["rc"],
            "timed_out": r["timed_out"], "wall_seconds": r["seconds"], "answer": rec.get("answer"),
            "call": rec.get("call"), "setup_seconds": rec.get("setup_seconds"),
-           "search_seconds": rec.get("search_seconds"), "error": rec.get("error"), "n_trials": len(trials),
+           "search_seconds": rec.get("search_seconds"), "error": rec.get("error"),
+           "error_where": rec.get("error_where"), "error_in_trial": rec.get("error_in_trial"),
+           "error_is_oom": rec.get("error_is_oom"), "n_trials": len(trials),
            "trials": trials, "ended": now_utc(), "loadavg_end": loadavg(), **ev}
     if r["rc"] != 0 and rec.get("answer") is None and not rec.get("error"):
         running = [t for t in trials if t.get("outcome") == "running"]
@@ -353,6 +356,12 @@ def stage_peer(args, res, mech, script, tool):
         out["killed"] = bool(ev.get("cgroup_oom_kills")) or r["rc"] < 0
         if running:
             running[-1]["outcome"] = "killed" if out["killed"] else "unfinished"
+    elif out["error"]:
+        # the finder itself ended in an exception (not the kernel): say where, briefly
+        kind = "an out-of-memory" if rec.get("error_is_oom") else out["error"].split(":")[0]
+        out["summary"] = (f"crashed: {kind} raised " + (f"in `{rec['error_where']}`" if rec.get("error_where") else "")
+                          + (" during a trial" if rec.get("error_in_trial") else ", outside its trials")
+                          + " and not caught by the finder")
     it[tool] = out
     log(f"{mech}/{script}: {tool}: answer {out['answer']} after {len(trials)} trials, {r['seconds']:.0f} s"
         + (f"; {out['error']}" if out.get("error") else ""))
@@ -463,7 +472,7 @@ def render(res, args):
                 w(f"| `{lm}` | {script} | {name} | — | — | n/a | {truth_cell(t)} | — | — |")
                 continue
             ans = s.get("answer")
-            ans_text = str(ans) if ans is not None else ("**none**: " + str(s.get("error") or "?"))[:160]
+            ans_text = str(ans) if ans is not None else "**none**: " + str(s.get("summary") or s.get("error") or "?")[:160]
             ratio, above = v[tool]
             wall = fmt_s(s.get("wall_seconds"))
             w(f"| `{lm}` | {script} | {name} | {s.get('n_trials', '—')} | {wall} | {ans_text} | {truth_cell(t)} | "
@@ -510,7 +519,8 @@ def render(res, args):
             if not s or s.get("not_applicable"):
                 continue
             w(f"* {tool.capitalize()}: `{s.get('call')}`; {seq(s.get('trials'))} → {s.get('answer')}"
-              + (f"; **{s['error']}**" if s.get("error") else "")
+              + (f"; **{s.get('summary') or s['error']}**" + (f" (`{s['error'][:200]}`)" if s.get("summary") else "")
+                 if s.get("error") else "")
               + f"; {fmt_s(s.get('search_seconds'))} searching, {fmt_s(s.get('wall_seconds'))} wall (exit "
               f"{s.get('exit_code')}"
               + (f", the cgroup's OOM kills: {s.get('cgroup_oom_kills')}" if s.get("cgroup_oom_kills") else "")
@@ -563,9 +573,11 @@ def targets(res):
         li, bf = it.get("lightning") or {}, it.get("batchfit") or {}
         if li and not li.get("not_applicable"):
             if li.get("answer") is None:
-                out.append(f"`{key}`: wall time ≤ 1.5 × Lightning binsearch: **not comparable**: Lightning gave no "
-                           f"answer ({li.get('error')}); batchfit {fmt_s(bf.get('wall_seconds'))}, Lightning "
-                           f"{fmt_s(li.get('wall_seconds'))} until it ended")
+                out.append(f"`{key}`: wall time ≤ 1.5 × Lightning binsearch: **not measurable**: Lightning gave no "
+                           f"answer ({li.get('summary') or li.get('error')}); batchfit {fmt_s(bf.get('wall_seconds'))}, "
+                           f"Lightning {fmt_s(li.get('wall_seconds'))} until it ended after {li.get('n_trials')} trials"
+                           + (f" ({bf['wall_seconds'] / li['wall_seconds']:.1f}×)" if li.get("wall_seconds") and
+                              bf.get("wall_seconds") else ""))
             elif bf.get("wall_seconds"):
                 r = bf["wall_seconds"] / li["wall_seconds"]
                 out.append(f"`{key}`: wall time ≤ 1.5 × Lightning binsearch: **{'met' if r <= 1.5 else 'NOT met'}** "
