@@ -146,6 +146,7 @@ def git_info():
     def sh(*c):
         return subprocess.run(["git", "-C", ROOT, *c], capture_output=True, text=True).stdout.strip()
     return {"commit": sh("rev-parse", "--short", "HEAD"),
+            "src_commit": sh("log", "-1", "--format=%h", "--", "src", "Cargo.toml", "Cargo.lock", "build.rs"),
             "src_dirty": bool(sh("status", "--porcelain", "--", "src", "Cargo.toml", "Cargo.lock", "build.rs"))}
 
 
@@ -419,6 +420,7 @@ def render(res, args):
     g = res.get("git", {})
     w(f"* **Date** {res.get('date', '?')} (stages ended {res.get('first_stage_end', '?')} to "
       f"{res.get('last_stage_end', '?')}); batchfit commit `{g.get('commit', '?')}`"
+      + (f" (`src/` as of `{g['src_commit']}`)" if g.get("src_commit") and g.get("src_commit") != g.get("commit") else "")
       + (" with uncommitted changes under `src/`" if g.get("src_dirty") else "")
       + f", `batchfit` sha256 `{cfg.get('batchfit_sha256', '?')}…`.")
     la0 = " / ".join(m.get("loadavg") or ["?"])
