@@ -133,7 +133,7 @@ KNOBS = {
     # (cpu smoke: RLIMIT_DATA, not a memory cgroup: with the smoke's small headroom, a job near a cgroup's
     # limit had the kernel reclaim its library pages and fault them back in -- minutes of thrashing, the
     # trial timing out -- rather than an out-of-memory; measured 2026-12-03)
-    "exec_probe_extra": ("", "--multiple-of 8 --cpu-limit rlimit",
+    "exec_probe_extra": ("", "--multiple-of 32 --cpu-limit rlimit",
                          "stage 4: extra batchfit probe --exec flags, space-separated"),
     "exec_scan_seconds": (60, 90, "stage 4: seconds per model for the fine scan of the Python job"),
     "min_item_scale": (1.0, 0.25, "scales the least time an item needs to be started (probe 90 s, training 45 s, "
@@ -868,6 +868,10 @@ def exec_cpu_budget(run, slot):
            "--max-trials", "1", "--no-cache", "--quiet", "--out", floor_plan]
     if int(run.k["threads"] or 0) > 0:
         cmd += ["--threads", str(run.k["threads"])]
+    # measured the way the probe will limit it (the cgroup's peak and a data segment are different numbers)
+    extra = str(run.k["exec_probe_extra"] or "").split()
+    if "--cpu-limit" in extra[:-1]:
+        cmd += ["--cpu-limit", extra[extra.index("--cpu-limit") + 1]]
     cmd += ["--exec", "--", *job_cmd(run, slot, "{batch}", "{steps}")]
     r = run_cmd(cmd, 180, os.path.join(run.logs, f"exec-floor-{key}.out"),
                 os.path.join(run.logs, f"exec-floor-{key}.err"), env=job_env(run))
