@@ -181,13 +181,6 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     if world_size == 0 {
         return err("--world-size must be at least 1".into());
     }
-    let global = match a.global_batch {
-        Some(g) => {
-            accumulate::check_global(g, world_size).map_err(|e| ConfigError(e.to_string()))?;
-            Some((g, world_size))
-        }
-        None => None,
-    };
     if a.steps == 0 {
         return err("--steps must be at least 1 (3 or more counts Adam's state)".into());
     }
@@ -209,6 +202,21 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             a.multiple_of, a.min_batch, a.max_batch
         ));
     }
+    // The global batch against the grid of sizes: on it, at least one --min-batch per rank, and
+    // splittable into at most accumulate::MAX_ACCUMULATION micro-batches of --max-batch.
+    let global = match a.global_batch {
+        Some(g) => {
+            accumulate::check_against_sizes(
+                g,
+                world_size,
+                accumulate::Sizes::new(a.multiple_of, a.min_batch),
+                a.max_batch,
+            )
+            .map_err(|e| ConfigError(e.to_string()))?;
+            Some((g, world_size))
+        }
+        None => None,
+    };
     if a.max_trials == Some(0) {
         return err("--max-trials must be at least 1".into());
     }

@@ -19,17 +19,34 @@
 //!
 //! The binaries (`src/bin/batchfit`, `src/bin/batchfit-train`) sit on top of all of them.
 
-pub mod accumulate;
-pub mod cli;
-pub mod config;
-pub mod device;
-pub mod doctor;
-pub mod exit;
-pub mod gpu;
-pub mod output;
-pub mod plan;
+// The layer order (tests/layout.rs reads it). Each layer is its own group, separated by a comment,
+// so that rustfmt (which sorts a run of `mod` items) keeps the order.
+
+// platform
 pub mod platform;
-pub mod probe;
+// exit codes
+pub mod exit;
+// protocol
 pub mod protocol;
+// GPU
+pub mod gpu;
+// devices
+pub mod device;
+// engine
 pub mod search;
+// engine: the split
+pub mod accumulate;
+// engine: the plan
+pub mod plan;
+// workloads
 pub mod workload;
+// outputs
+pub mod output;
+// command line
+pub mod cli;
+// command line: validation
+pub mod config;
+// orchestration
+pub mod probe;
+// orchestration: doctor
+pub mod doctor;

@@ -87,17 +87,27 @@ pub fn run_cached(
     }
 }
 
-/// The plan for `key` from the cache, written to `--out`, when the cache has it.
+/// The plan for `key` from the cache, written to `--out`, when the cache has a usable one; a
+/// rejected entry adds a notice to `notices` (and the probe runs).
 fn from_cache(
     cfg: &ProbeConfig,
     cache: Option<&CacheOptions>,
     key: Option<&String>,
+    skeleton: Option<&Plan>,
+    notices: &mut Vec<String>,
 ) -> Result<Option<ProbeReport>, ProbeError> {
     let (Some(c), Some(key)) = (cache.filter(|c| c.read), key) else {
         return Ok(None);
     };
-    let Some(plan) = cache::lookup(&c.dir, key) else {
-        return Ok(None);
+    let plan = match cache::lookup(&c.dir, key, skeleton) {
+        cache::Lookup::Hit(p) => *p,
+        cache::Lookup::Miss => return Ok(None),
+        cache::Lookup::Rejected(why) => {
+            notices.push(format!(
+                "batchfit: warning: cache entry not used, probing again: {why}"
+            ));
+            return Ok(None);
+        }
     };
     let notice = format!(
         "batchfit: plan from cache ({}, probed {}; --refresh re-probes, --no-cache ignores the cache)",
@@ -120,9 +130,9 @@ fn finish(
     ending: Ending,
     cache: Option<&CacheOptions>,
     key: Option<&String>,
+    mut notices: Vec<String>,
 ) -> Result<ProbeReport, ProbeError> {
     let written = report::write(cfg.out.as_deref(), &plan)?;
-    let mut notices = vec![];
     if let (Some(c), Some(key), Status::Complete) = (cache.filter(|c| c.write), key, plan.status) {
         if let Err(e) = cache::store(&c.dir, key, &plan) {
             notices.push(format!("batchfit: warning: the plan was not cached: {e}"));
@@ -147,7 +157,8 @@ fn one_device(
 ) -> Result<ProbeReport, ProbeError> {
     let (skeleton, limit) = setup::skeleton(cfg, backend, gpu, reserve_note)?;
     let key = cache.map(|_| cache::key(&skeleton, cfg));
-    if let Some(hit) = from_cache(cfg, cache, key.as_ref())? {
+    let mut notices = vec![];
+    if let Some(hit) = from_cache(cfg, cache, key.as_ref(), Some(&skeleton), &mut notices)? {
         return Ok(hit);
     }
     progress.line(&format!(
@@ -166,7 +177,7 @@ fn one_device(
             g.alloc_conf_comparison = Some(comparison);
         }
     }
-    finish(cfg, plan, ending, cache, key.as_ref())
+    finish(cfg, plan, ending, cache, key.as_ref(), notices)
 }
 
 fn several_gpus(
@@ -200,11 +211,12 @@ fn several_gpus(
             .collect();
         cache::combine(&keys)
     });
-    if let Some(hit) = from_cache(cfg, cache, key.as_ref())? {
+    let mut notices = vec![];
+    if let Some(hit) = from_cache(cfg, cache, key.as_ref(), None, &mut notices)? {
         return Ok(hit);
     }
     let (plan, ending) = multi_gpu::run(cfg, gpus, &mut devices, progress)?;
-    finish(cfg, plan, ending, cache, key.as_ref())
+    finish(cfg, plan, ending, cache, key.as_ref(), notices)
 }
 
 /// `--compare-alloc-conf`: the same probe once more with `expandable_segments:True` added to

@@ -173,7 +173,9 @@ pub fn run(
         .global
         .unwrap_or((smallest * cfg.world_size, cfg.world_size));
     let mut failures: Vec<String> = vec![];
-    let outcome = split::confirmed(g, w, smallest, cfg.allow_uneven, &mut |b, acc, retest| {
+    let sizes = crate::accumulate::Sizes::new(cfg.search.multiple_of, cfg.search.min_batch);
+    let uneven = cfg.allow_uneven;
+    let outcome = split::confirmed(g, w, smallest, uneven, sizes, &mut |b, acc, retest| {
         let purpose = if retest {
             Purpose::Retry
         } else {

@@ -264,7 +264,13 @@ pub fn cuda_effective(
     if !c.world_size_given {
         c.world_size = setup.indices.len() as u64;
         if let Some((g, _)) = c.global {
-            accumulate::check_global(g, c.world_size).map_err(|e| {
+            accumulate::check_against_sizes(
+                g,
+                c.world_size,
+                accumulate::Sizes::new(c.search.multiple_of, c.search.min_batch),
+                c.search.max_batch,
+            )
+            .map_err(|e| {
                 ProbeError::Usage(format!(
                     "{e} (the world size defaults to the {} GPU(s) of --gpus; give --world-size)",
                     setup.indices.len()

@@ -64,6 +64,7 @@ pub fn run(
                     w,
                     max,
                     cfg.allow_uneven,
+                    crate::accumulate::Sizes::new(cfg.search.multiple_of, cfg.search.min_batch),
                     &mut |b, acc, retest| {
                         let purpose = if retest {
                             Purpose::Retry

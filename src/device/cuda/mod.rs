@@ -281,7 +281,7 @@ impl Backend for CudaBackend {
         match &mut self.exec {
             Executor::Fake(sim) => {
                 let out = sim.run_trial(req)?;
-                let peak = sim.spec().peak(req.batch, req.steps);
+                let peak = sim.spec().peak_at(req.batch, req.steps, req.accumulation);
                 let g = GpuMeasure {
                     nvml_peak_bytes: peak,
                     method: FootprintMethod::NvmlProcess,
