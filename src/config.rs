@@ -64,9 +64,23 @@ pub struct ProbeConfig {
     pub fault: Option<FaultAt>,
 }
 
+/// A size flag. A bare number is bytes; one that is not 0 but under 1 MiB is almost certainly a
+/// missing unit (`--memory-budget 12` meaning 12 GiB), so it is refused with the likely meaning.
 fn size(flag: &str, v: &str) -> Result<u64, ConfigError> {
-    parse_size(v).map_err(|e| ConfigError(format!("{flag}: {e}")))
+    let bytes = parse_size(v).map_err(|e| ConfigError(format!("{flag}: {e}")))?;
+    if crate::platform::units::is_bare_number(v) && bytes > 0 && bytes < 1 << 20 {
+        return Err(ConfigError(format!(
+            "{flag} {v} is {v} bytes (a number without a unit is bytes), far too little for \
+             training; give a unit, e.g. {flag} {v}GiB or {v}MiB ({})",
+            crate::platform::units::UNITS_HELP
+        )));
+    }
+    Ok(bytes)
 }
+
+/// The longest `--time-limit` or `--trial-timeout` (a year): longer is no limit at all, and
+/// durations near the top of the range overflow clocks.
+pub const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
 
 /// Why `--isolation hybrid` is refused on cuda (explicit, or chosen by `--backend auto`).
 pub const HYBRID_ON_CUDA: &str = "--isolation hybrid is for the cpu backend: on cuda every trial runs \
@@ -225,6 +239,11 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             Err(ConfigError(format!(
                 "{flag} must be a positive number of seconds"
             )))
+        } else if v > MAX_SECONDS {
+            Err(ConfigError(format!(
+                "{flag} {v} is more than a year ({MAX_SECONDS} seconds); give a number of seconds \
+                 up to that, or leave the flag out"
+            )))
         } else {
             Ok(Duration::from_secs_f64(v))
         }
@@ -245,7 +264,7 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             a.throughput_tolerance
         ));
     }
-    if a.format == crate::cli::FormatArg::Deepspeed && a.allow_uneven {
+    if a.format == Some(crate::cli::FormatArg::Deepspeed) && a.allow_uneven {
         return err(
             "--format deepspeed cannot express micro-batches of unequal size; drop --allow-uneven \
              (or use --format json)"
@@ -257,6 +276,16 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     }
     if let Some(p) = &a.plot {
         crate::output::plot::check_target(p).map_err(|e| ConfigError(e.to_string()))?;
+        if let Some(out) = &a.out {
+            if files::same_target(p, out) {
+                return err(format!(
+                    "--plot {} and --out {} are the same file: the picture would replace the plan; \
+                     give the plot its own name, e.g. --plot plan.svg",
+                    p.display(),
+                    out.display()
+                ));
+            }
+        }
     }
     let fault = a
         .inject_fault
@@ -304,7 +333,7 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         seed: a.seed,
         out: a.out.clone(),
         plot: a.plot.clone(),
-        format: a.format.into(),
+        format: crate::cli::format_or_default(a.format),
         throughput_tolerance: a.throughput_tolerance,
         quiet: a.quiet,
         fault,

@@ -170,6 +170,9 @@ fn one_device(
         format_size(limit),
         skeleton.model.parameter_count
     ));
+    if let Some(n) = first_contact(cfg, &skeleton) {
+        progress.line(&n);
+    }
     let (mut plan, ending) = single::run(cfg, backend, &skeleton, limit, progress)?;
     if cfg.compare_alloc_conf && plan.status == Status::Complete && plan.gpu.is_some() {
         let comparison = compare_alloc_conf(cfg, exe, progress, &plan)?;
@@ -178,6 +181,25 @@ fn one_device(
         }
     }
     finish(cfg, plan, ending, cache, key.as_ref(), notices)
+}
+
+/// What a probe without `--memory-budget` on the cpu is about to do, said before it does it: it
+/// takes most of the machine's memory, runs real training steps, and may take minutes.
+fn first_contact(cfg: &ProbeConfig, skeleton: &Plan) -> Option<String> {
+    if cfg.budget.is_some() || skeleton.device.kind != crate::device::DeviceKind::Cpu {
+        return None;
+    }
+    Some(format!(
+        "batchfit: no --memory-budget given, so the budget is {:.0}% of the memory available now \
+         ({} of {}). Each trial is a fresh process running real training steps of {}; a cpu probe \
+         usually takes a few minutes (each trial is reported as it ends; Ctrl-C stops it and keeps \
+         a partial plan). --memory-budget SIZE sets the budget; --backend sim --sim \
+         base=1GiB,per-sample=3MiB,capacity=16GiB shows the search in milliseconds.",
+        crate::device::cpu::DEFAULT_BUDGET_FRACTION * 100.0,
+        format_size(skeleton.device.free_bytes_at_start),
+        format_size(skeleton.device.total_bytes),
+        skeleton.model.name
+    ))
 }
 
 fn several_gpus(

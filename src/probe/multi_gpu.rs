@@ -248,11 +248,18 @@ pub fn run(
         plan.warnings.push(w.clone());
     }
     plan.stop_detail = format!(
-        "{}; the smallest of {} GPUs' answers (GPU {}), confirmed on every GPU",
+        "{}; the smallest of {} GPUs' answers (GPU {}), confirmed on every GPU{}",
         base_outcome.stop_reason.describe(),
         setup.indices.len(),
-        gpus[base].index
+        gpus[base].index,
+        if base_outcome.stop_reason == crate::search::StopReason::Proven {
+            super::single::LOCAL_PROOF
+        } else {
+            ""
+        }
     );
+    plan.warnings
+        .extend(super::single::non_monotone(&plan.trials));
     if let Some(gs) = plan.gpu.as_mut() {
         gs.per_gpu = per_gpu;
         gs.footprint_method = rec_trial.outcome.gpu().map(|m| m.method);

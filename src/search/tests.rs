@@ -1,5 +1,5 @@
-use super::*;
 use super::Strategy;
+use super::*;
 use crate::device::sim::{SimBackend, SimSpec};
 use proptest::prelude::*;
 
