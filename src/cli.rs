@@ -157,6 +157,24 @@ pub struct ShowArgs {
     /// Also draw the plan (peak memory and samples/s against the batch size) into FILE.svg or FILE.png.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
+    /// The batch-size axis of --plot: linear, or log (small sizes are not squashed against zero).
+    #[arg(long, value_enum, default_value = "linear")]
+    pub plot_scale: PlotScaleArg,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PlotScaleArg {
+    Linear,
+    Log,
+}
+
+impl From<PlotScaleArg> for crate::output::plot::Scale {
+    fn from(s: PlotScaleArg) -> Self {
+        match s {
+            PlotScaleArg::Linear => crate::output::plot::Scale::Linear,
+            PlotScaleArg::Log => crate::output::plot::Scale::Log,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -329,6 +347,10 @@ pub struct ProbeArgs {
     /// Fault injection for tests of the trial runner: hang|crash|kill|nan|no-result[@MIN_BATCH].
     #[arg(long, hide = true)]
     pub inject_fault: Option<String>,
+
+    /// The batch-size axis of --plot: linear, or log (small sizes are not squashed against zero).
+    #[arg(long, value_enum, default_value = "linear")]
+    pub plot_scale: PlotScaleArg,
 }
 
 #[derive(Debug, Args)]

@@ -62,6 +62,8 @@ pub struct ProbeConfig {
     pub throughput_tolerance: f64,
     pub quiet: bool,
     pub fault: Option<FaultAt>,
+    /// `--plot-scale`: the batch axis of the plot.
+    pub plot_scale: crate::output::plot::Scale,
 }
 
 /// A size flag. A bare number is bytes; one that is not 0 but under 1 MiB is almost certainly a
@@ -337,6 +339,7 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         throughput_tolerance: a.throughput_tolerance,
         quiet: a.quiet,
         fault,
+        plot_scale: a.plot_scale.into(),
     })
 }
 

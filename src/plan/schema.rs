@@ -104,6 +104,25 @@ pub struct Runtime {
     pub seed: i64,
     pub malloc_mmap_threshold: i32,
     pub malloc_arena_max: i32,
+    /// The rest of the trial processes' set-up that changes their memory (absent in plans written
+    /// before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<ProcessSetup>,
+}
+
+/// How the trial processes were started, beyond threads and malloc: what `batchfit-train
+/// --memory-limit plan` applies (by starting itself again this way) so that the bound the plan
+/// proves is about the same kind of process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcessSetup {
+    /// `RLIMIT_STACK` (soft) of the trial processes, the default stack of every thread they start
+    /// (thread stacks count as data under `RLIMIT_DATA`); null when unlimited.
+    pub stack_limit_bytes: Option<u64>,
+    /// The variables of the memory-relevant environment (OpenMP and BLAS threads and stack sizes,
+    /// malloc tunables, `LD_PRELOAD`, …) that the trials had, with their values; one not listed was
+    /// unset.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

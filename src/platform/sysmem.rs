@@ -25,6 +25,51 @@ pub fn configure_malloc() {
     }
 }
 
+/// Environment variables that change how much memory a training process takes besides the model:
+/// thread pools and their threads' stacks (thread stacks are data under `RLIMIT_DATA`), malloc
+/// tunables, a preloaded allocator. A trial process inherits them from the probe; the plan records
+/// them so `batchfit-train --memory-limit plan` starts the same way.
+pub const MEMORY_ENV: &[&str] = &[
+    "OMP_NUM_THREADS",
+    "OMP_STACKSIZE",
+    "GOMP_STACKSIZE",
+    "KMP_STACKSIZE",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "RUST_MIN_STACK",
+    "MALLOC_ARENA_MAX",
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TRIM_THRESHOLD_",
+    "MALLOC_TOP_PAD_",
+    "GLIBC_TUNABLES",
+    "LD_PRELOAD",
+];
+
+/// The variables of [`MEMORY_ENV`] that are set in this process, with their values.
+pub fn memory_env() -> std::collections::BTreeMap<String, String> {
+    MEMORY_ENV
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+        .collect()
+}
+
+/// This process's `RLIMIT_STACK` (soft), `None` when unlimited: the default stack size of the
+/// threads glibc starts (OpenMP's among them, unless `OMP_STACKSIZE` says otherwise).
+pub fn stack_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscall with a valid pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut lim) } != 0
+        || lim.rlim_cur == libc::RLIM_INFINITY
+    {
+        return None;
+    }
+    #[allow(clippy::unnecessary_cast)]
+    Some(lim.rlim_cur as u64)
+}
+
 /// Values (bytes) of the `Vm*` fields of `/proc/self/status`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProcStatus {

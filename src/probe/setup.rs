@@ -349,6 +349,11 @@ pub fn skeleton(
             seed: cfg.seed,
             malloc_mmap_threshold: sysmem::MMAP_THRESHOLD,
             malloc_arena_max: sysmem::ARENA_MAX,
+            // trial processes inherit this process's stack limit and environment
+            process: (device.kind != DeviceKind::Sim).then(|| crate::plan::ProcessSetup {
+                stack_limit_bytes: sysmem::stack_limit(),
+                env: sysmem::memory_env(),
+            }),
         },
         budget_bytes: budget,
         reserve_bytes: cfg.reserve,

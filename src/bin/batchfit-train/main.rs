@@ -292,9 +292,116 @@ fn check_args(a: &Args) -> Result<MemoryLimit, Fail> {
     MemoryLimit::parse(&a.memory_limit)
 }
 
+/// Set in the trainer's own environment when it started itself again the way trials start.
+const SETUP_ENV: &str = "BATCHFIT_TRAIN_AS_TRIAL";
+
+/// Under a cpu memory limit, starts this trainer again as the probe's trial processes were started,
+/// so the limit bounds the same kind of process: `RLIMIT_DATA` set before exec (the loader's and
+/// libtorch's start-up count against it as in a trial), the plan's `RLIMIT_STACK` and
+/// memory-relevant environment (thread stacks are data), no backtraces. Returns only when this
+/// process already is that one (or on plans that do not record their set-up, where it applies
+/// what it can in place).
+fn start_as_trials_did(plan: &Plan, limit: u64, quiet: bool) -> Result<(), Fail> {
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os(SETUP_ENV).is_some() {
+        return Ok(());
+    }
+    let Some(setup) = plan.runtime.process.as_ref() else {
+        if !quiet {
+            eprintln!(
+                "batchfit-train: note: this plan does not record how its trial processes were \
+                 started (an older batchfit made it); the memory limit applies to this process as it \
+                 is (its stack limit and OpenMP settings may differ from the trials')"
+            );
+        }
+        return Ok(());
+    };
+    // What differs from the trials' set-up, said once (the job's own settings are overridden).
+    let mut changes = vec![];
+    let shown = |v: Option<u64>| v.map_or("unlimited".to_string(), format_size);
+    if sysmem::stack_limit() != setup.stack_limit_bytes {
+        changes.push(format!(
+            "RLIMIT_STACK {} → {}",
+            shown(sysmem::stack_limit()),
+            shown(setup.stack_limit_bytes)
+        ));
+    }
+    let now = sysmem::memory_env();
+    for k in sysmem::MEMORY_ENV {
+        match (now.get(*k), setup.env.get(*k)) {
+            (a, b) if a == b => {}
+            (Some(a), None) => changes.push(format!("{k}={a} → unset")),
+            (a, Some(b)) => changes.push(format!(
+                "{k}={} → {k}={b}",
+                a.map_or("(unset)", String::as_str)
+            )),
+            (None, None) => {}
+        }
+    }
+    if !quiet && !changes.is_empty() {
+        eprintln!(
+            "batchfit-train: under the memory limit, running as the probe's trials ran: {}",
+            changes.join(", ")
+        );
+    }
+    let exe = std::env::current_exe()
+        .context("cannot find my own executable to start under the plan's set-up")
+        .map_err(fail(Exit::Environment))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(std::env::args_os().skip(1))
+        .env(SETUP_ENV, "1")
+        .env("RUST_BACKTRACE", "0")
+        .env("RUST_LIB_BACKTRACE", "0");
+    for k in sysmem::MEMORY_ENV {
+        match setup.env.get(*k) {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    let stack = setup.stack_limit_bytes;
+    // SAFETY: only setrlimit between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let set = |res, v: Option<u64>| {
+                let v = v.map_or(libc::RLIM_INFINITY, |v| v as libc::rlim_t);
+                let mut cur = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                libc::getrlimit(res, &mut cur);
+                // the soft limit as the trials had it, within the hard limit we have
+                let lim = libc::rlimit {
+                    rlim_cur: v.min(cur.rlim_max),
+                    rlim_max: cur.rlim_max,
+                };
+                libc::setrlimit(res, &lim)
+            };
+            if set(libc::RLIMIT_STACK, stack) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let data = libc::rlimit {
+                rlim_cur: limit as libc::rlim_t,
+                rlim_max: limit as libc::rlim_t,
+            };
+            if libc::setrlimit(libc::RLIMIT_DATA, &data) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let e = cmd.exec();
+    Err(Fail(
+        Exit::Environment,
+        anyhow!("cannot start again under the plan's process set-up: {e}"),
+    ))
+}
+
 fn run(a: &Args) -> Result<(), Fail> {
     let memory_limit = check_args(a)?;
     let plan = Plan::read(&a.plan).map_err(fail(Exit::Usage))?;
+    if let (DeviceKind::Cpu, Some(limit)) = (plan.device.kind, memory_limit.bytes(&plan)) {
+        start_as_trials_did(&plan, limit, a.quiet)?;
+    }
     if plan.device.kind == DeviceKind::Cuda {
         cuda_environment(&plan, memory_limit)?;
     }
@@ -425,7 +532,7 @@ fn run(a: &Args) -> Result<(), Fail> {
     // The whole file is in this process's memory, which no trial had: on cpu it takes from the
     // headroom the plan measured, unless the probe reserved room for it.
     if let (Some(d), DeviceKind::Cpu) = (&file_data, plan.device.kind) {
-        if d.bytes() > plan.reserve_bytes {
+        if d.bytes() > plan.reserve_bytes.saturating_add(plan.limit_bytes / 100) {
             eprintln!(
                 "batchfit-train: warning: --data holds {} in memory, which the probe's trials did not \
                  have (its plan reserved {} with --reserve); the plan's micro-batch may not fit {}. \
@@ -501,7 +608,7 @@ fn run(a: &Args) -> Result<(), Fail> {
                 Learner::new(&spec, device, a.lr, plan.runtime.seed).map_err(step_err)?;
             let mut data: Box<dyn DataSource> = match file_data {
                 Some(d) => Box::new(d),
-                None => Box::new(Synthetic::for_spec(&spec)),
+                None => Box::new(Synthetic::with_seed(&spec, plan.runtime.seed)),
             };
             let mut last = (f64::NAN, 0.0);
             for s in 1..=a.steps {

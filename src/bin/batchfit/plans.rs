@@ -40,7 +40,7 @@ pub fn show(args: &ShowArgs) -> Result<Exit, Fail> {
     let plan = Plan::read(&args.plan).map_err(fail(Exit::Usage))?;
     print_plan(&plan, args.format, &args.plan)?;
     if let Some(p) = args.plot.as_deref() {
-        crate::probe::draw(&plan, p)?;
+        crate::probe::draw(&plan, p, args.plot_scale.into())?;
     }
     Ok(Exit::Success)
 }

@@ -105,7 +105,7 @@ pub fn run(spec: &TrialSpec) -> TrialOutcome {
 fn train(spec: &TrialSpec, device: tch::Device) -> Steps {
     std::panic::catch_unwind(|| -> Result<Vec<f64>, StepError> {
         let mut learner = Learner::new(&spec.model, device, 1e-3, spec.seed)?;
-        let mut data = Synthetic::for_spec(&spec.model);
+        let mut data = Synthetic::with_seed(&spec.model, spec.seed);
         let mut times = Vec::with_capacity(spec.steps as usize);
         let micro = vec![spec.batch; spec.accumulation.max(1) as usize];
         for _ in 0..spec.steps {
