@@ -171,6 +171,33 @@ mod tests {
         }
     }
 
+    /// A plan is never written in place: a reader holding the old file (here a hard link to it)
+    /// keeps the old bytes, and the new file appears whole, under a new inode, with the old mode.
+    #[test]
+    fn plans_replace_files_atomically_never_in_place() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("plan.json");
+        let mut plan = even_plan();
+        plan.write_atomic(&f).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let old = std::fs::read_to_string(&f).unwrap();
+        let reader = d.path().join("held-open.json");
+        std::fs::hard_link(&f, &reader).unwrap();
+        let ino = std::fs::metadata(&f).unwrap().ino();
+        plan.warnings.push("second write".into());
+        plan.write_atomic(&f).unwrap();
+        assert_eq!(std::fs::read_to_string(&reader).unwrap(), old, "written in place");
+        assert_ne!(std::fs::metadata(&f).unwrap().ino(), ino);
+        assert_eq!(Plan::read(&f).unwrap(), plan);
+        assert_eq!(
+            std::fs::metadata(&f).unwrap().permissions().mode() & 0o777,
+            0o640
+        );
+        // nothing but the two names left in the directory
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 2);
+    }
+
     /// One way to make a valid plan contradict itself (`d` ≥ 1 so the change is real).
     fn corrupt(plan: &mut Plan, which: u8, d: u64) {
         let r = plan.recommendation.as_mut().expect("complete plan");

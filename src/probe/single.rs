@@ -253,6 +253,52 @@ mod tests {
         }
     }
 
+    /// While the search runs, only the partial plan is written, and it says `partial`: a probe
+    /// killed mid-search must not leave a plan that claims to be complete, nor touch `--out`.
+    #[test]
+    fn plans_written_during_the_search_say_partial() {
+        use clap::Parser;
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("plan.json");
+        let cli = crate::cli::Cli::try_parse_from([
+            "batchfit",
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            "base=1GiB,per-sample=3MiB,capacity=16GiB",
+            "--global-batch",
+            "8192",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .unwrap();
+        let crate::cli::Command::Probe(args) = cli.command else {
+            panic!()
+        };
+        let cfg = crate::config::validate(&args).unwrap();
+        let partial = crate::plan::partial_path(&out);
+        let mut seen = 0;
+        let report = {
+            let mut check = |line: &str| {
+                if !line.starts_with("trial") {
+                    return;
+                }
+                assert!(!out.exists(), "--out written during the search: {line}");
+                if let Ok(text) = std::fs::read_to_string(&partial) {
+                    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+                    assert_eq!(v["status"], "partial", "{line}");
+                    assert!(v["recommendation"].is_null(), "{line}");
+                    seen += 1;
+                }
+            };
+            crate::probe::run(&cfg, std::path::Path::new("unused"), &mut check).unwrap()
+        };
+        assert!(seen >= 3, "the partial plan was seen {seen} times");
+        assert_eq!(report.plan.status, crate::plan::Status::Complete);
+        assert!(out.exists() && !partial.exists());
+    }
+
     #[test]
     fn contradicting_trials_are_named() {
         use Isolation::Process as P;
