@@ -746,7 +746,66 @@ fn trainer_usage_errors_come_first() {
     }
     trainer().arg("--plan").arg(&plan).assert().code(5);
     batchfit().args(["__trial", "garbage"]).assert().code(2);
+    // a spec that asks for an unbounded accumulation is refused before it allocates
+    batchfit()
+        .args([
+            "__trial",
+            r#"{"model": {"architecture": {"name": "mlp", "input": 4, "hidden": [4], "classes": 2}, "optimizer": "adam", "precision": "fp32"}, "batch": 1, "steps": 1, "threads": 1, "seed": 0, "accumulation": 4000000000}"#,
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("accumulation 4000000000 is more than 4096"));
     batchfit().args(["__worker", "garbage"]).assert().code(2);
+}
+
+#[test]
+fn a_cuda_plan_on_a_card_with_less_free_memory_warns() {
+    // scripted GPUs: at probe time another process holds 20 GiB, at training time 60 GiB
+    let gib = 1u64 << 30;
+    let d = tmp();
+    let fake = |others: u64| {
+        let f = path(&d, &format!("gpus-{}.json", others / gib));
+        let total = 141 * gib;
+        write_json(
+            &f,
+            &serde_json::json!({"driver": "580.95", "gpus": [{"index": 0, "name": "NVIDIA H200",
+                "uuid": "GPU-0000", "total_bytes": total, "free_bytes": total - others - gib / 2,
+                "used_bytes": others + gib / 2,
+                "processes": [{"pid": 4242, "used_bytes": others}]}],
+                "sim": ["base=4GiB,per-sample=300MiB,capacity=141GiB"]}),
+        );
+        f
+    };
+    let plan = path(&d, "plan.json");
+    batchfit()
+        .env("BATCHFIT_FAKE_GPUS", fake(20 * gib))
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .args(["probe", "--backend", "cuda", "--quiet", "--out"])
+        .arg(&plan)
+        .assert()
+        .success();
+    // the trainer cannot train here (no CUDA for libtorch), but warns first
+    let a = trainer()
+        .env("BATCHFIT_FAKE_GPUS", fake(60 * gib))
+        .args(["--force", "--steps", "1", "--plan"])
+        .arg(&plan)
+        .assert();
+    let err = stderr_of(&a);
+    assert!(
+        err.contains("is free on GPU 0 (PID 4242 holds 60.00 GiB) now, less than the"),
+        "{err}"
+    );
+    // the same card as at probe time: no warning
+    let a = trainer()
+        .env("BATCHFIT_FAKE_GPUS", fake(20 * gib))
+        .args(["--force", "--steps", "1", "--plan"])
+        .arg(&plan)
+        .assert();
+    assert!(
+        !stderr_of(&a).contains("now, less than"),
+        "{}",
+        stderr_of(&a)
+    );
 }
 
 // ---- 17. sizes ----
@@ -816,7 +875,7 @@ fn words_are_plain_and_plurals_right() {
     let a = sim_probe(SIM16, &["--format", "text"]).assert().success();
     let text = String::from_utf8_lossy(&a.get_output().stdout).into_owned();
     assert!(
-        text.contains("largest fitting micro-batch: 290 (291 ran out of memory); peak"),
+        text.contains("largest fitting micro-batch: 290 (291 ran out of memory); peak (simulated)"),
         "{text}"
     );
     assert!(!text.contains(" ;"), "{text}");

@@ -13,6 +13,15 @@ impl Exporter for Text {
     }
 }
 
+/// What "peak" measures on the plan's device, by the name `batchfit-train` uses too.
+fn measure(plan: &Plan) -> &'static str {
+    match plan.device.kind {
+        crate::device::DeviceKind::Cpu => "data segment",
+        crate::device::DeviceKind::Cuda => "on the card (NVML)",
+        crate::device::DeviceKind::Sim => "(simulated)",
+    }
+}
+
 /// A human summary of a plan.
 pub fn summary(plan: &Plan) -> String {
     use crate::plan::count;
@@ -24,11 +33,12 @@ pub fn summary(plan: &Plan) -> String {
             s += &r.describe();
             s += "\n";
             s += &format!(
-                "largest fitting micro-batch: {}{}; peak {} of the {} limit ({:.0}%); {:.0} samples/s\n",
+                "largest fitting micro-batch: {}{}; peak {} {} of the {} limit ({:.0}%); {:.0} samples/s\n",
                 r.max_fitting_batch,
                 r.first_failing_batch
                     .map(|f| format!(" ({f} ran out of memory)"))
                     .unwrap_or_default(),
+                measure(plan),
                 format_size(r.peak_bytes),
                 format_size(plan.limit_bytes),
                 100.0 * r.peak_bytes as f64 / plan.limit_bytes.max(1) as f64,

@@ -187,7 +187,11 @@ mod tests {
         let ino = std::fs::metadata(&f).unwrap().ino();
         plan.warnings.push("second write".into());
         plan.write_atomic(&f).unwrap();
-        assert_eq!(std::fs::read_to_string(&reader).unwrap(), old, "written in place");
+        assert_eq!(
+            std::fs::read_to_string(&reader).unwrap(),
+            old,
+            "written in place"
+        );
         assert_ne!(std::fs::metadata(&f).unwrap().ino(), ino);
         assert_eq!(Plan::read(&f).unwrap(), plan);
         assert_eq!(

@@ -83,6 +83,9 @@ struct KeyInput<'a> {
     alloc_conf: Option<&'a str>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     compare_alloc_conf: bool,
+    /// The trial processes' stack limit and memory-relevant environment (threads' stacks are data).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    process: Option<&'a crate::plan::ProcessSetup>,
 }
 
 /// The cache key of a probe: `skeleton` is the plan before any trial (device, model, budget, search
@@ -116,6 +119,7 @@ pub fn key(skeleton: &Plan, cfg: &ProbeConfig) -> String {
         gpu_driver: skeleton.gpu.as_ref().map(|g| g.driver.as_str()),
         alloc_conf: skeleton.gpu.as_ref().and_then(|g| g.alloc_conf.as_deref()),
         compare_alloc_conf: cfg.compare_alloc_conf,
+        process: skeleton.runtime.process.as_ref(),
     };
     let json = serde_json::to_string(&input).expect("key serialises");
     let digest = Sha256::digest(json.as_bytes());
