@@ -243,8 +243,8 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             )))
         } else if v > MAX_SECONDS {
             Err(ConfigError(format!(
-                "{flag} {v} is more than a year ({MAX_SECONDS} seconds); give a number of seconds \
-                 up to that, or leave the flag out"
+                "{flag} {v:e} is more than a year ({MAX_SECONDS} seconds); give a number of \
+                 seconds up to that, or leave the flag out"
             )))
         } else {
             Ok(Duration::from_secs_f64(v))

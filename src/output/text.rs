@@ -15,10 +15,11 @@ impl Exporter for Text {
 
 /// What "peak" measures on the plan's device, by the name `batchfit-train` uses too.
 fn measure(plan: &Plan) -> &'static str {
+    use crate::plan::DeviceKind;
     match plan.device.kind {
-        crate::device::DeviceKind::Cpu => "data segment",
-        crate::device::DeviceKind::Cuda => "on the card (NVML)",
-        crate::device::DeviceKind::Sim => "(simulated)",
+        DeviceKind::Cpu => "data segment",
+        DeviceKind::Cuda => "on the card (NVML)",
+        DeviceKind::Sim => "(simulated)",
     }
 }
 

@@ -98,6 +98,25 @@ pub fn proc_status() -> std::io::Result<ProcStatus> {
     })
 }
 
+/// This process's `VmData` in bytes, read without allocating (a stack buffer): the data-segment
+/// sampler runs every millisecond right up to the memory limit, where a heap allocation of its own
+/// could fail and abort the process (Rust's allocation-failure handler aborts).
+pub fn vm_data_no_alloc() -> Option<u64> {
+    use std::io::Read;
+    let mut buf = [0u8; 4096];
+    let mut f = fs::File::open("/proc/self/status").ok()?;
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(_) => return None,
+        }
+    }
+    let text = std::str::from_utf8(&buf[..n]).ok()?;
+    kb_field(text, "VmData:")
+}
+
 /// Resets the peak RSS mark (`VmHWM`) of this process.
 pub fn reset_peak_rss() -> std::io::Result<()> {
     fs::write("/proc/self/clear_refs", "5")
@@ -296,6 +315,12 @@ mod tests {
     fn reads_own_status() {
         let s = proc_status().unwrap();
         assert!(s.vm_rss > 0 && s.vm_data > 0 && s.vm_hwm >= s.vm_rss);
+        let d = vm_data_no_alloc().unwrap();
+        assert!(
+            d > 0 && d.abs_diff(s.vm_data) < 64 << 20,
+            "{d} vs {}",
+            s.vm_data
+        );
         let (t, a) = meminfo().unwrap();
         assert!(t > 0 && a > 0 && a <= t);
         assert!(!cpu_name().is_empty());
