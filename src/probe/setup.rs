@@ -337,7 +337,8 @@ pub fn cuda_effective(
         }
     }
     let mut note = None;
-    if c.world_size > 1 && !c.reserve_given {
+    // (a user's command is measured as the whole DDP job: its buckets are in the trial already)
+    if c.world_size > 1 && !c.reserve_given && c.exec.is_none() {
         let bytes = c.model.parameter_count() * gradient_bytes(&c);
         c.reserve = bytes;
         note = Some(format!(

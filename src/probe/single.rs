@@ -198,11 +198,14 @@ fn unproven_accumulation(
         return None;
     }
     let placeholder = exec.info.argv.iter().any(|a| a.contains("{accumulation}"));
+    if placeholder {
+        return None;
+    }
     let reads = trials
         .iter()
         .filter(|t| t.batch == r.micro_batch && u64::from(t.accumulation) == r.accumulation)
         .filter_map(|t| t.details.as_ref()?.report.as_ref())
-        .map(|rep| rep.reads_accumulation)
+        .map(|rep| rep.reads_accumulation && rep.accumulation == r.accumulation)
         .next();
     match reads {
         Some(true) => None,
@@ -211,7 +214,6 @@ fn unproven_accumulation(
              {{accumulation}}): the split {} × {} was proven at accumulation 1 only",
             r.micro_batch, r.accumulation
         )),
-        None if placeholder => None,
         None => Some(format!(
             "the command takes no {{accumulation}} and wrote no report, so nothing shows it ran {} \
              micro-batches per step: the split {} × {} may be proven at accumulation 1 only",
