@@ -408,3 +408,52 @@ fn exec_over_several_gpus_is_one_job() {
         .iter()
         .all(|t| t.get("gpu_index").is_none()));
 }
+
+/// Several GPUs go through the plan cache like one (the key covers every GPU), write a partial plan
+/// with every GPU's trials when stopped early, and refuse `--compare-alloc-conf` with a sentence.
+#[test]
+fn several_gpus_use_the_cache_write_partial_plans_and_refuse_compare() {
+    let d = tmp();
+    let f = fake(&d, &[CURVE]);
+    let out = path(&d, "plan.json");
+    let cache = fresh_cache_dir();
+    let run = |extra: &[&str]| {
+        let mut c = probe(&f);
+        c.env("BATCHFIT_CACHE_DIR", &cache)
+            .args(["--gpus", "all", "--global-batch", "1024", "--out"])
+            .arg(&out)
+            .args(extra);
+        c.output().unwrap()
+    };
+    let first = run(&[]);
+    assert!(first.status.success(), "{first:?}");
+    let again = run(&[]);
+    assert!(again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("plan from cache"),
+        "{again:?}"
+    );
+    // a capped search: the partial plan holds both GPUs' trials, each tagged
+    let capped = path(&d, "capped.json");
+    let o = probe(&f)
+        .args(["--gpus", "all", "--max-trials", "2", "--no-cache", "--out"])
+        .arg(&capped)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(5), "{o:?}");
+    let p = read_json(&path(&d, "capped.partial.json"));
+    assert_eq!(p["status"], "partial");
+    let gpus: std::collections::BTreeSet<u64> = p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["gpu_index"].as_u64())
+        .collect();
+    assert_eq!(gpus.len(), 2, "{}", p["trials"]);
+    // --compare-alloc-conf compares one GPU's two probes
+    probe(&f)
+        .args(["--gpus", "all", "--compare-alloc-conf"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("give one GPU"));
+}
