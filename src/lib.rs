@@ -10,18 +10,16 @@
 //! | platform | [`platform`] (sizes, `/proc`, rlimits, signals, the one file writer), [`exit`] (exit codes) |
 //! | protocol | [`protocol`]: trial request and outcome, the workload interface, the OOM classifier |
 //! | GPU | [`gpu`]: NVML, the caching allocator's shim, GPU selection |
-//! | where memory is measured | [`device`]: the `Backend` trait; `sim`, `cpu`, `cuda`; the trial-process runner |
+//! | where memory is measured | [`device`]: the `Backend` trait; `sim`, `cpu`, `cuda`; the trial-process runner, process trees, memory cgroups |
 //! | engine | [`search`] (the proof), [`accumulate`] (the split), [`plan`] (the contract: schema, model spec, merge, advice) |
-//! | what a trial runs | [`workload`]: the tch model (networks, training step, trial child) |
+//! | what a trial runs | [`workload`]: the tch model (networks, training step, trial child), the user's command (`--exec`) |
 //! | outputs | [`output`]: one exporter per `--format`, progress, plot |
 //! | command line | [`cli`] (clap definitions, completions, man pages), [`config`] (arguments → validated config) |
 //! | orchestration | [`probe`] (set-up, single/multi-GPU runs, split, cache, verify), [`doctor`] |
 //!
 //! The binaries (`src/bin/batchfit`, `src/bin/batchfit-train`) sit on top of all of them.
 
-// The layer order (tests/layout.rs reads it). Each layer is its own group, separated by a comment,
-// so that rustfmt (which sorts a run of `mod` items) keeps the order.
-
+// (one `mod` per group, so that rustfmt keeps the layer order)
 // platform
 pub mod platform;
 // exit codes
@@ -30,21 +28,21 @@ pub mod exit;
 pub mod protocol;
 // GPU
 pub mod gpu;
-// devices
+// where memory is measured
 pub mod device;
 // engine
 pub mod search;
 // engine: the split
 pub mod accumulate;
-// engine: the plan
+// engine: the contract
 pub mod plan;
-// workloads
+// what a trial runs
 pub mod workload;
 // outputs
 pub mod output;
 // command line
 pub mod cli;
-// command line: validation
+// validated configuration
 pub mod config;
 // orchestration
 pub mod probe;

@@ -67,6 +67,7 @@ mod tests {
             },
             seconds: 1.0,
             gpu_index: None,
+            details: None,
         };
         let s = status_line(5, &t, 2 << 30);
         assert!(

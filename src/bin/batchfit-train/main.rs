@@ -111,13 +111,15 @@ fn refusals(plan: &Plan) -> Vec<String> {
             )
         });
     }
-    let rebuilt = plan.model.config.fingerprint();
-    if rebuilt != plan.model.fingerprint {
-        r.push(format!(
-            "the plan was made for another model: its fingerprint is {} but its model config builds {}",
-            &plan.model.fingerprint.get(..12).unwrap_or(&plan.model.fingerprint),
-            &rebuilt[..12]
-        ));
+    if let Some(m) = plan.model.model() {
+        let rebuilt = m.config.fingerprint();
+        if rebuilt != m.fingerprint {
+            r.push(format!(
+                "the plan was made for another model: its fingerprint is {} but its model config builds {}",
+                m.fingerprint.get(..12).unwrap_or(&m.fingerprint),
+                &rebuilt[..12]
+            ));
+        }
     }
     match plan.device.kind {
         DeviceKind::Cpu => {
@@ -399,6 +401,19 @@ fn start_as_trials_did(plan: &Plan, limit: u64, quiet: bool) -> Result<(), Fail>
 fn run(a: &Args) -> Result<(), Fail> {
     let memory_limit = check_args(a)?;
     let plan = Plan::read(&a.plan).map_err(fail(Exit::Usage))?;
+    let Some(model) = plan.model.model() else {
+        return Err(Fail(
+            Exit::Usage,
+            anyhow!(
+                "{} was proven for your own command ({}), which batchfit-train cannot run: in the job \
+                 script, run that command with the plan's numbers, e.g. eval \"$(batchfit show {} \
+                 --format env)\" and pass $BATCHFIT_MICRO_BATCH and $BATCHFIT_ACCUMULATION to it",
+                a.plan.display(),
+                plan.model.name(),
+                a.plan.display()
+            ),
+        ));
+    };
     if let (DeviceKind::Cpu, Some(limit)) = (plan.device.kind, memory_limit.bytes(&plan)) {
         start_as_trials_did(&plan, limit, a.quiet)?;
     }
@@ -479,7 +494,7 @@ fn run(a: &Args) -> Result<(), Fail> {
                 .map_err(fail(Exit::Environment))?;
         }
     }
-    let mut spec: ModelSpec = plan.model.config.clone();
+    let mut spec: ModelSpec = model.config.clone();
     if let Architecture::Torchscript { file, sha256, .. } = &mut spec.architecture {
         let path = a
             .model_file
@@ -510,7 +525,7 @@ fn run(a: &Args) -> Result<(), Fail> {
             Exit::Usage,
             anyhow!(
                 "--model-file is for TorchScript plans; this plan's model is the built-in {}",
-                plan.model.name
+                plan.model.name()
             ),
         ));
     }
@@ -552,8 +567,8 @@ fn run(a: &Args) -> Result<(), Fail> {
     if !a.quiet {
         eprintln!(
             "batchfit-train: {} ({} params), {} of {} samples ({}: {})",
-            plan.model.name,
-            plan.model.parameter_count,
+            model.name,
+            model.parameter_count,
             count(a.steps as usize, "optimizer step", "optimizer steps"),
             per_step,
             count(micro_batches.len(), "micro-batch", "micro-batches"),
