@@ -71,6 +71,8 @@ pub struct ProbeConfig {
     pub logs: Option<PathBuf>,
     /// Warnings found while validating, for stderr and the plan (e.g. a command without `{batch}`).
     pub warnings: Vec<String>,
+    /// `--plot-scale`: the batch axis of the plot.
+    pub plot_scale: crate::output::plot::Scale,
 }
 
 /// `--exec`: the command and how its trials are judged and limited.
@@ -84,9 +86,23 @@ pub struct ExecConfig {
     pub cpu_limit: CpuLimitArg,
 }
 
+/// A size flag. A bare number is bytes; one that is not 0 but under 1 MiB is almost certainly a
+/// missing unit (`--memory-budget 12` meaning 12 GiB), so it is refused with the likely meaning.
 fn size(flag: &str, v: &str) -> Result<u64, ConfigError> {
-    parse_size(v).map_err(|e| ConfigError(format!("{flag}: {e}")))
+    let bytes = parse_size(v).map_err(|e| ConfigError(format!("{flag}: {e}")))?;
+    if crate::platform::units::is_bare_number(v) && bytes > 0 && bytes < 1 << 20 {
+        return Err(ConfigError(format!(
+            "{flag} {v} is {v} bytes (a number without a unit is bytes), far too little for \
+             training; give a unit, e.g. {flag} {v}GiB or {v}MiB ({})",
+            crate::platform::units::UNITS_HELP
+        )));
+    }
+    Ok(bytes)
 }
+
+/// The longest `--time-limit` or `--trial-timeout` (a year): longer is no limit at all, and
+/// durations near the top of the range overflow clocks.
+pub const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
 
 /// Why `--isolation hybrid` is refused on cuda (explicit, or chosen by `--backend auto`).
 pub const HYBRID_ON_CUDA: &str = "--isolation hybrid is for the cpu backend: on cuda every trial runs \
@@ -206,13 +222,6 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     if world_size == 0 {
         return err("--world-size must be at least 1".into());
     }
-    let global = match a.global_batch {
-        Some(g) => {
-            accumulate::check_global(g, world_size).map_err(|e| ConfigError(e.to_string()))?;
-            Some((g, world_size))
-        }
-        None => None,
-    };
     if a.steps == 0 {
         return err("--steps must be at least 1 (3 or more counts Adam's state)".into());
     }
@@ -234,6 +243,21 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             a.multiple_of, a.min_batch, a.max_batch
         ));
     }
+    // The global batch against the grid of sizes: on it, at least one --min-batch per rank, and
+    // splittable into at most accumulate::MAX_ACCUMULATION micro-batches of --max-batch.
+    let global = match a.global_batch {
+        Some(g) => {
+            accumulate::check_against_sizes(
+                g,
+                world_size,
+                accumulate::Sizes::new(a.multiple_of, a.min_batch),
+                a.max_batch,
+            )
+            .map_err(|e| ConfigError(e.to_string()))?;
+            Some((g, world_size))
+        }
+        None => None,
+    };
     if a.max_trials == Some(0) {
         return err("--max-trials must be at least 1".into());
     }
@@ -241,6 +265,11 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         if !v.is_finite() || v <= 0.0 {
             Err(ConfigError(format!(
                 "{flag} must be a positive number of seconds"
+            )))
+        } else if v > MAX_SECONDS {
+            Err(ConfigError(format!(
+                "{flag} {v:e} is more than a year ({MAX_SECONDS} seconds); give a number of \
+                 seconds up to that, or leave the flag out"
             )))
         } else {
             Ok(Duration::from_secs_f64(v))
@@ -262,7 +291,7 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             a.throughput_tolerance
         ));
     }
-    if a.format == crate::cli::FormatArg::Deepspeed && a.allow_uneven {
+    if a.format == Some(crate::cli::FormatArg::Deepspeed) && a.allow_uneven {
         return err(
             "--format deepspeed cannot express micro-batches of unequal size; drop --allow-uneven \
              (or use --format json)"
@@ -280,6 +309,16 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     }
     if let Some(p) = &a.plot {
         crate::output::plot::check_target(p).map_err(|e| ConfigError(e.to_string()))?;
+        if let Some(out) = &a.out {
+            if files::same_target(p, out) {
+                return err(format!(
+                    "--plot {} and --out {} are the same file: the picture would replace the plan; \
+                     give the plot its own name, e.g. --plot plan.svg",
+                    p.display(),
+                    out.display()
+                ));
+            }
+        }
     }
     let fault = a
         .inject_fault
@@ -327,13 +366,14 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         seed: a.seed,
         out: a.out.clone(),
         plot: a.plot.clone(),
-        format: a.format.into(),
+        format: crate::cli::format_or_default(a.format),
         throughput_tolerance: a.throughput_tolerance,
         quiet: a.quiet,
         fault,
         exec,
         logs: a.logs.clone(),
         warnings: std::mem::take(&mut warnings),
+        plot_scale: a.plot_scale.into(),
     })
 }
 

@@ -10,9 +10,9 @@
 //! | platform | [`platform`] (sizes, `/proc`, rlimits, signals, the one file writer), [`exit`] (exit codes) |
 //! | protocol | [`protocol`]: trial request and outcome, the workload interface, the OOM classifier |
 //! | GPU | [`gpu`]: NVML, the caching allocator's shim, GPU selection |
-//! | where memory is measured | [`device`]: the `Backend` trait; `sim`, `cpu`, `cuda`; the trial-process runner |
+//! | where memory is measured | [`device`]: the `Backend` trait; `sim`, `cpu`, `cuda`; the trial-process runner, process trees, memory cgroups |
 //! | engine | [`search`] (the proof), [`accumulate`] (the split), [`plan`] (the contract: schema, model spec, merge, advice) |
-//! | what a trial runs | [`workload`]: the tch model (networks, training step, trial child) |
+//! | what a trial runs | [`workload`]: the tch model (networks, training step, trial child), the user's command (`--exec`) |
 //! | outputs | [`output`]: one exporter per `--format`, progress, plot |
 //! | command line | [`cli`] (clap definitions, completions, man pages), [`config`] (arguments → validated config) |
 //! | orchestration | [`probe`] (set-up, single/multi-GPU runs, split, cache, verify), [`doctor`] |

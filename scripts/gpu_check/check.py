@@ -434,7 +434,8 @@ def probe(run, items, slot):
     items.put(name, item)
 
 
-OOM_TEXT = re.compile(r"bad_alloc|can't allocate memory|out of memory|Cannot allocate memory")
+OOM_TEXT = re.compile(r"bad_alloc|can't allocate memory|out of memory|Cannot allocate memory|"
+                      r"memory allocation of \d+ bytes failed")
 
 TRAINED = re.compile(r"trained (\d+) steps of (\d+) samples in ([\d.]+) s: final loss (\S+), ([\d.]+) samples/s, (.*)$")
 

@@ -214,6 +214,24 @@ impl Drop for Group {
     }
 }
 
+/// Moves the calling process into the group whose `cgroup.procs` is `procs`. Async-signal-safe: for
+/// use between fork and exec.
+pub fn join(procs: &CString) -> std::io::Result<()> {
+    // SAFETY: open/write/close with valid pointers; "0" means the writing process itself.
+    unsafe {
+        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let n = libc::write(fd, b"0".as_ptr().cast(), 1);
+        libc::close(fd);
+        if n != 1 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,22 +280,4 @@ mod tests {
         drop(g);
         assert!(!dir.exists());
     }
-}
-
-/// Moves the calling process into the group whose `cgroup.procs` is `procs`. Async-signal-safe: for
-/// use between fork and exec.
-pub fn join(procs: &CString) -> std::io::Result<()> {
-    // SAFETY: open/write/close with valid pointers; "0" means the writing process itself.
-    unsafe {
-        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let n = libc::write(fd, b"0".as_ptr().cast(), 1);
-        libc::close(fd);
-        if n != 1 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }

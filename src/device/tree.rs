@@ -85,9 +85,9 @@ impl Tree {
         let mut frontier = self.alive();
         while let Some(pid) = frontier.pop() {
             for c in children(pid) {
-                if !self.known.contains_key(&c) {
+                if let std::collections::btree_map::Entry::Vacant(e) = self.known.entry(c) {
                     if let Some(t) = start_time(c) {
-                        self.known.insert(c, t);
+                        e.insert(t);
                         frontier.push(c);
                     }
                 }

@@ -83,6 +83,9 @@ pub fn run_cached(
         }
         Devices::Cuda(gpus) => {
             let (c, note) = setup::cuda_effective(cfg, &gpus)?;
+            if gpus.indices.len() > 1 && c.exec.is_some() {
+                return one_job_on_several_gpus(&c, &gpus, note, exe, progress, cache);
+            }
             if gpus.indices.len() > 1 {
                 return several_gpus(&c, &gpus, note, exe, progress, cache);
             }
@@ -93,17 +96,27 @@ pub fn run_cached(
     }
 }
 
-/// The plan for `key` from the cache, written to `--out`, when the cache has it.
+/// The plan for `key` from the cache, written to `--out`, when the cache has a usable one; a
+/// rejected entry adds a notice to `notices` (and the probe runs).
 fn from_cache(
     cfg: &ProbeConfig,
     cache: Option<&CacheOptions>,
     key: Option<&String>,
+    skeleton: Option<&Plan>,
+    notices: &mut Vec<String>,
 ) -> Result<Option<ProbeReport>, ProbeError> {
     let (Some(c), Some(key)) = (cache.filter(|c| c.read), key) else {
         return Ok(None);
     };
-    let Some(plan) = cache::lookup(&c.dir, key) else {
-        return Ok(None);
+    let plan = match cache::lookup(&c.dir, key, skeleton) {
+        cache::Lookup::Hit(p) => *p,
+        cache::Lookup::Miss => return Ok(None),
+        cache::Lookup::Rejected(why) => {
+            notices.push(format!(
+                "batchfit: warning: cache entry not used, probing again: {why}"
+            ));
+            return Ok(None);
+        }
     };
     let notice = format!(
         "batchfit: plan from cache ({}, probed {}; --refresh re-probes, --no-cache ignores the cache)",
@@ -126,9 +139,9 @@ fn finish(
     ending: Ending,
     cache: Option<&CacheOptions>,
     key: Option<&String>,
+    mut notices: Vec<String>,
 ) -> Result<ProbeReport, ProbeError> {
     let written = report::write(cfg.out.as_deref(), &plan)?;
-    let mut notices = vec![];
     if let (Some(c), Some(key), Status::Complete) = (cache.filter(|c| c.write), key, plan.status) {
         if let Err(e) = cache::store(&c.dir, key, &plan) {
             notices.push(format!("batchfit: warning: the plan was not cached: {e}"));
@@ -153,7 +166,8 @@ fn one_device(
 ) -> Result<ProbeReport, ProbeError> {
     let (skeleton, limit) = setup::skeleton(cfg, backend, gpu, reserve_note)?;
     let key = cache.map(|_| cache::key(&skeleton, cfg));
-    if let Some(hit) = from_cache(cfg, cache, key.as_ref())? {
+    let mut notices = vec![];
+    if let Some(hit) = from_cache(cfg, cache, key.as_ref(), Some(&skeleton), &mut notices)? {
         return Ok(hit);
     }
     progress.line(&format!(
@@ -173,6 +187,9 @@ fn one_device(
             ),
         }
     ));
+    if let Some(n) = first_contact(cfg, &skeleton) {
+        progress.line(&n);
+    }
     let (mut plan, ending) = single::run(cfg, backend, &skeleton, limit, progress)?;
     if cfg.compare_alloc_conf && plan.status == Status::Complete && plan.gpu.is_some() {
         let comparison = compare_alloc_conf(cfg, exe, progress, &plan)?;
@@ -180,7 +197,92 @@ fn one_device(
             g.alloc_conf_comparison = Some(comparison);
         }
     }
-    finish(cfg, plan, ending, cache, key.as_ref())
+    finish(cfg, plan, ending, cache, key.as_ref(), notices)
+}
+
+/// What a probe without `--memory-budget` on the cpu is about to do, said before it does it: it
+/// takes most of the machine's memory, runs real training steps, and may take minutes.
+fn first_contact(cfg: &ProbeConfig, skeleton: &Plan) -> Option<String> {
+    if cfg.budget.is_some() || skeleton.device.kind != crate::device::DeviceKind::Cpu {
+        return None;
+    }
+    Some(format!(
+        "batchfit: no --memory-budget given, so the budget is {:.0}% of the memory available now \
+         ({} of {}). Each trial is a fresh process running real training steps of {}; a cpu probe \
+         usually takes a few minutes (each trial is reported as it ends; Ctrl-C stops it and keeps \
+         a partial plan). --memory-budget SIZE sets the budget; --backend sim --sim \
+         base=1GiB,per-sample=3MiB,capacity=16GiB shows the search in milliseconds.",
+        crate::device::cpu::DEFAULT_BUDGET_FRACTION * 100.0,
+        format_size(skeleton.device.free_bytes_at_start),
+        format_size(skeleton.device.total_bytes),
+        skeleton.model.name()
+    ))
+}
+
+/// A user's command over several GPUs (`--exec -- torchrun --nproc-per-node N …`): one job, each
+/// trial on all of them, each GPU held to the limit; every GPU's peak of the recommended size in
+/// `gpu.per_gpu`.
+fn one_job_on_several_gpus(
+    cfg: &ProbeConfig,
+    gpus: &setup::CudaSetup,
+    reserve_note: Option<String>,
+    exe: &Path,
+    progress: &mut dyn Progress,
+    cache: Option<&CacheOptions>,
+) -> Result<ProbeReport, ProbeError> {
+    let (first, rest) = gpus.indices.split_first().expect("several GPUs");
+    let mut b = gpus
+        .backend(*first, cfg, exe)?
+        .with_group(rest)
+        .map_err(|e| ProbeError::Environment(e.to_string()))?;
+    let section = gpus.section(&b, cfg);
+    progress.line(&format!(
+        "batchfit: one job on GPUs {} (CUDA_VISIBLE_DEVICES holds all of them in every trial)",
+        gpus.list()
+    ));
+    let mut report = one_device(
+        cfg,
+        &mut b,
+        Some(section),
+        reserve_note,
+        exe,
+        progress,
+        cache,
+    )?;
+    let plan = &mut report.plan;
+    let peaks: Vec<(u32, u64)> = plan
+        .recommendation
+        .as_ref()
+        .and_then(|r| single::best_fit(&plan.trials, r.micro_batch))
+        .and_then(|t| t.details.as_ref())
+        .map(|d| d.gpu_peaks.clone())
+        .unwrap_or_default();
+    let per_gpu = gpus
+        .indices
+        .iter()
+        .filter_map(|&i| gpus.gpus.device(i).ok())
+        .map(|g| plan::PerGpu {
+            index: g.index,
+            name: g.name.clone(),
+            uuid: g.uuid.clone(),
+            free_bytes_at_start: g.free_bytes,
+            max_fitting_batch: plan.recommendation.as_ref().map(|r| r.max_fitting_batch),
+            first_failing_batch: plan
+                .recommendation
+                .as_ref()
+                .and_then(|r| r.first_failing_batch),
+            trials: plan.trials.len(),
+            confirmed: plan.status == Status::Complete,
+            peak_bytes: peaks.iter().find(|(j, _)| *j == g.index).map(|(_, p)| *p),
+        })
+        .collect();
+    if let Some(g) = plan.gpu.as_mut() {
+        g.per_gpu = per_gpu;
+    }
+    if let Some(w) = &report.written {
+        plan.write_atomic(w)?;
+    }
+    Ok(report)
 }
 
 fn several_gpus(
@@ -214,11 +316,12 @@ fn several_gpus(
             .collect();
         cache::combine(&keys)
     });
-    if let Some(hit) = from_cache(cfg, cache, key.as_ref())? {
+    let mut notices = vec![];
+    if let Some(hit) = from_cache(cfg, cache, key.as_ref(), None, &mut notices)? {
         return Ok(hit);
     }
     let (plan, ending) = multi_gpu::run(cfg, gpus, &mut devices, progress)?;
-    finish(cfg, plan, ending, cache, key.as_ref())
+    finish(cfg, plan, ending, cache, key.as_ref(), notices)
 }
 
 /// `--compare-alloc-conf`: the same probe once more with `expandable_segments:True` added to

@@ -264,6 +264,8 @@ pub struct Prober<'b> {
     accumulation: u32,
     /// The GPU to record in every trial (multi-GPU probes).
     gpu: Option<u32>,
+    /// A strategy given by the caller instead of `cfg.strategy`'s (tests of the engine's bracket).
+    strategy: Option<Box<dyn Strategy + 'b>>,
 }
 
 /// Why a run of trials stopped early.
@@ -298,7 +300,15 @@ impl<'b> Prober<'b> {
             worker_trusted: true,
             accumulation: 1,
             gpu: None,
+            strategy: None,
         }
+    }
+
+    /// Proposes sizes with `strategy` instead of the configured one (the engine still owns the
+    /// bracket and the proof).
+    pub fn with_strategy(mut self, strategy: Box<dyn Strategy + 'b>) -> Self {
+        self.strategy = Some(strategy);
+        self
     }
 
     /// Records `gpu` as the device of every trial (probes of several GPUs).
@@ -480,7 +490,10 @@ impl<'b> Prober<'b> {
                 self.cfg.multiple_of, self.cfg.min_batch, self.cfg.max_batch
             ));
         };
-        let mut strategy = make_strategy(self.cfg.strategy);
+        let mut strategy = self
+            .strategy
+            .take()
+            .unwrap_or_else(|| make_strategy(self.cfg.strategy));
         // Exploration steps; raised to the confirm steps once a confirmation shows that memory keeps
         // growing after the exploration steps (then only trials of that length are evidence).
         let mut steps = self.cfg.steps;
@@ -602,7 +615,8 @@ impl<'b> Prober<'b> {
             if lo.is_some_and(|l| i <= l) || upper.is_some_and(|u| i >= u) || i > grid.last_index {
                 found.0 = None;
                 return Stop::Fatal(format!(
-                    "internal error: the {:?} strategy proposed size {} outside the open bracket                      (largest fit {:?}, smallest bound {:?})",
+                    "internal error: the {:?} strategy proposed size {} outside the open bracket \
+                     (largest fit {:?}, smallest bound {:?})",
                     self.cfg.strategy,
                     grid.batch(i),
                     lo.map(|l| grid.batch(l)),

@@ -50,6 +50,8 @@ pub struct CudaBackend {
     exec: Executor,
     alloc_conf: Option<String>,
     timeout: Duration,
+    /// The other GPUs a trial runs on (a user's command over several GPUs, [`Self::with_group`]).
+    group: Vec<GpuInfo>,
     /// `--logs DIR`: each trial's whole output.
     logs: Option<std::path::PathBuf>,
     trials: u32,
@@ -116,6 +118,7 @@ impl CudaBackend {
             exec,
             alloc_conf,
             timeout,
+            group: vec![],
             logs: None,
             trials: 0,
             details: None,
@@ -137,47 +140,83 @@ impl CudaBackend {
         self.index
     }
 
+    /// Every GPU a trial runs on: this one, then the others of the group.
+    fn all_gpus(&self) -> Vec<&GpuInfo> {
+        std::iter::once(&self.info).chain(&self.group).collect()
+    }
+
+    /// A trial on this GPU and on the GPUs `others` together (a user's torchrun/DDP command
+    /// spanning them): each of its processes sees all of them, each GPU is held to the limit, and
+    /// the budget is the smallest free memory among them.
+    pub fn with_group(mut self, others: &[u32]) -> Result<Self, BackendError> {
+        for &i in others {
+            let g = self
+                .gpus
+                .device(i)
+                .map_err(|e| BackendError::Environment(e.to_string()))?;
+            self.device.free_bytes_at_start = self.device.free_bytes_at_start.min(g.free_bytes);
+            self.device.total_bytes = self.device.total_bytes.min(g.total_bytes);
+            self.limit = self.limit.min(g.free_bytes);
+            self.group.push(g);
+        }
+        Ok(self)
+    }
+
+    /// The used memory of GPU `g` before a trial: wait (up to 2 s) for the previous trial's memory
+    /// to be released, and never take a baseline above the one at the start (an inflated baseline
+    /// would under-count this trial: the unsafe direction).
+    fn baseline(&self, g: &GpuInfo) -> Result<u64, BackendError> {
+        let t0 = std::time::Instant::now();
+        loop {
+            let now = self
+                .gpus
+                .used_bytes(g.index)
+                .map_err(|e| BackendError::Environment(e.to_string()))?;
+            if now <= g.used_bytes + (256 << 20) || t0.elapsed() > Duration::from_secs(2) {
+                return Ok(now.min(g.used_bytes));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn run_real(
         &mut self,
         workload: &dyn Workload,
         req: TrialRequest,
     ) -> Result<TrialOutcome, BackendError> {
         self.trials += 1;
+        let uuids: Vec<String> = self.all_gpus().iter().map(|g| g.uuid.clone()).collect();
         let at = Placement::Cuda {
             nvml_index: self.index,
-            uuid: self.info.uuid.clone(),
+            uuid: uuids.join(","),
         };
         let mut cmd = workload.command(&req, &at);
-        // The trial sees exactly this GPU, as cuda:0, whatever CUDA_VISIBLE_DEVICES the user had
-        // (NVML's index and CUDA's ordinal differ when it is set or CUDA orders fastest-first).
-        cmd.env("CUDA_VISIBLE_DEVICES", &self.info.uuid)
+        // The trial sees exactly these GPUs (this one as cuda:0), whatever CUDA_VISIBLE_DEVICES the
+        // user had (NVML's index and CUDA's ordinal differ when it is set or CUDA orders
+        // fastest-first). The fraction is of the smallest card's CUDA total: no process of the trial
+        // takes more than the limit of any of them.
+        let cuda_total = self
+            .all_gpus()
+            .iter()
+            .map(|g| g.cuda_total_bytes())
+            .min()
+            .unwrap_or(0);
+        cmd.env("CUDA_VISIBLE_DEVICES", uuids.join(","))
             .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
             .env(
                 "PYTORCH_CUDA_ALLOC_CONF",
-                trial_alloc_conf(
-                    self.alloc_conf.as_deref(),
-                    self.limit,
-                    self.info.cuda_total_bytes(),
-                ),
+                trial_alloc_conf(self.alloc_conf.as_deref(), self.limit, cuda_total),
             );
-        // The device-delta fallback needs a clean baseline: wait (up to 2 s) for the previous trial's
-        // memory to be released, and never take a baseline above the one at the start (an inflated
-        // baseline would under-count this trial: the unsafe direction).
-        let initial = self.info.used_bytes;
-        let t0 = std::time::Instant::now();
-        let baseline = loop {
-            let now = self
-                .gpus
-                .used_bytes(self.index)
-                .map_err(|e| BackendError::Environment(e.to_string()))?;
-            if now <= initial + (256 << 20) || t0.elapsed() > Duration::from_secs(2) {
-                break now.min(initial);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let (mut pid_peak, mut device_peak) = (None::<u64>, None::<u64>);
+        let indices: Vec<u32> = self.all_gpus().iter().map(|g| g.index).collect();
+        let baselines = self
+            .all_gpus()
+            .iter()
+            .map(|g| self.baseline(g))
+            .collect::<Result<Vec<_>, _>>()?;
+        // per GPU: NVML's figure summed over the trial's process tree, and the device's used memory
+        let mut pid_peaks: Vec<Option<u64>> = vec![None; indices.len()];
+        let mut device_peaks: Vec<Option<u64>> = vec![None; indices.len()];
         let gpus = &self.gpus;
-        let index = self.index;
         let tree = workload.measured_by_device();
         let opts = process::Options {
             tree,
@@ -190,24 +229,33 @@ impl CudaBackend {
             }),
             ..Default::default()
         };
-        // NVML's figure for the trial is the sum over its process tree (torchrun's ranks, workers).
         let ran = process::run(cmd, &opts, self.timeout, &mut |pids| {
-            if let Ok(Some(b)) = gpus.processes_used(index, pids) {
-                pid_peak = Some(pid_peak.map_or(b, |p| p.max(b)));
-            }
-            if let Ok(u) = gpus.used_bytes(index) {
-                device_peak = Some(device_peak.map_or(u, |p| p.max(u)));
+            for (k, &index) in indices.iter().enumerate() {
+                if let Ok(Some(b)) = gpus.processes_used(index, pids) {
+                    pid_peaks[k] = Some(pid_peaks[k].map_or(b, |p| p.max(b)));
+                }
+                if let Ok(u) = gpus.used_bytes(index) {
+                    device_peaks[k] = Some(device_peaks[k].map_or(u, |p| p.max(u)));
+                }
             }
         })?;
         let (out, details) = match ran {
             Ran::Finished(f) => workload.outcome(&f),
             Ran::TimedOut { seconds } => (TrialOutcome::Timeout { seconds }, None),
         };
-        let delta = device_peak.map(|d| d.saturating_sub(baseline));
+        // The trial's footprint is its largest on any of its GPUs.
+        let pid_peak = pid_peaks.iter().flatten().copied().max();
+        let delta = device_peaks
+            .iter()
+            .zip(&baselines)
+            .filter_map(|(p, b)| p.map(|p| p.saturating_sub(*b)))
+            .max();
         self.details = details.map(|mut d| {
-            if let Some(p) = pid_peak {
-                d.gpu_peaks = vec![(self.index, p)];
-            }
+            d.gpu_peaks = indices
+                .iter()
+                .zip(&pid_peaks)
+                .filter_map(|(i, p)| p.map(|p| (*i, p)))
+                .collect();
             d
         });
         Ok(self.decide(out, pid_peak, delta))
@@ -256,7 +304,11 @@ impl CudaBackend {
                               GPU memory"
                                 .into(),
                     },
-                    Some(g) if out.fits() && g.nvml_peak_bytes > self.limit => TrialOutcome::Oom {
+                    // A `retries` outcome is held to the limit too: retries happen when the
+                    // allocator reaches its fraction cap, so NVML's footprint (the cap plus the
+                    // CUDA context) is then typically above the limit, and `--allow-retries` must
+                    // not accept it as a fit.
+                    Some(g) if g.nvml_peak_bytes > self.limit => TrialOutcome::Oom {
                         message: format!(
                             "the trial's footprint on the card ({}, {}) is above the {} limit",
                             format_size(g.nvml_peak_bytes),
@@ -297,7 +349,7 @@ impl Backend for CudaBackend {
     }
     /// NVML's free memory at the start: what other processes hold is not available to this job.
     fn default_budget(&self) -> u64 {
-        self.info.free_bytes
+        self.device.free_bytes_at_start
     }
     fn set_limit(&mut self, limit_bytes: u64) {
         self.limit = limit_bytes;
@@ -325,7 +377,7 @@ impl Backend for CudaBackend {
         match &mut self.exec {
             Executor::Fake(sim) => {
                 let out = sim.run_trial(req)?;
-                let peak = sim.spec().peak(req.batch, req.steps);
+                let peak = sim.spec().peak_at(req.batch, req.steps, req.accumulation);
                 let g = GpuMeasure {
                     nvml_peak_bytes: peak,
                     method: FootprintMethod::NvmlProcess,
@@ -418,6 +470,41 @@ mod tests {
         let o = b.decide(fits(Some(child)), Some(11 << 30), None);
         assert!(o.is_oom(), "{o:?}");
         assert!(o.message().unwrap().contains("above the"), "{o:?}");
+    }
+
+    #[test]
+    fn retries_above_the_limit_are_out_of_memory() {
+        // --allow-retries turns a `retries` outcome into a fit; one whose footprint on the card is
+        // above the limit (the allocator at its cap plus the CUDA context) must not get that far
+        let b = backend(10 << 30);
+        let child = GpuMeasure {
+            nvml_peak_bytes: (10 << 30) + (500 << 20),
+            method: FootprintMethod::NvmlProcess,
+            allocator: Some(alloc(10 << 30)),
+        };
+        let retries = TrialOutcome::Retries {
+            retries: 3,
+            peak_bytes: 1,
+            step_seconds: 0.1,
+            gpu: Some(child),
+        };
+        let o = b.decide(retries.clone(), None, None);
+        assert!(o.is_oom(), "{o:?}");
+        assert!(o.message().unwrap().contains("above the"), "{o:?}");
+        // under the limit it stays `retries` (the search's --allow-retries decides)
+        let mut under = child;
+        under.nvml_peak_bytes = 9 << 30;
+        let o = b.decide(
+            TrialOutcome::Retries {
+                retries: 3,
+                peak_bytes: 1,
+                step_seconds: 0.1,
+                gpu: Some(under),
+            },
+            None,
+            None,
+        );
+        assert_eq!(o.kind(), "retries", "{o:?}");
     }
 
     #[test]

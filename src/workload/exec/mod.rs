@@ -145,8 +145,9 @@ fn read_report(path: &Path) -> Result<Option<TrialReport>, String> {
     Ok(Some(r))
 }
 
-/// Why a report does not match the request, if it does not.
-fn mismatch(r: &TrialReport, req: &TrialRequest) -> Option<String> {
+/// Why a report does not match the request, if it does not. The accumulation is checked when the
+/// command was given it (`{accumulation}`) or asked for it (the helper's `accumulation()`).
+fn mismatch(r: &TrialReport, req: &TrialRequest, takes_accumulation: bool) -> Option<String> {
     let mut why = vec![];
     if r.batch != req.batch {
         why.push(format!("batch {} (asked {})", r.batch, req.batch));
@@ -154,7 +155,8 @@ fn mismatch(r: &TrialReport, req: &TrialRequest) -> Option<String> {
     if r.steps < u64::from(req.steps) {
         why.push(format!("{} optimizer steps (asked {})", r.steps, req.steps));
     }
-    if r.reads_accumulation && r.accumulation != u64::from(req.accumulation) {
+    if (r.reads_accumulation || takes_accumulation) && r.accumulation != u64::from(req.accumulation)
+    {
         why.push(format!(
             "accumulation {} (asked {})",
             r.accumulation, req.accumulation
@@ -265,7 +267,8 @@ impl Workload for ExecWorkload {
             Ok(r) => r,
             Err(message) => return (TrialOutcome::Error { message }, Some(details)),
         };
-        if let Some(why) = report.as_ref().and_then(|r| mismatch(r, &req)) {
+        let takes = self.info.argv.iter().any(|a| a.contains("{accumulation}"));
+        if let Some(why) = report.as_ref().and_then(|r| mismatch(r, &req, takes)) {
             details.report = report;
             return (TrialOutcome::Error { message: why }, Some(details));
         }
