@@ -92,7 +92,7 @@ unset BATCHFIT_PLAN BATCHFIT_MICRO_BATCH BATCHFIT_ACCUMULATION BATCHFIT_WORLD_SI
 # the exec stage's probe: the whole torchrun job (agent + 2 ranks) under 2.5 GiB; a grid of 256 samples
 # and 2-step trials (3 for the confirmation) keep it to a few trials of the whole job
 EXEC_PROBE_ARGS=${RECIPES_EXEC_PROBE_ARGS:---backend cpu --memory-budget 2.5GiB --multiple-of 256 --steps 2 --confirm-steps 3}
-ALL_STAGES=(torchrun torchrun-exec deepspeed-merge deepspeed-engine slurm-cluster slurm-array slurm-two-node)
+ALL_STAGES=(guards torchrun torchrun-exec deepspeed-merge deepspeed-engine slurm-cluster slurm-array slurm-two-node)
 names=() results=() seconds=() details=()
 failed=0 current=""
 SLURM_DIR=$WORK/slurm
@@ -252,6 +252,129 @@ stage_torchrun_exec() {
   check_training launch.log "$plan" 2
   local probe_line; probe_line=$(grep -E '^[0-9]+ trials, ' launch.log | tail -n 1)
   pass "plan from --exec of the torchrun job ($probe_line; largest micro-batch per rank $(pj "$plan" 'p["recommendation"]["max_fitting_batch"]'), $(pj "$plan" 'p["limit_mechanism"]')): $TRAINED; torchrun trained it"
+}
+
+# ------------------------------------------------------------------------------------------------ guards
+
+# refused CMD…: run CMD (train.py or a script) in a subshell; it must exit 2 with "error:" and the
+# pattern in GUARD_EXPECT on its output; the label is GUARD_LABEL
+refused() {
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  [ $rc -ne 0 ] || fail "$GUARD_LABEL: accepted (exit 0), it must be refused; output: $(tail -n 1 <<<"$out")"
+  grep -q -- "$GUARD_EXPECT" <<<"$out" \
+    || fail "$GUARD_LABEL: exit $rc without \"$GUARD_EXPECT\": $(tail -n 2 <<<"$out" | tr '\n' ' ' | cut -c1-300)"
+  echo "  ok: refused (exit $rc): $GUARD_LABEL: $(grep -m1 -o -- "error: .*" <<<"$out" | cut -c1-110)…"
+}
+
+stage_guards() {
+  local d=$WORK/guards t=$examples/torchrun/train.py sim sha out rc
+  local small=base=600MiB,per-sample=512KiB,capacity=1GiB other=base=600MiB,per-sample=1MiB,capacity=1GiB
+  mkdir -p "$d" && cd "$d" || fail "cannot make $d"
+  export T=$t
+  sim=(--backend sim --mlp-input 65536 --mlp-hidden 16 --world-size 1 --quiet)
+  echo "train.py with plans it cannot honour (plain python, a world of 1; sim plans of train.py's mlp), merge-config.sh, probe-exec.sh's arguments"
+  batchfit probe "${sim[@]}" --sim "$small" --global-batch 1024 --out "$d/w1.json" --format env > w1.env || fail "sim probe failed"
+  # the control: the exports as they are train micro × accumulation × 1
+  (set -a; . ./w1.env; python3 "$t" --steps 1) > ok.log 2>&1 || fail "train.py refused good exports (see $d/ok.log)"
+  check_training ok.log "$d/w1.json" 1
+  echo "  ok: the exports of a sim plan trained ($TRAINED)"
+
+  GUARD_LABEL="exports whose plan file another job rewrote (same --out)" GUARD_EXPECT="was rewritten since the probe"
+  refused bash -c '. ./w1.env && batchfit probe "$@" > /dev/null && exec python3 "$T" --steps 1' probe "${sim[@]}" \
+    --sim "$other" --global-batch 1024 --out "$d/w1.json" --format env
+  batchfit probe "${sim[@]}" --sim "$small" --global-batch 1024 --out "$d/w1.json" --format env > w1.env || fail "sim probe failed"
+
+  GUARD_LABEL="the exports of an --allow-uneven plan (micro-batches 512 and 511), no --out" GUARD_EXPECT="BATCHFIT_UNEVEN=1"
+  batchfit probe "${sim[@]}" --sim "$small" --global-batch 1023 --allow-uneven --format env > uneven.env || fail "sim probe failed"
+  grep -q 'BATCHFIT_UNEVEN=1' uneven.env || fail "the uneven probe's exports have no BATCHFIT_UNEVEN=1: $(tr '\n' ' ' < uneven.env)"
+  refused bash -c '. ./uneven.env && exec python3 "$T" --steps 1'
+
+  GUARD_LABEL="--hidden 32 with the exports of a plan of hidden 16" GUARD_EXPECT="another model than the plan's"
+  refused bash -c '. ./w1.env && exec python3 "$T" --steps 1 --hidden 32'
+  GUARD_LABEL="--accumulation 1 over the plan's accumulation 2" GUARD_EXPECT="without --micro-batch would change the accumulation"
+  refused bash -c '. ./w1.env && exec python3 "$T" --steps 1 --accumulation 1'
+  GUARD_LABEL="a plan of another model (gpt)" GUARD_EXPECT="the plan is for model 'gpt'"
+  batchfit probe --backend sim --sim base=600MiB,per-sample=1MiB,capacity=4GiB --model gpt --global-batch 64 \
+    --quiet --out gpt.json --format json > /dev/null || fail "sim probe of gpt failed"
+  refused python3 "$t" --plan gpt.json --steps 1
+
+  # an --exec plan (as probe-exec.sh writes: train.py's hash, the command with its model flags),
+  # written from the sim plan: train.py trains it only with the same flags and the same file
+  sha=$(sha256sum "$t" | cut -d' ' -f1)
+  "$PY" - "$t" "$sha" <<'PYEOF' || fail "cannot write the exec plans"
+import json, sys
+p = json.load(open("w1.json"))
+p["model"] = {"kind": "exec", "fingerprint": "0" * 64, "environment": [],
+              "argv": ["torchrun", "--standalone", "--nproc-per-node", "1", sys.argv[1], "--hidden", "32",
+                       "--micro-batch", "{batch}", "--accumulation", "{accumulation}", "--steps", "{steps}"],
+              "fingerprint_files": [{"path": sys.argv[1], "sha256": sys.argv[2]}]}
+json.dump(p, open("exec.json", "w"))
+p["model"]["fingerprint_files"][0]["sha256"] = "0" * 64
+json.dump(p, open("exec-other-script.json", "w"))
+PYEOF
+  python3 "$t" --plan exec.json --steps 1 --hidden 32 > exec-ok.log 2>&1 || fail "train.py refused the --exec plan with its own flags (see $d/exec-ok.log)"
+  check_training exec-ok.log "$d/exec.json" 1
+  GUARD_LABEL="an --exec plan probed with --hidden 32, trained without it" GUARD_EXPECT="probe with the same flags"
+  refused python3 "$t" --plan exec.json --steps 1
+  GUARD_LABEL="an --exec plan of another version of train.py" GUARD_EXPECT="not proven on this script"
+  refused python3 "$t" --plan exec-other-script.json --steps 1 --hidden 32
+
+  # merge-config.sh: a merged plan is unverified until `batchfit verify`
+  batchfit probe "${sim[@]}" --sim "$small" --global-batch 1024 --out a.json --format json > /dev/null \
+    && batchfit probe "${sim[@]}" --sim "$other" --global-batch 1024 --out b.json --format json > /dev/null \
+    && batchfit merge a.json b.json --global-batch 1024 --world-size 1 --out merged.json --format json > /dev/null 2>&1 \
+    || fail "sim probes or merge failed"
+  cp "$examples/deepspeed/ds_config.json" ds_config.json
+  local nojq
+  for nojq in "" 1; do
+    GUARD_LABEL="merge-config.sh${nojq:+ (python, NO_JQ=1)} of an unverified merged plan" GUARD_EXPECT="not verified"
+    out=$(NO_JQ=$nojq bash "$examples/deepspeed/merge-config.sh" merged.json ds_config.json 2> merge.err); rc=$?
+    [ $rc -ne 0 ] && [ -z "$out" ] || fail "$GUARD_LABEL: exit $rc, printed $(wc -c <<<"$out") bytes (a config for DeepSpeed)"
+    grep -q "$GUARD_EXPECT" merge.err || fail "$GUARD_LABEL: exit $rc for another reason: $(cat merge.err)"
+    echo "  ok: refused (exit $rc): $GUARD_LABEL"
+  done
+  batchfit verify merged.json --out verified.json > /dev/null 2>&1 || fail "batchfit verify of the merged sim plan failed"
+  bash "$examples/deepspeed/merge-config.sh" verified.json ds_config.json > ds.json || fail "merge-config.sh refused the verified plan"
+  expect "merge-config.sh of the verified plan: train_micro_batch_size_per_gpu" \
+    "$(pj verified.json 'p["recommendation"]["micro_batch"]')" "$(pj ds.json 'p["train_micro_batch_size_per_gpu"]')"
+
+  # probe-exec.sh: the training run's train.py arguments are probed too, and the trial helper goes
+  # to a directory of its own (a batchfit_trial.py in the current directory, here a symlink, is left
+  # alone); stubs of batchfit and torchrun record their arguments
+  mkdir -p stub job && printf 'precious\n' > precious.txt && ln -sf "$d/precious.txt" job/batchfit_trial.py
+  cat > stub/batchfit <<'SH'
+#!/usr/bin/env bash
+case $1 in
+  python-helper) echo 'HELPER = 1' ;;
+  probe) printf '%s\n' "$@" > "$STUB_LOG/probe.args"; printf '%s\n' "${PYTHONPATH:-}" > "$STUB_LOG/probe.pythonpath"
+         echo "export BATCHFIT_MICRO_BATCH=64 BATCHFIT_ACCUMULATION=2 BATCHFIT_GLOBAL_BATCH=256 BATCHFIT_WORLD_SIZE=2 BATCHFIT_STATUS=complete BATCHFIT_PLAN=/nonexistent" ;;
+  *) exit 2 ;;
+esac
+SH
+  printf '#!/usr/bin/env bash\nprintf "%%s\\n" "$@" > "$STUB_LOG/torchrun.args"\n' > stub/torchrun
+  chmod +x stub/batchfit stub/torchrun
+  (cd job && PATH=$d/stub:$PATH STUB_LOG=$d NPROC=2 GLOBAL_BATCH=256 bash "$examples/torchrun/probe-exec.sh" --hidden 64 --steps 5) \
+    > exec-stub.log 2>&1 || fail "probe-exec.sh with stubs exited $? (see $d/exec-stub.log)"
+  expect "probe-exec.sh: the probed command (after --)" \
+    "torchrun --standalone --nproc-per-node 2 $t --hidden 64 --steps 5 --micro-batch {batch} --accumulation {accumulation} --steps {steps}" \
+    "$(sed -n '/^--$/,$p' probe.args | tail -n +2 | tr '\n' ' ' | sed 's/ $//')"
+  expect "probe-exec.sh: the training command" "--standalone --nproc-per-node 2 $t --hidden 64 --steps 5" \
+    "$(tr '\n' ' ' < torchrun.args | sed 's/ $//')"
+  expect "the current directory's batchfit_trial.py (a symlink to precious.txt): its target" precious "$(cat precious.txt)"
+  local hdir; hdir=$(cut -d: -f1 probe.pythonpath)
+  case $hdir in "$d"/job*|"") fail "the trials' PYTHONPATH starts with ${hdir:-nothing}, not a directory of the helper's own" ;; esac
+  [ ! -e "$hdir" ] || fail "the helper's directory $hdir is still there after the probe"
+  echo "  ok: the trial helper was on the trials' PYTHONPATH in $hdir, removed after the probe"
+
+  if command -v shellcheck > /dev/null; then
+    shellcheck "$examples"/torchrun/*.sh "$examples"/slurm/*.sbatch "$examples"/deepspeed/*.sh > shellcheck.log 2>&1 \
+      || fail "shellcheck of examples/: $(head -n 5 shellcheck.log | tr '\n' ' ')"
+    echo "  ok: shellcheck: examples/ clean"
+  else
+    echo "  (shellcheck is not installed: the examples were not linted)"
+  fi
+  pass "train.py refused 7 plans it cannot honour and trained 2 it can; merge-config.sh refused an unverified plan; probe-exec.sh probes its training arguments"
 }
 
 # --------------------------------------------------------------------------------------------- deepspeed

@@ -16,6 +16,15 @@ plan=$1 config=$2
 # DeepSpeed has one micro-batch size)
 batch=$(batchfit show "$plan" --format deepspeed)
 [ -n "$batch" ] || { echo "$plan: no recommendation (is the plan complete?)" >&2; exit 1; }
+# a `batchfit merge` plan is unverified ("verified": false) until `batchfit verify` re-ran its
+# micro-batch on the node: `show --format deepspeed` prints it all the same, so refuse it here
+if command -v jq >/dev/null && [ -z "${NO_JQ:-}" ]; then
+  unverified=$(jq -r '.verified == false' "$plan")
+else
+  unverified=$(python3 -c 'import json, sys; print(str(json.load(open(sys.argv[1])).get("verified") is False).lower())' "$plan")
+fi
+[ "$unverified" = false ] || {
+  echo "$plan: a merged plan, not verified: run \`batchfit verify $plan --out verified.json\` on the nodes first" >&2; exit 1; }
 if command -v jq >/dev/null && [ -z "${NO_JQ:-}" ]; then
   jq -s '.[0] * .[1]' "$config" <(printf '%s\n' "$batch")
 else

@@ -4,7 +4,10 @@
 # under the trial's memory limit, so the plan is proven on exactly the job that then trains — its DDP
 # buckets, gloo/NCCL buffers and every rank — not on a model batchfit rebuilt.
 #
-#   NPROC=2 GLOBAL_BATCH=8192 examples/torchrun/probe-exec.sh [train.py arguments for the training run]
+#   NPROC=2 GLOBAL_BATCH=8192 examples/torchrun/probe-exec.sh [train.py arguments, e.g. --hidden 64]
+#
+# The train.py arguments go to every trial too (before the placeholders, which win), so the job that
+# is probed is the job that trains; train.py refuses an --exec plan probed with other model flags.
 #
 # Needs a batchfit with `probe --exec`, and `torchrun` and `python3` (with torch) on PATH. Each trial runs
 #   torchrun --standalone --nproc-per-node NPROC train.py --micro-batch {batch} --accumulation {accumulation} --steps {steps}
@@ -26,20 +29,22 @@ if [ -n "${BATCHFIT_PROBE_ARGS:-}" ]; then read -r -a PROBE <<<"$BATCHFIT_PROBE_
 
 # optional: batchfit's trial helper, imported by train.py when it is on the path, reports what each
 # rank of each trial really trained (batch, steps, step times, world size), so batchfit can check a
-# trial that exited 0
-if batchfit python-helper > batchfit_trial.py 2> /dev/null; then
-  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-else
-  rm -f batchfit_trial.py
+# trial that exited 0. It goes to a directory of its own (not the current one: no file there is
+# overwritten or put first on Python's path), on the trials' PYTHONPATH only, removed after the probe.
+helper=$(mktemp -d "${TMPDIR:-/tmp}/batchfit-helper.XXXXXX")
+trial_path=${PYTHONPATH:-}
+if batchfit python-helper > "$helper/batchfit_trial.py" 2> /dev/null; then
+  trial_path=$helper${PYTHONPATH:+:$PYTHONPATH}
 fi
 
-vars=$(batchfit probe "${PROBE[@]}" --global-batch "$GLOBAL_BATCH" --world-size "$NPROC" \
+vars=$(PYTHONPATH=$trial_path batchfit probe "${PROBE[@]}" --global-batch "$GLOBAL_BATCH" --world-size "$NPROC" \
          --out "$PLAN" --format env \
          --exec --fingerprint-file "$here/train.py" -- \
          torchrun --standalone --nproc-per-node "$NPROC" \
-         "$here/train.py" --micro-batch '{batch}' --accumulation '{accumulation}' --steps '{steps}') || {
-  rc=$?; eval "$vars"
+         "$here/train.py" "$@" --micro-batch '{batch}' --accumulation '{accumulation}' --steps '{steps}') || {
+  rc=$?; rm -rf "$helper"; eval "$vars"
   echo "batchfit: exit $rc, status ${BATCHFIT_STATUS:-none}: no plan to train with" >&2; exit "$rc"; }
+rm -rf "$helper"
 eval "$vars"
 echo "plan $BATCHFIT_PLAN: micro-batch $BATCHFIT_MICRO_BATCH × accumulation $BATCHFIT_ACCUMULATION" \
      "× world size $BATCHFIT_WORLD_SIZE = global batch $BATCHFIT_GLOBAL_BATCH"

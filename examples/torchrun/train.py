@@ -12,12 +12,16 @@ Where the batch sizes come from (the first that applies wins):
      BATCHFIT_MICRO_BATCH, BATCHFIT_ACCUMULATION, BATCHFIT_WORLD_SIZE, BATCHFIT_PLAN
 
 The model is the plan's when the plan holds batchfit's `mlp` (its model.config: input, hidden, classes,
-optimizer), so this trains exactly what was probed; else the --input/--hidden/--classes flags. Replace
-build_model() and batches() with your own model and data loader; keep the loop's shape: `accumulation`
-micro-batches of `micro_batch` samples per optimizer step, gradients synchronised on the last one only.
+optimizer), so this trains exactly what was probed; a model flag that contradicts it is refused. An
+`--exec` plan holds when its command ran this very file (--fingerprint-file) with the model flags this
+run has. A plan of any other model is refused (exit 2). Without a plan: the --input/--hidden/--classes
+flags. Replace build_model() and batches() with your own model and data loader, and model_settings()'s
+checks with yours; keep the loop's shape: `accumulation` micro-batches of `micro_batch` samples per
+optimizer step, gradients synchronised on the last one only.
 
 A plan is solved for a world size: a job started with another number of processes would train another
-global batch, so that is refused (exit 2). Rank 0 logs, for each optimizer step, the global batch it
+global batch, so that is refused (exit 2); so are exports that disagree with the plan file they name
+(another job rewrote it), an --allow-uneven plan, and --accumulation alone over a plan's accumulation. Rank 0 logs, for each optimizer step, the global batch it
 actually used (the samples that went through forward and backward on every rank, summed with an
 all_reduce), and at the end one line for job scripts to read:
 
@@ -28,6 +32,7 @@ Without torchrun (plain `python train.py`) it runs as a world of one process.
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import socket
@@ -54,17 +59,27 @@ def die(msg, code=2):
     sys.exit(code)
 
 
+# the model flags' defaults; None on the command line means "not given" (a plan's model must not be
+# silently replaced by a flag, nor a flag silently ignored for a plan's model)
+MODEL_DEFAULTS = {"input": 65536, "hidden": "16", "classes": 10, "optimizer": "adam"}
+
+
+def model_parser():
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--input", type=int, help=f"MLP input features (default {MODEL_DEFAULTS['input']})")
+    p.add_argument("--hidden", help=f"MLP hidden widths, comma-separated (default {MODEL_DEFAULTS['hidden']})")
+    p.add_argument("--classes", type=int, help=f"MLP classes (default {MODEL_DEFAULTS['classes']})")
+    p.add_argument("--optimizer", choices=["sgd", "momentum", "adam", "adamw"], help="default adam")
+    return p
+
+
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], parents=[model_parser()])
     p.add_argument("--plan", help="a batchfit plan (JSON); default: $BATCHFIT_PLAN for the model")
-    p.add_argument("--micro-batch", type=int, help="overrides the plan's micro-batch")
-    p.add_argument("--accumulation", type=int, help="overrides the plan's accumulation")
+    p.add_argument("--micro-batch", type=int, help="trains this micro-batch, no plan (with --accumulation)")
+    p.add_argument("--accumulation", type=int, help="with --micro-batch: the accumulation (default 1)")
     p.add_argument("--steps", type=int, default=2, help="optimizer steps (default 2)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--input", type=int, default=65536, help="MLP input features (no mlp plan)")
-    p.add_argument("--hidden", default="16", help="MLP hidden widths, comma-separated (no mlp plan)")
-    p.add_argument("--classes", type=int, default=10, help="MLP classes (no mlp plan)")
-    p.add_argument("--optimizer", default="adam", choices=["sgd", "momentum", "adam", "adamw"])
     return p.parse_args()
 
 
@@ -83,6 +98,13 @@ def read_plan(path):
     return plan
 
 
+def env_int(name):
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        die(f"{name}={os.environ.get(name)!r}: the BATCHFIT_* exports are incomplete (eval all of `--format env`)")
+
+
 def batch_settings(args):
     """(micro_batch, accumulation, plan world size or None, plan or None, source)."""
     plan, micro, accum, world, source = None, None, 1, None, "flags"
@@ -93,14 +115,28 @@ def batch_settings(args):
     elif args.micro_batch is None and "BATCHFIT_MICRO_BATCH" in os.environ:
         if os.environ.get("BATCHFIT_STATUS", "complete") != "complete":
             die(f"BATCHFIT_STATUS={os.environ['BATCHFIT_STATUS']}: no recommendation to train with")
-        micro = int(os.environ["BATCHFIT_MICRO_BATCH"])
-        accum = int(os.environ["BATCHFIT_ACCUMULATION"])
-        world = int(os.environ["BATCHFIT_WORLD_SIZE"])
+        if os.environ.get("BATCHFIT_UNEVEN", "0") != "0":
+            die("BATCHFIT_UNEVEN=1: an --allow-uneven plan has micro-batches of two sizes; this script trains one size")
+        micro = env_int("BATCHFIT_MICRO_BATCH")
+        accum = env_int("BATCHFIT_ACCUMULATION")
+        world = env_int("BATCHFIT_WORLD_SIZE")
         source = "BATCHFIT_* environment"
+        if "BATCHFIT_GLOBAL_BATCH" in os.environ and env_int("BATCHFIT_GLOBAL_BATCH") != micro * accum * world:
+            die(f"BATCHFIT_GLOBAL_BATCH={os.environ['BATCHFIT_GLOBAL_BATCH']} is not micro-batch {micro} × "
+                f"accumulation {accum} × world size {world}: the exports are not one plan's")
         if os.environ.get("BATCHFIT_PLAN"):  # exported with --out: the model comes from there
             plan = read_plan(os.environ["BATCHFIT_PLAN"])
+            rec = plan["recommendation"]
+            if (rec["micro_batch"], rec["accumulation"], rec["world_size"]) != (micro, accum, world):
+                # e.g. another job wrote the same --out file since this job's probe
+                die(f"{os.environ['BATCHFIT_PLAN']} now says micro-batch {rec['micro_batch']} × accumulation "
+                    f"{rec['accumulation']} × world size {rec['world_size']}, the BATCHFIT_* exports {micro} × "
+                    f"{accum} × {world}: the plan file was rewritten since the probe (give every job its own --out)")
     if args.micro_batch is not None:
         micro, world, source = args.micro_batch, None, "flags"
+    elif args.accumulation is not None and micro is not None:
+        die(f"--accumulation {args.accumulation} without --micro-batch would change the accumulation of the plan "
+            f"({accum}), which was proven at that accumulation only: give both, or neither")
     if args.accumulation is not None:
         accum = args.accumulation
     if micro is None:
@@ -112,16 +148,56 @@ def batch_settings(args):
     return micro, accum, world, plan, source
 
 
+def flag_model(args):
+    """(input, hidden, classes, optimizer) of the model flags, defaults for those not given."""
+    v = {k: MODEL_DEFAULTS[k] if getattr(args, k) is None else getattr(args, k) for k in MODEL_DEFAULTS}
+    return v["input"], [int(h) for h in str(v["hidden"]).split(",") if h], v["classes"], v["optimizer"]
+
+
+def sha256_of(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
 def model_settings(args, plan):
-    arch = ((plan or {}).get("model", {}).get("config") or {}).get("architecture") or {}
-    if arch.get("name") == "mlp":
-        optimizer = plan["model"]["config"].get("optimizer", args.optimizer)
-        precision = plan["model"]["config"].get("precision", "fp32")
-        if precision != "fp32":
-            die(f"the plan's precision is {precision}; this example trains fp32")
-        return arch["input"], list(arch["hidden"]), arch["classes"], optimizer, "the plan's mlp"
-    hidden = [int(h) for h in args.hidden.split(",") if h]
-    return args.input, hidden, args.classes, args.optimizer, "flags"
+    """The model to build: the plan's (an mlp plan, or an --exec plan of this script), else the flags.
+    A plan of any other model is refused: its micro-batch was proven on another model."""
+    flags = flag_model(args)
+    if plan is None:
+        return (*flags, "flags")
+    model = plan.get("model") or {}
+    if model.get("kind") == "exec":
+        # `batchfit probe --exec` of a command: it holds for this script if the command ran this very
+        # file (--fingerprint-file's hash) with the model flags this run has
+        me = os.path.abspath(__file__)
+        if not any(f.get("sha256") == sha256_of(me) for f in model.get("fingerprint_files") or []):
+            die(f"the plan was probed (--exec) on {' '.join(model.get('argv', []))!r} without this {me} "
+                f"(no --fingerprint-file with its SHA-256): not proven on this script")
+        argv = model.get("argv") or []
+        at = [i for i, a in enumerate(argv) if os.path.basename(a) == os.path.basename(me)]
+        if not at:
+            die(f"the plan was probed (--exec) on {' '.join(argv)!r}, which does not run {os.path.basename(me)}")
+        probed = flag_model(model_parser().parse_known_args(argv[at[0] + 1:])[0])
+        if probed != flags:
+            die(f"the plan was probed (--exec) with model input={probed[0]} hidden={probed[1]} classes={probed[2]} "
+                f"optimizer={probed[3]}, this run's flags give input={flags[0]} hidden={flags[1]} "
+                f"classes={flags[2]} optimizer={flags[3]}: probe with the same flags")
+        return (*flags, "flags, as in the --exec plan")
+    arch = ((model.get("config") or {}).get("architecture")) or {}
+    if arch.get("name") != "mlp":
+        die(f"the plan is for model {model.get('name')!r}, this script builds batchfit's mlp: its micro-batch "
+            f"was not proven on this model (replace build_model() and model_settings() with yours)")
+    optimizer = model["config"].get("optimizer", MODEL_DEFAULTS["optimizer"])
+    precision = model["config"].get("precision", "fp32")
+    if precision != "fp32":
+        die(f"the plan's precision is {precision}; this example trains fp32")
+    planned = (arch["input"], list(arch["hidden"]), arch["classes"], optimizer)
+    given = {k: (planned[i], flags[i]) for i, k in enumerate(MODEL_DEFAULTS) if getattr(args, k) is not None}
+    differ = {k: v for k, v in given.items() if v[0] != v[1]}
+    if differ:
+        die("the flags ask for another model than the plan's: " + ", ".join(
+            f"--{k} {f} (plan: {p})" for k, (p, f) in differ.items()) + "; probe that model, or drop the flags")
+    return (*planned, "the plan's mlp")
 
 
 def build_model(inp, hidden, classes):
