@@ -3,6 +3,13 @@
 # on this one machine, without a GPU, and check the numbers they train with.
 #
 # Stages, in order (RECIPES_STAGES=a,b,… runs only those; the others are listed as NOT RUN):
+#   guards            train.py (plain python3, a world of 1) refuses sim plans and exports it cannot honour
+#                     (uneven exports, exports whose plan file was rewritten, model flags against the plan's
+#                     model, a plan of another model, --accumulation alone over a plan, an --exec plan of
+#                     other flags or another train.py) and trains the ones it can; merge-config.sh refuses
+#                     an unverified merged plan; probe-exec.sh (stubs of batchfit and torchrun) probes its
+#                     training arguments and keeps the trial helper out of the current directory;
+#                     shellcheck of examples/ (when installed). ~45 s
 #   torchrun          examples/torchrun/launch.sh: a real CPU probe (world size 2) of the model of
 #                     examples/torchrun/train.py, whose `--format env` exports torchrun's 2 CPU
 #                     processes (gloo) train with; asserts the global batch train.py logged it used =
@@ -31,7 +38,8 @@
 #                     other: each probes (sim backend: the point is the cache, whose key holds the free
 #                     memory) and trains with `srun torchrun` (2 processes); asserts the second task's plan
 #                     came from the first's cache and the numbers each task trained with
-#   slurm-two-node    sbatch examples/slurm/multi-node.sbatch on 2 nodes (two slurmd on this host): per-node
+#   slurm-two-node    sbatch examples/slurm/multi-node.sbatch on 2 nodes (two slurmd on this host), held while
+#                     a requeue's leftovers go to its plans/ID/nodes (they must not be merged): per-node
 #                     probe (`srun --ntasks-per-node=1`, sim backend), merge, verify on each node, torchrun
 #                     on both nodes (world size 2); asserts the merged plan, the verified plans, the numbers
 #
@@ -701,11 +709,22 @@ stage_slurm_two_node() {
   cp "$examples/slurm/multi-node.sbatch" "$examples/torchrun/train.py" .
   echo "sbatch -p two multi-node.sbatch (2 nodes × 1 process; probe: ${SLURM_SIM[*]}; GLOBAL_BATCH=1536)"
   t0=$(now)
+  # held, to leave in its plans/ID/nodes what a first run of a requeued job (same id) would have left:
+  # a node's partial plan and a plan of a node (and a model) the job no longer has; the job must not
+  # merge them
   id=$(BATCHFIT_CACHE_DIR=$d/cache NPROC=1 GLOBAL_BATCH=1536 BATCHFIT_PROBE_ARGS="${SLURM_SIM[*]}" \
-         sbatch --parsable --partition=two multi-node.sbatch) || fail "sbatch refused the job"
+         sbatch --parsable --hold --partition=two multi-node.sbatch) || fail "sbatch refused the job"
   id=${id%%;*}
   echo "$id" >> "$SLURM_DIR/jobs"
-  echo "  job $id submitted"
+  mkdir -p "plans/$id/nodes"
+  batchfit probe "${SLURM_SIM[@]}" --global-batch 1536 --world-size 2 --max-trials 2 --no-cache --quiet \
+    --out "plans/$id/nodes/rc1.json" --format json > /dev/null 2>&1
+  [ -f "plans/$id/nodes/rc1.partial.json" ] || fail "no partial plan for the requeue's leftovers"
+  batchfit probe --backend sim --sim base=600MiB,per-sample=1MiB,capacity=4GiB --model gpt --global-batch 1536 \
+    --world-size 2 --quiet --no-cache --out "plans/$id/nodes/gone.json" --format json > /dev/null 2>&1 \
+    || fail "the sim probe of gpt failed"
+  scontrol release "$id" || fail "scontrol release $id failed"
+  echo "  job $id submitted (held; a first run's rc1.partial.json and gone.json (gpt) put in plans/$id/nodes; released)"
   states=$(wait_job "$id" 300) || exit $?
   echo "  [$(elapsed "$t0") s] job $id done: $states"
   out=$d/batchfit-multinode-$id.out
