@@ -52,9 +52,10 @@ pub fn model_workload(
 pub fn exec_workload(
     info: &ExecInfo,
     oom_patterns: Vec<regex_lite::Regex>,
+    world_size: Option<u64>,
 ) -> Result<Arc<dyn Workload>, ProbeError> {
     ExecWorkload::new(info.clone(), oom_patterns, info.threads)
-        .map(|w| Arc::new(w) as Arc<dyn Workload>)
+        .map(|w| Arc::new(w.with_world_size(world_size)) as Arc<dyn Workload>)
         .map_err(|e| {
             ProbeError::Environment(format!("cannot make a folder for the trials' reports: {e}"))
         })
@@ -63,7 +64,7 @@ pub fn exec_workload(
 /// What `cfg`'s trials run: the user's command (`--exec`), else batchfit's tch model.
 fn workload(cfg: &ProbeConfig, exe: &Path) -> Result<Arc<dyn Workload>, ProbeError> {
     match &cfg.exec {
-        Some(e) => exec_workload(&e.info, e.oom_patterns.clone()),
+        Some(e) => exec_workload(&e.info, e.oom_patterns.clone(), Some(cfg.world_size)),
         None => Ok(model_workload(
             exe,
             &cfg.model,
@@ -486,7 +487,11 @@ pub fn plan_backend(
                     .map(|p| regex_lite::Regex::new(p))
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(|err| ProbeError::Usage(format!("a plan's --oom-pattern: {err}")))?;
-                exec_workload(e, patterns)
+                exec_workload(
+                    e,
+                    patterns,
+                    plan.recommendation.as_ref().map(|r| r.world_size),
+                )
             }
         }
     };
