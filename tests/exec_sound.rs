@@ -236,3 +236,52 @@ fn a_report_of_fewer_samples_or_nan_is_an_error() {
     let (p, _) = run(&rlimit(), &sneaky("nan", &[]));
     no_fit_below_9(&p, "error", "holds NaN or Infinity");
 }
+
+/// 7: the warning about a command without `{batch}` is said once, and not at all when the trials'
+/// reports show the job read BATCHFIT_BATCH (was: twice on stderr, and always).
+#[test]
+fn the_no_batch_warning_is_said_once_and_only_when_unproven() {
+    let helper = repo().join("src/workload/exec").display().to_string();
+    let hog = repo().join("tests/support/exec/hog.py").display().to_string();
+    // hog.py without --batch reads BATCHFIT_BATCH and reports the size it trained
+    let cmd: Vec<String> = [
+        "/usr/bin/python3",
+        &hog,
+        "--capacity-mib",
+        "20",
+        "--report",
+        "--helper",
+        &helper,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (p, err) = run(&rlimit(), &cmd);
+    assert_eq!(p["recommendation"]["max_fitting_batch"], 12, "{p}");
+    assert!(!p["warnings"].to_string().contains("{batch}"), "{}", p["warnings"]);
+    assert!(!err.contains("has no {batch}"), "{err}");
+    // a shell that reads it but reports nothing: said once
+    let sh: Vec<String> = [
+        "sh",
+        "-c",
+        "[ \"$BATCHFIT_BATCH\" -le 3 ] || { echo MemoryError >&2; exit 1; }; sleep 0.1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let o = batchfit()
+        .args(["probe", "--backend", "cpu", "--max-batch", "16", "--out"])
+        .arg(&out)
+        .args(rlimit())
+        .arg("--exec")
+        .arg("--")
+        .args(&sh)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches("has no {batch}").count(), 1, "{err}");
+    assert!(read_json(&out)["warnings"].to_string().contains("{batch}"));
+}
