@@ -285,3 +285,106 @@ fn the_no_batch_warning_is_said_once_and_only_when_unproven() {
     assert_eq!(err.matches("has no {batch}").count(), 1, "{err}");
     assert!(read_json(&out)["warnings"].to_string().contains("{batch}"));
 }
+
+/// 11: a split whose accumulation nothing shows the job ran is marked in the plan, the text and the
+/// env exports (`BATCHFIT_ACCUMULATION_PROVEN=0`), not only warned about.
+#[test]
+fn an_unproven_accumulation_is_exported_and_marked() {
+    let helper = repo().join("src/workload/exec").display().to_string();
+    let hog = repo().join("tests/support/exec/hog.py").display().to_string();
+    // hog.py reports, but never reads the accumulation
+    let cmd: Vec<String> = [
+        "/usr/bin/python3",
+        &hog,
+        "--batch",
+        "{batch}",
+        "--capacity-mib",
+        "40",
+        "--report",
+        "--helper",
+        &helper,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let run = |format: &str| {
+        batchfit()
+            .args(["probe", "--backend", "cpu", "--quiet", "--global-batch", "120"])
+            .args(["--format", format, "--out"])
+            .arg(&out)
+            .args(rlimit())
+            .arg("--exec")
+            .arg("--")
+            .args(&cmd)
+            .output()
+            .unwrap()
+    };
+    let o = run("env");
+    assert!(o.status.success(), "{o:?}");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("BATCHFIT_ACCUMULATION_PROVEN=0"), "{stdout}");
+    let r = read_json(&out)["recommendation"].clone();
+    assert!(r["accumulation"].as_u64().unwrap() > 1, "{r}");
+    assert_eq!(r["accumulation_proven"], false, "{r}");
+    let text = batchfit()
+        .args(["show", "--format", "text"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("NOT PROVEN"),
+        "{text:?}"
+    );
+}
+
+/// 9: under a cgroup the anonymous peak is recorded beside the kernel's (which counts page cache).
+#[test]
+fn a_cgroup_trial_records_its_anonymous_peak() {
+    if !cgroup_available() {
+        eprintln!("no memory cgroup here: skipped");
+        return;
+    }
+    let hog = repo().join("tests/support/exec/hog.py").display().to_string();
+    let cmd: Vec<String> = [
+        "/usr/bin/python3",
+        &hog,
+        "--batch",
+        "{batch}",
+        "--mib-per-sample",
+        "4",
+        "--sleep",
+        "0.05",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (p, _) = run(
+        &[
+            "--cpu-limit",
+            "cgroup",
+            "--memory-budget",
+            "400MiB",
+            "--margin",
+            "0",
+            "--multiple-of",
+            "4",
+        ],
+        &cmd,
+    );
+    assert_eq!(p["guard_band"], 0.03, "{p}");
+    let fits: Vec<Value> = trials(&p)
+        .into_iter()
+        .filter(|t| t["outcome"] == "fits")
+        .collect();
+    assert!(!fits.is_empty());
+    for t in fits {
+        let anon = t["details"]["cgroup_anon_peak_bytes"].as_u64().unwrap_or(0);
+        let kernel = t["peak_bytes"].as_u64().unwrap();
+        // hog's 4 MiB a sample are anonymous: seen, and never above the kernel's total
+        let b = t["batch"].as_u64().unwrap();
+        assert!(anon >= b * 4 << 20, "{t}");
+        assert!(anon <= kernel, "{t}");
+    }
+}

@@ -387,7 +387,8 @@ pub fn skeleton(
             format_size(budget)
         )));
     }
-    let limit = config::limit(budget, cfg.reserve, cfg.margin);
+    let guard_band = guard_band(backend.limit_mechanism());
+    let limit = guarded(config::limit(budget, cfg.reserve, cfg.margin), guard_band);
     if device.kind == DeviceKind::Cpu && cfg.exec.is_none() && limit < LIBTORCH_MIN_DATA {
         return Err(ProbeError::Usage(format!(
             "the limit {} (budget {} − reserve {}, less the {:.0}% margin) is below the {} a libtorch process \
@@ -444,8 +445,30 @@ pub fn skeleton(
         gpu,
         reserve_note,
         limit_mechanism: Some(backend.limit_mechanism()),
+        guard_band,
     };
     Ok((plan, limit))
+}
+
+/// The share the trials' limit is set below the budget's limit in a memory cgroup. The kernel
+/// charges page cache to the group (a file's pages to the group that first read them) and reclaims
+/// it at the limit, so the largest size that completes moves by tens of samples from run to run
+/// (measured: docs/soundness.md, "The cgroup boundary is noisy"). A tighter limit squeezes the
+/// reclaimable cache first, so 1% of the limit moved the answer by only ~6 samples of the 15-sample
+/// excess measured; 3% covers it. `RLIMIT_DATA` counts only the data segment and is exact: none.
+pub const CGROUP_GUARD_BAND: f64 = 0.03;
+
+/// The guard band of a limit mechanism (see [`CGROUP_GUARD_BAND`]).
+pub fn guard_band(m: LimitMechanism) -> Option<f64> {
+    matches!(m, LimitMechanism::CgroupV1 | LimitMechanism::CgroupV2).then_some(CGROUP_GUARD_BAND)
+}
+
+/// `limit` less its guard band.
+pub fn guarded(limit: u64, guard_band: Option<f64>) -> u64 {
+    match guard_band {
+        Some(g) if g > 0.0 && g < 1.0 => (limit as f64 * (1.0 - g)) as u64,
+        _ => limit,
+    }
 }
 
 /// The device to re-run `plan`'s trials on here (`batchfit verify`): the plan's kind of device, its
@@ -545,4 +568,24 @@ pub fn plan_backend(
             )
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A memory cgroup's trials run under the limit less the guard band (its boundary is noisy: the
+    /// answer was measured above the fresh-run truth without it); RLIMIT_DATA is exact and keeps
+    /// the whole limit.
+    #[test]
+    fn the_guard_band_is_for_cgroups_only() {
+        let l = 1_342_177_280;
+        for m in [LimitMechanism::CgroupV1, LimitMechanism::CgroupV2] {
+            assert_eq!(guard_band(m), Some(CGROUP_GUARD_BAND));
+            assert_eq!(guarded(l, guard_band(m)), 1_301_911_961);
+        }
+        assert_eq!(guard_band(LimitMechanism::RlimitData), None);
+        assert_eq!(guarded(l, guard_band(LimitMechanism::RlimitData)), l);
+        assert_eq!(guarded(l, Some(1.5)), l);
+    }
 }

@@ -124,8 +124,12 @@ pub fn assemble(
                         r.fastest_micro_batch = Some(a.fastest.batch);
                         r.fastest_samples_per_second = Some(a.fastest.samples_per_second);
                     }
+                    if cfg.exec.is_some() && r.accumulation > 1 {
+                        r.accumulation_proven = Some(true);
+                    }
                     if let Some(w) = unproven_accumulation(cfg, &outcome.trials, &r) {
                         plan.warnings.push(w);
+                        r.accumulation_proven = Some(false);
                     }
                     plan.recommendation = Some(r);
                     if let Some(w) = &s.warning {
