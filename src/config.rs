@@ -689,6 +689,12 @@ pub fn limit(budget: u64, reserve: u64, margin: f64) -> u64 {
     (budget.saturating_sub(reserve) as f64 * (1.0 - margin)) as u64
 }
 
+/// The warning for a command without `{batch}` (kept in the plan unless the trials' reports show the
+/// job read `BATCHFIT_BATCH`).
+pub const NO_BATCH_WARNING: &str =
+    "the command has no {batch} in its arguments: it must read the size from BATCHFIT_BATCH \
+     (or batchfit_trial.batch_size()), or every trial trains the same size";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -700,9 +706,3 @@ mod tests {
         assert_eq!(limit(1000, 0, 0.0), 1000);
     }
 }
-
-/// The warning for a command without `{batch}` (kept in the plan unless the trials' reports show the
-/// job read `BATCHFIT_BATCH`).
-pub const NO_BATCH_WARNING: &str =
-    "the command has no {batch} in its arguments: it must read the size from BATCHFIT_BATCH \
-     (or batchfit_trial.batch_size()), or every trial trains the same size";

@@ -179,7 +179,11 @@ fn a_trials_peak_is_not_batchfits_forked_image() {
     assert!(!fits.is_empty(), "{p}");
     for t in fits {
         let rss = t["rss_peak_bytes"].as_u64().unwrap_or(0);
-        assert!(rss < 64 << 20, "python doing nothing at {} MiB: {t}", rss >> 20);
+        assert!(
+            rss < 64 << 20,
+            "python doing nothing at {} MiB: {t}",
+            rss >> 20
+        );
     }
 }
 
@@ -198,7 +202,11 @@ fn a_fit_above_the_limit_by_the_trees_measure_is_an_error() {
         ],
         &sneaky("shared", &[]),
     );
-    no_fit_below_9(&p, "error", "RLIMIT_DATA bounds each process's data segment alone");
+    no_fit_below_9(
+        &p,
+        "error",
+        "RLIMIT_DATA bounds each process's data segment alone",
+    );
 }
 
 /// 6: every rank's report is read: a missing rank, a rank that trained another batch, a world size
@@ -207,7 +215,11 @@ fn a_fit_above_the_limit_by_the_trees_measure_is_an_error() {
 fn every_ranks_report_is_read_and_checked() {
     for (mode, world, want) in [
         ("ranks-missing", "2", "rank 1 of 2 wrote no trial report"),
-        ("ranks-batch", "2", "rank 1: the command did not train the size"),
+        (
+            "ranks-batch",
+            "2",
+            "rank 1: the command did not train the size",
+        ),
         ("ranks-world", "2", "the plan is for --world-size 2"),
     ] {
         let mut flags = rlimit();
@@ -242,7 +254,10 @@ fn a_report_of_fewer_samples_or_nan_is_an_error() {
 #[test]
 fn the_no_batch_warning_is_said_once_and_only_when_unproven() {
     let helper = repo().join("src/workload/exec").display().to_string();
-    let hog = repo().join("tests/support/exec/hog.py").display().to_string();
+    let hog = repo()
+        .join("tests/support/exec/hog.py")
+        .display()
+        .to_string();
     // hog.py without --batch reads BATCHFIT_BATCH and reports the size it trained
     let cmd: Vec<String> = [
         "/usr/bin/python3",
@@ -258,7 +273,11 @@ fn the_no_batch_warning_is_said_once_and_only_when_unproven() {
     .collect();
     let (p, err) = run(&rlimit(), &cmd);
     assert_eq!(p["recommendation"]["max_fitting_batch"], 12, "{p}");
-    assert!(!p["warnings"].to_string().contains("{batch}"), "{}", p["warnings"]);
+    assert!(
+        !p["warnings"].to_string().contains("{batch}"),
+        "{}",
+        p["warnings"]
+    );
     assert!(!err.contains("has no {batch}"), "{err}");
     // a shell that reads it but reports nothing: said once
     let sh: Vec<String> = [
@@ -291,7 +310,10 @@ fn the_no_batch_warning_is_said_once_and_only_when_unproven() {
 #[test]
 fn an_unproven_accumulation_is_exported_and_marked() {
     let helper = repo().join("src/workload/exec").display().to_string();
-    let hog = repo().join("tests/support/exec/hog.py").display().to_string();
+    let hog = repo()
+        .join("tests/support/exec/hog.py")
+        .display()
+        .to_string();
     // hog.py reports, but never reads the accumulation
     let cmd: Vec<String> = [
         "/usr/bin/python3",
@@ -311,7 +333,14 @@ fn an_unproven_accumulation_is_exported_and_marked() {
     let out = path(&d, "plan.json");
     let run = |format: &str| {
         batchfit()
-            .args(["probe", "--backend", "cpu", "--quiet", "--global-batch", "120"])
+            .args([
+                "probe",
+                "--backend",
+                "cpu",
+                "--quiet",
+                "--global-batch",
+                "120",
+            ])
             .args(["--format", format, "--out"])
             .arg(&out)
             .args(rlimit())
@@ -324,7 +353,10 @@ fn an_unproven_accumulation_is_exported_and_marked() {
     let o = run("env");
     assert!(o.status.success(), "{o:?}");
     let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(stdout.contains("BATCHFIT_ACCUMULATION_PROVEN=0"), "{stdout}");
+    assert!(
+        stdout.contains("BATCHFIT_ACCUMULATION_PROVEN=0"),
+        "{stdout}"
+    );
     let r = read_json(&out)["recommendation"].clone();
     assert!(r["accumulation"].as_u64().unwrap() > 1, "{r}");
     assert_eq!(r["accumulation_proven"], false, "{r}");
@@ -346,7 +378,10 @@ fn a_cgroup_trial_records_its_anonymous_peak() {
         eprintln!("no memory cgroup here: skipped");
         return;
     }
-    let hog = repo().join("tests/support/exec/hog.py").display().to_string();
+    let hog = repo()
+        .join("tests/support/exec/hog.py")
+        .display()
+        .to_string();
     let cmd: Vec<String> = [
         "/usr/bin/python3",
         &hog,
@@ -384,7 +419,7 @@ fn a_cgroup_trial_records_its_anonymous_peak() {
         let kernel = t["peak_bytes"].as_u64().unwrap();
         // hog's 4 MiB a sample are anonymous: seen, and never above the kernel's total
         let b = t["batch"].as_u64().unwrap();
-        assert!(anon >= b * 4 << 20, "{t}");
+        assert!(anon >= (b * 4) << 20, "{t}");
         assert!(anon <= kernel, "{t}");
     }
 }

@@ -209,6 +209,7 @@ fn wait_for_descendants(
 
 /// How a trial process ended.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one per trial, moved once
 pub enum Ran {
     Finished(Finished),
     /// Killed after the trial timeout.

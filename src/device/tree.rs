@@ -176,7 +176,10 @@ impl Tree {
 
     /// The tree's processes other than `root` still running (not zombies).
     pub fn running_except(&self, root: u32) -> Vec<u32> {
-        self.live_pids().into_iter().filter(|&p| p != root).collect()
+        self.live_pids()
+            .into_iter()
+            .filter(|&p| p != root)
+            .collect()
     }
 
     /// Processes seen so far.

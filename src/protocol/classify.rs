@@ -142,8 +142,10 @@ pub fn classify(e: &Evidence) -> Verdict {
         return Verdict::Oom(line);
     }
     if e.machine_oom_kill {
-        let near = near_data_limit(e.data_peak, e.data_limit)
-            .or_else(|| e.limit_peak.and_then(|(p, l)| near_data_limit(Some(p), Some(l))));
+        let near = near_data_limit(e.data_peak, e.data_limit).or_else(|| {
+            e.limit_peak
+                .and_then(|(p, l)| near_data_limit(Some(p), Some(l)))
+        });
         return match near {
             Some(pct) => Verdict::Oom(format!(
                 "killed by the kernel's OOM killer (SIGKILL while the machine's oom_kill counter \
@@ -480,7 +482,10 @@ mod tests {
         };
         let far = at(gib / 10);
         assert!(!far.is_oom());
-        assert!(far.message().contains("not shown to be this trial"), "{far:?}");
+        assert!(
+            far.message().contains("not shown to be this trial"),
+            "{far:?}"
+        );
         assert!(at(gib * 98 / 100).is_oom());
     }
 
@@ -494,7 +499,10 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
-        assert!(v.is_oom() && v.message().contains("OOM killer killed 1"), "{v:?}");
+        assert!(
+            v.is_oom() && v.message().contains("OOM killer killed 1"),
+            "{v:?}"
+        );
         let v = classify_clean_exit(&CleanExit {
             allocator_ooms: 3,
             ..Default::default()
@@ -507,14 +515,20 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
-        assert!(!v.is_oom() && v.message().contains("pid 7 (python): signal 9"), "{v:?}");
+        assert!(
+            !v.is_oom() && v.message().contains("pid 7 (python): signal 9"),
+            "{v:?}"
+        );
         let left = ["pid 8 (sleep)".to_string()];
         let v = classify_clean_exit(&CleanExit {
             left_behind: &left,
             ..Default::default()
         })
         .unwrap();
-        assert!(!v.is_oom() && v.message().contains("left processes behind"), "{v:?}");
+        assert!(
+            !v.is_oom() && v.message().contains("left processes behind"),
+            "{v:?}"
+        );
     }
 
     #[test]
