@@ -408,7 +408,7 @@ fn a_cgroup_trial_records_its_anonymous_peak() {
         ],
         &cmd,
     );
-    assert_eq!(p["guard_band"], 0.03, "{p}");
+    assert_eq!(p["guard_band"], 0.02, "{p}");
     let fits: Vec<Value> = trials(&p)
         .into_iter()
         .filter(|t| t["outcome"] == "fits")
