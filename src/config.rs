@@ -470,11 +470,8 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
         .collect::<Result<Vec<_>, _>>()?;
     let mut warnings = vec![];
     if !a.command.iter().any(|w| w.contains("{batch}")) {
-        warnings.push(
-            "the command has no {batch} in its arguments: it must read the size from BATCHFIT_BATCH \
-             (or batchfit_trial.batch_size()), or every trial trains the same size"
-                .to_string(),
-        );
+        // said once, in the plan and its summary, unless the trials' reports prove the job read it
+        warnings.push(NO_BATCH_WARNING.to_string());
     }
     let threads = a.threads;
     let mut environment: Vec<String> = crate::workload::exec::ENVIRONMENT
@@ -691,6 +688,12 @@ fn torchscript(a: &ProbeArgs) -> Result<Architecture, ConfigError> {
 pub fn limit(budget: u64, reserve: u64, margin: f64) -> u64 {
     (budget.saturating_sub(reserve) as f64 * (1.0 - margin)) as u64
 }
+
+/// The warning for a command without `{batch}` (kept in the plan unless the trials' reports show the
+/// job read `BATCHFIT_BATCH`).
+pub const NO_BATCH_WARNING: &str =
+    "the command has no {batch} in its arguments: it must read the size from BATCHFIT_BATCH \
+     (or batchfit_trial.batch_size()), or every trial trains the same size";
 
 #[cfg(test)]
 mod tests {

@@ -120,7 +120,7 @@ fn placeholders_and_environment_reach_the_command() {
     let seen = path(&d, "seen.txt");
     let script = format!(
         "echo \"$1 $2 $3 $BATCHFIT_BATCH $BATCHFIT_STEPS $BATCHFIT_ACCUMULATION $BATCHFIT_TRIAL ${{BATCHFIT_RESULT:+result}}\" >> {}; \
-         [ \"$1\" -le 7 ] || {{ echo 'MemoryError' >&2; exit 1; }}",
+         [ \"$1\" -le 7 ] || {{ echo 'MemoryError' >&2; exit 1; }}; sleep 0.1",
         seen.display()
     );
     let cmd: Vec<String> = [
@@ -505,7 +505,8 @@ fn a_command_without_batch_is_warned() {
     let cmd: Vec<String> = vec![
         "sh".into(),
         "-c".into(),
-        "[ \"$BATCHFIT_BATCH\" -le 3 ] || { echo MemoryError >&2; exit 1; }".into(),
+        // (a fit lasts long enough to be measured: only samples after the exec measure a trial)
+        "[ \"$BATCHFIT_BATCH\" -le 3 ] || { echo MemoryError >&2; exit 1; }; sleep 0.1".into(),
     ];
     let o = batchfit()
         .args([
@@ -550,7 +551,7 @@ fn the_trainer_refuses_verify_reruns_and_the_cache_knows_the_files() {
     let script = path(&d, "train.sh");
     std::fs::write(
         &script,
-        "[ \"$1\" -le 5 ] || { echo MemoryError >&2; exit 1; }\n",
+        "[ \"$1\" -le 5 ] || { echo MemoryError >&2; exit 1; }; sleep 0.1\n",
     )
     .unwrap();
     let cache = fresh_cache_dir();
@@ -604,7 +605,7 @@ fn the_trainer_refuses_verify_reruns_and_the_cache_knows_the_files() {
     // another version of the script: verify refuses, and the cache does not answer for it
     std::fs::write(
         &script,
-        "[ \"$1\" -le 9 ] || { echo MemoryError >&2; exit 1; }\n",
+        "[ \"$1\" -le 9 ] || { echo MemoryError >&2; exit 1; }; sleep 0.1\n",
     )
     .unwrap();
     batchfit()

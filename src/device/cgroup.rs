@@ -165,6 +165,32 @@ impl Group {
         }
     }
 
+    /// The group's limit (`memory.max` / `memory.limit_in_bytes`).
+    pub fn limit(&self) -> Option<u64> {
+        match self.version {
+            Version::V2 => self.value("memory.max"),
+            Version::V1 => self.value("memory.limit_in_bytes"),
+        }
+    }
+
+    /// The anonymous and shared memory charged to the group now (`memory.stat`: v2 `anon` +
+    /// `shmem`, v1 `total_rss` + `total_shmem`): what cannot be reclaimed without swap. The kernel's
+    /// peak also counts page cache (read files, the libraries' text), which is reclaimed at the limit,
+    /// so every trial near the limit reads about 100% there.
+    pub fn anon(&self) -> Option<u64> {
+        let t = read(&self.dir.join("memory.stat"))?;
+        let keys: [&str; 2] = match self.version {
+            Version::V2 => ["anon ", "shmem "],
+            Version::V1 => ["total_rss ", "total_shmem "],
+        };
+        let get = |k: &str| {
+            t.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        Some(get(keys[0])? + get(keys[1]).unwrap_or(0))
+    }
+
     /// OOM kills the kernel counted in this group.
     pub fn oom_kills(&self) -> u64 {
         let file = match self.version {

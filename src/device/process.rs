@@ -153,8 +153,63 @@ fn reap(pid: u32, block: bool) -> std::io::Result<Option<(ExitStatus, u64)>> {
     }
 }
 
+/// One sample of a trial's tree (and of its cgroup's anonymous memory).
+fn sample_tree(
+    t: &mut super::tree::Tree,
+    group: Option<&super::cgroup::Group>,
+    cgroup_anon: &mut Option<u64>,
+) {
+    match group {
+        Some(g) => {
+            let inside = g.pids();
+            t.sample_inside(Some(&inside));
+            if let Some(a) = g.anon() {
+                *cgroup_anon = Some(cgroup_anon.unwrap_or(0).max(a));
+            }
+        }
+        None => t.sample(),
+    }
+}
+
+/// How long descendants may outlive the root before they count as left behind.
+const DESCENDANT_GRACE: Duration = Duration::from_millis(1000);
+
+/// After the root (`root`) exited: waits up to [`DESCENDANT_GRACE`] for the tree's other processes
+/// (and its cgroup's) to end, sampling them; those still running are returned (`pid N (name)`).
+fn wait_for_descendants(
+    t: &mut super::tree::Tree,
+    root: u32,
+    group: Option<&super::cgroup::Group>,
+    cgroup_anon: &mut Option<u64>,
+) -> Vec<String> {
+    let running = |t: &super::tree::Tree| {
+        let mut v = t.running_except(root);
+        if let Some(g) = group {
+            for p in g.pids() {
+                if p != root && !v.contains(&p) {
+                    v.push(p);
+                }
+            }
+        }
+        v
+    };
+    let t0 = Instant::now();
+    loop {
+        sample_tree(t, group, cgroup_anon);
+        let left = running(t);
+        if left.is_empty() {
+            return vec![];
+        }
+        if t0.elapsed() >= DESCENDANT_GRACE || interrupt::pending().is_some() {
+            return left.into_iter().map(super::tree::describe).collect();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// How a trial process ended.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one per trial, moved once
 pub enum Ran {
     Finished(Finished),
     /// Killed after the trial timeout.
@@ -183,6 +238,13 @@ pub fn run(
     let mut child = spawn_limited(cmd, opts, Stdio::null())?;
     let pid = child.id();
     let mut tree = opts.tree.then(|| super::tree::Tree::new(pid));
+    // the anonymous memory charged to the trial's cgroup, sampled (the kernel keeps only the total's
+    // peak, page cache included)
+    let mut cgroup_anon: Option<u64> = None;
+    // a first sample at once (spawn returns after the exec): a short command may end before the next
+    if let Some(t) = tree.as_mut() {
+        sample_tree(t, opts.cgroup, &mut cgroup_anon);
+    }
     let out = read_all(child.stdout.take().expect("piped"), 1 << 20, log(".stdout"));
     let err = read_all(
         child.stderr.take().expect("piped"),
@@ -218,7 +280,7 @@ pub fn run(
             Ok(None) => {
                 match tree.as_mut() {
                     Some(t) => {
-                        t.sample();
+                        sample_tree(t, opts.cgroup, &mut cgroup_anon);
                         sample(&t.live_pids());
                     }
                     None => sample(&[pid]),
@@ -232,29 +294,51 @@ pub fn run(
             }
         }
     };
-    let (status, root_maxrss) = status;
+    // The root's ru_maxrss is not used: it counts the image of batchfit forked before the exec
+    // (about 180 MiB), which the trial never used. Only samples taken after the exec measure it.
+    let (status, _) = status;
     let seconds = t0.elapsed().as_secs_f64();
+    // Descendants still running after the root exited are waited for a moment (still measured),
+    // then killed, and named: the job left them behind.
+    let left_behind = match tree.as_mut() {
+        Some(t) => wait_for_descendants(t, pid, opts.cgroup, &mut cgroup_anon),
+        None => vec![],
+    };
     kill_everything(&tree);
-    let cgroup_oom = opts.cgroup.is_some_and(|g| g.oom_kills() > 0);
+    // In a cgroup only the group's own counter is evidence; elsewhere the machine's counter with a
+    // SIGKILL is weak evidence (any process of the machine may have been the one killed), which the
+    // workload weighs against the trial's measured peak.
+    let group_oom_kills = opts.cgroup.map(|g| g.oom_kills());
+    let machine_oom_kill = killed_by_kernel(status, kills_before, oom_kills());
     let measure = TreeMeasure {
         data_peak: tree.as_ref().map(|t| t.data_peak).filter(|&b| b > 0),
         data_limit: opts.data_limit,
-        // the kernel's own high-water mark of the root (and its reaped children) covers a process
-        // that ended before the first sample
-        rss_peak: tree
-            .as_ref()
-            .map(|t| t.rss_peak.max(root_maxrss))
-            .filter(|&b| b > 0),
+        rss_peak: tree.as_ref().map(|t| t.rss_peak).filter(|&b| b > 0),
         cgroup_peak: opts.cgroup.and_then(|g| g.peak()),
         processes: tree.as_ref().map_or(1, |t| t.seen()),
         seconds,
         log: opts.log.clone(),
+        anon_peak: tree.as_ref().map(|t| t.anon_peak).filter(|&b| b > 0),
+        cgroup_limit: opts.cgroup.and_then(|g| g.limit()),
+        group_oom_kills,
+        cgroup_anon_peak: cgroup_anon,
+        escaped_peak: opts
+            .cgroup
+            .and(tree.as_ref())
+            .map(|t| t.escaped_peak)
+            .filter(|&b| b > 0),
+        machine_oom_kill: opts.cgroup.is_none() && machine_oom_kill,
+        killed_descendants: tree.as_ref().map(|t| t.killed.clone()).unwrap_or_default(),
+        left_behind,
     };
     Ok(Ran::Finished(Finished {
         status,
         stdout: out.join().unwrap_or_default(),
         stderr: err.join().unwrap_or_default(),
-        kernel_oom_kill: cgroup_oom || killed_by_kernel(status, kills_before, oom_kills()),
+        kernel_oom_kill: match group_oom_kills {
+            Some(n) => n > 0,
+            None => machine_oom_kill,
+        },
         measure,
     }))
 }

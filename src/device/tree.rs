@@ -20,6 +20,55 @@ pub struct Tree {
     /// Peaks over all samples.
     pub data_peak: u64,
     pub rss_peak: u64,
+    /// Peak of the summed `RssAnon` + `RssShmem` (anonymous and shared memory, no file pages).
+    pub anon_peak: u64,
+    /// Peak of the summed anonymous memory of processes outside the set given to
+    /// [`Tree::sample_inside`] (the trial's cgroup).
+    pub escaped_peak: u64,
+    /// Descendants seen dead by a signal before their parent reaped them (`pid N (name): signal S`).
+    pub killed: Vec<String>,
+    killed_pids: std::collections::BTreeSet<u32>,
+}
+
+/// The signal that ended `pid` when it is a zombie (field 52 of `/proc/PID/stat`, `exit_code`, as
+/// `waitpid` reports it; Linux ≥ 3.5), else `None`.
+fn zombie_signal(pid: u32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    if !rest.starts_with('Z') {
+        return None;
+    }
+    // rest's first field is field 3: exit_code (52) is its 50th
+    let code: i32 = rest.split_whitespace().nth(49)?.parse().ok()?;
+    let sig = code & 0x7f;
+    (sig != 0 && sig != 0x7f).then_some(sig)
+}
+
+/// A signal that ends a process abnormally: the kernel's (SIGKILL from the OOM killer, SIGSEGV,
+/// SIGBUS, SIGABRT, …). SIGTERM, SIGINT, SIGHUP, SIGPIPE, SIGALRM and the user signals are how jobs
+/// stop their own helpers (a DataLoader's shutdown, a closed pipe) and are left out.
+fn abnormal(sig: i32) -> bool {
+    ![
+        libc::SIGTERM,
+        libc::SIGINT,
+        libc::SIGHUP,
+        libc::SIGPIPE,
+        libc::SIGALRM,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+    ]
+    .contains(&sig)
+}
+
+/// `pid N (name)` of a process.
+pub fn describe(pid: u32) -> String {
+    let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    let name = name.trim();
+    if name.is_empty() {
+        format!("pid {pid}")
+    } else {
+        format!("pid {pid} ({name})")
+    }
 }
 
 fn start_time(pid: u32) -> Option<u64> {
@@ -68,6 +117,10 @@ impl Tree {
             known,
             data_peak: 0,
             rss_peak: 0,
+            anon_peak: 0,
+            escaped_peak: 0,
+            killed: vec![],
+            killed_pids: Default::default(),
         }
     }
 
@@ -82,6 +135,12 @@ impl Tree {
 
     /// Finds new descendants and samples every live process's memory.
     pub fn sample(&mut self) {
+        self.sample_inside(None);
+    }
+
+    /// As [`Tree::sample`]; with `inside` (the PIDs of the trial's cgroup), also the anonymous memory
+    /// of the tree's processes outside it.
+    pub fn sample_inside(&mut self, inside: Option<&[u32]>) {
         let mut frontier = self.alive();
         while let Some(pid) = frontier.pop() {
             for c in children(pid) {
@@ -93,14 +152,34 @@ impl Tree {
                 }
             }
         }
-        let mut rss = 0;
+        let (mut rss, mut anon, mut escaped) = (0, 0, 0);
         for pid in self.alive() {
             if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
                 self.data_peak = self.data_peak.max(status_kb(&s, "VmData:"));
                 rss += status_kb(&s, "VmRSS:");
+                let a = status_kb(&s, "RssAnon:") + status_kb(&s, "RssShmem:");
+                anon += a;
+                if inside.is_some_and(|g| !g.contains(&pid)) {
+                    escaped += a;
+                }
+            }
+            if let Some(sig) = zombie_signal(pid).filter(|&s| abnormal(s)) {
+                if self.killed_pids.insert(pid) {
+                    self.killed.push(format!("{}: signal {sig}", describe(pid)));
+                }
             }
         }
         self.rss_peak = self.rss_peak.max(rss);
+        self.anon_peak = self.anon_peak.max(anon);
+        self.escaped_peak = self.escaped_peak.max(escaped);
+    }
+
+    /// The tree's processes other than `root` still running (not zombies).
+    pub fn running_except(&self, root: u32) -> Vec<u32> {
+        self.live_pids()
+            .into_iter()
+            .filter(|&p| p != root)
+            .collect()
     }
 
     /// Processes seen so far.

@@ -53,6 +53,13 @@ pub fn env(plan: &Plan, plan_path: Option<&Path>) -> String {
                         .join(" "),
                 ));
             }
+            // a command's accumulation nothing showed it ran: the job script can refuse it
+            if let Some(proven) = r.accumulation_proven {
+                vars.push((
+                    "BATCHFIT_ACCUMULATION_PROVEN",
+                    if proven { "1" } else { "0" }.into(),
+                ));
+            }
             if let Some(f) = r.fastest_micro_batch {
                 vars.push(("BATCHFIT_FASTEST_MICRO_BATCH", f.to_string()));
             }

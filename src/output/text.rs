@@ -32,6 +32,12 @@ pub fn summary(plan: &Plan) -> String {
     match &plan.recommendation {
         Some(r) if plan.status == Status::Complete => {
             s += &r.describe();
+            if r.accumulation_proven == Some(false) {
+                s += &format!(
+                    " (accumulation {} NOT PROVEN: nothing shows the command ran it; see the warning)",
+                    r.accumulation
+                );
+            }
             s += "\n";
             s += &format!(
                 "largest fitting micro-batch: {}{}; peak {} {} of the {} limit ({:.0}%); {:.0} samples/s\n",

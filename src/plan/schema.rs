@@ -283,6 +283,12 @@ pub struct Recommendation {
     /// Measured samples/s of `fastest_micro_batch`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fastest_samples_per_second: Option<f64>,
+    /// For a command (`--exec`) with accumulation > 1: whether anything shows the job ran that
+    /// accumulation (`{accumulation}` in its arguments, or its report). `false`: the split was proven
+    /// at accumulation 1 only (a plan warning says so; `--format env` exports
+    /// `BATCHFIT_ACCUMULATION_PROVEN=0`). Absent: accumulation 1, batchfit's own model, older plans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accumulation_proven: Option<bool>,
 }
 
 /// `n` and the noun, singular or plural: `1 trial`, `3 trials`.
@@ -355,6 +361,7 @@ impl Recommendation {
             better_global_batches: s.better_global_batches.clone(),
             fastest_micro_batch: None,
             fastest_samples_per_second: None,
+            accumulation_proven: None,
         }
     }
 }
@@ -401,6 +408,13 @@ pub struct Plan {
     /// recorded (those used `rlimit-data` on cpu).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit_mechanism: Option<LimitMechanism>,
+    /// The share by which the trials' limit (`limit_bytes`) was set below the budget's limit
+    /// (`budget_bytes` less `reserve_bytes` and the margin) because the limit mechanism's boundary is
+    /// noisy: a memory cgroup charges page cache, so a size near the limit fits some runs and not
+    /// others. The recommendation is proven under `limit_bytes`, which leaves this share of the
+    /// budget's limit as headroom. Absent: none (`rlimit-data`, cuda, sim; plans made before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guard_band: Option<f64>,
 }
 
 /// The cuda backend's view of the card(s).

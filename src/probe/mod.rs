@@ -64,7 +64,12 @@ pub fn run_cached(
     for n in notices.drain(..) {
         progress.line(&n);
     }
-    for w in &cfg.warnings {
+    // (the {batch} warning waits for the trials' reports: the plan's summary says it, once)
+    for w in cfg
+        .warnings
+        .iter()
+        .filter(|w| *w != crate::config::NO_BATCH_WARNING)
+    {
         progress.line(&format!("batchfit: warning: {w}"));
     }
     // Fault injection is a test of the trial runner: never answered from, nor stored in, the cache.

@@ -52,9 +52,10 @@ pub fn model_workload(
 pub fn exec_workload(
     info: &ExecInfo,
     oom_patterns: Vec<regex_lite::Regex>,
+    world_size: Option<u64>,
 ) -> Result<Arc<dyn Workload>, ProbeError> {
     ExecWorkload::new(info.clone(), oom_patterns, info.threads)
-        .map(|w| Arc::new(w) as Arc<dyn Workload>)
+        .map(|w| Arc::new(w.with_world_size(world_size)) as Arc<dyn Workload>)
         .map_err(|e| {
             ProbeError::Environment(format!("cannot make a folder for the trials' reports: {e}"))
         })
@@ -63,7 +64,7 @@ pub fn exec_workload(
 /// What `cfg`'s trials run: the user's command (`--exec`), else batchfit's tch model.
 fn workload(cfg: &ProbeConfig, exe: &Path) -> Result<Arc<dyn Workload>, ProbeError> {
     match &cfg.exec {
-        Some(e) => exec_workload(&e.info, e.oom_patterns.clone()),
+        Some(e) => exec_workload(&e.info, e.oom_patterns.clone(), Some(cfg.world_size)),
         None => Ok(model_workload(
             exe,
             &cfg.model,
@@ -386,7 +387,8 @@ pub fn skeleton(
             format_size(budget)
         )));
     }
-    let limit = config::limit(budget, cfg.reserve, cfg.margin);
+    let guard_band = guard_band(backend.limit_mechanism());
+    let limit = guarded(config::limit(budget, cfg.reserve, cfg.margin), guard_band);
     if device.kind == DeviceKind::Cpu && cfg.exec.is_none() && limit < LIBTORCH_MIN_DATA {
         return Err(ProbeError::Usage(format!(
             "the limit {} (budget {} − reserve {}, less the {:.0}% margin) is below the {} a libtorch process \
@@ -443,8 +445,31 @@ pub fn skeleton(
         gpu,
         reserve_note,
         limit_mechanism: Some(backend.limit_mechanism()),
+        guard_band,
     };
     Ok((plan, limit))
+}
+
+/// The share the trials' limit is set below the budget's limit in a memory cgroup. The kernel
+/// charges page cache to the group (a file's pages to the group that first read them) and reclaims
+/// it at the limit, so the largest size that completes moves by tens of samples from run to run
+/// (measured with 1%, 2% and 3%: docs/soundness.md, "The cgroup boundary is noisy"; 1% left the
+/// answer only 6 samples below the hour's truth, which another run measured 7 samples lower; 2% left
+/// it 37–47 below, 0.97–0.98 of it).
+/// `RLIMIT_DATA` counts only the data segment: none.
+pub const CGROUP_GUARD_BAND: f64 = 0.02;
+
+/// The guard band of a limit mechanism (see [`CGROUP_GUARD_BAND`]).
+pub fn guard_band(m: LimitMechanism) -> Option<f64> {
+    matches!(m, LimitMechanism::CgroupV1 | LimitMechanism::CgroupV2).then_some(CGROUP_GUARD_BAND)
+}
+
+/// `limit` less its guard band.
+pub fn guarded(limit: u64, guard_band: Option<f64>) -> u64 {
+    match guard_band {
+        Some(g) if g > 0.0 && g < 1.0 => (limit as f64 * (1.0 - g)) as u64,
+        _ => limit,
+    }
 }
 
 /// The device to re-run `plan`'s trials on here (`batchfit verify`): the plan's kind of device, its
@@ -486,7 +511,11 @@ pub fn plan_backend(
                     .map(|p| regex_lite::Regex::new(p))
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(|err| ProbeError::Usage(format!("a plan's --oom-pattern: {err}")))?;
-                exec_workload(e, patterns)
+                exec_workload(
+                    e,
+                    patterns,
+                    plan.recommendation.as_ref().map(|r| r.world_size),
+                )
             }
         }
     };
@@ -540,4 +569,24 @@ pub fn plan_backend(
             )
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A memory cgroup's trials run under the limit less the guard band (its boundary is noisy: the
+    /// answer was measured above the fresh-run truth without it); RLIMIT_DATA is exact and keeps
+    /// the whole limit.
+    #[test]
+    fn the_guard_band_is_for_cgroups_only() {
+        let l = 1_342_177_280;
+        for m in [LimitMechanism::CgroupV1, LimitMechanism::CgroupV2] {
+            assert_eq!(guard_band(m), Some(CGROUP_GUARD_BAND));
+            assert_eq!(guarded(l, guard_band(m)), 1_315_333_734);
+        }
+        assert_eq!(guard_band(LimitMechanism::RlimitData), None);
+        assert_eq!(guarded(l, guard_band(LimitMechanism::RlimitData)), l);
+        assert_eq!(guarded(l, Some(1.5)), l);
+    }
 }

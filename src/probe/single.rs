@@ -124,8 +124,12 @@ pub fn assemble(
                         r.fastest_micro_batch = Some(a.fastest.batch);
                         r.fastest_samples_per_second = Some(a.fastest.samples_per_second);
                     }
+                    if cfg.exec.is_some() && r.accumulation > 1 {
+                        r.accumulation_proven = Some(true);
+                    }
                     if let Some(w) = unproven_accumulation(cfg, &outcome.trials, &r) {
                         plan.warnings.push(w);
+                        r.accumulation_proven = Some(false);
                     }
                     plan.recommendation = Some(r);
                     if let Some(w) = &s.warning {
@@ -151,6 +155,10 @@ pub fn assemble(
         }
     }
     plan.warnings.extend(non_monotone(&plan.trials));
+    if reads_batch(&plan.trials) {
+        plan.warnings
+            .retain(|w| w != crate::config::NO_BATCH_WARNING);
+    }
     if let (Some(g), Some(r)) = (plan.gpu.as_mut(), plan.recommendation.as_ref()) {
         g.footprint_method = plan
             .trials
@@ -227,6 +235,21 @@ pub fn best_fit(trials: &[TrialRecord], batch: u64) -> Option<&TrialRecord> {
 /// A user's command proves a split only when it ran the accumulation it was given: the warning for
 /// a recommended accumulation > 1 whose trials say (by their report) the command did not read it, or
 /// cannot say (no report, no `{accumulation}` in its arguments).
+/// Whether the trials' reports show that the command read its size from `BATCHFIT_BATCH`: a report
+/// that says so (the helper's `batch_size()` read it), or reports of two different sizes each saying
+/// the size it was given.
+fn reads_batch(trials: &[TrialRecord]) -> bool {
+    let reports: Vec<(u64, &crate::protocol::TrialReport)> = trials
+        .iter()
+        .filter_map(|t| Some((t.batch, t.details.as_ref()?.report.as_ref()?)))
+        .filter(|(b, r)| r.batch == *b)
+        .collect();
+    reports.iter().any(|(_, r)| r.reads_batch)
+        || reports
+            .iter()
+            .any(|(b, _)| reports.iter().any(|(c, _)| c != b))
+}
+
 fn unproven_accumulation(
     cfg: &ProbeConfig,
     trials: &[TrialRecord],

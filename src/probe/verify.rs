@@ -69,7 +69,11 @@ pub fn verify(
             device.name
         )));
     }
-    let limit = config::limit(plan.budget_bytes, plan.reserve_bytes, plan.margin);
+    // the trials' limit, as the plan's were run: less the guard band it recorded
+    let limit = setup::guarded(
+        config::limit(plan.budget_bytes, plan.reserve_bytes, plan.margin),
+        plan.guard_band,
+    );
     let search = SearchConfig {
         strategy: plan.search.strategy,
         steps: plan.search.steps,

@@ -10,7 +10,21 @@
 //! | a message that says memory ran out (libtorch's CPU and CUDA allocators, `std::bad_alloc`, Rust's allocation failure, Python's `MemoryError`, XLA's `RESOURCE_EXHAUSTED`, cuBLAS's `ALLOC_FAILED`) | oom |
 //! | a cuDNN or cuBLAS error **after the CUDA allocator counted an OOM** in the trial (cuDNN catches the allocator's OOM and tries smaller workspaces; when none is left it says it found no engine) | oom |
 //! | oneDNN's "could not execute a primitive" or a failed thread creation **with the data segment within 5% of `RLIMIT_DATA`** (both allocate and report the failure without saying it was memory) | oom |
+//! | the machine's `oom_kill` counter rose and the trial died by SIGKILL, **with its measured peak within 5% of its limit** (outside a memory cgroup; in one, only the group's own counter counts) | oom |
+//! | the same without that peak | error |
 //! | anything else, including the same cuDNN / oneDNN / thread texts without that evidence | error |
+//!
+//! In a process's whole output ([`Evidence::output`]) only the *decisive lines* are read: the last
+//! exception line (`Name: text` or a bare `Name`, the name ending in `Error` or `Exception`) of each
+//! torchrun rank and of the unprefixed output, else the last five lines, so a log line that mentions
+//! memory (`INFO MemoryErrorHandler installed`, `Tip: if you see CUDA out of memory, lower the
+//! batch`) is not evidence. `MemoryError` counts only as the exception's name, never as part of a
+//! word. An out-of-memory message while the measured peak was below half of a limit that acts on it
+//! (a memory cgroup: [`Evidence::limit_peak`]) is an error: that limit is not what ran out.
+//!
+//! A command that exited 0 is judged by [`classify_clean_exit`]: an OOM kill counted by its own
+//! cgroup or an OOM its CUDA allocator counted is out of memory; a descendant killed by a signal or
+//! left running is an error. Neither is ever a fit.
 //!
 //! Callers: the tch trial child (a failed step), `batchfit-train` (exit 6 vs 3), the process runner
 //! (a trial process that died without a result) and the user-command workload.
@@ -22,6 +36,7 @@ const OOM_MARKERS: &[&str] = &[
     "CUDA out of memory",
     "out of memory",
     "OutOfMemoryError",
+    "not enough memory",
     "std::bad_alloc",
     "Cannot allocate memory",
     "CUBLAS_STATUS_ALLOC_FAILED",
@@ -35,9 +50,12 @@ const OOM_MARKERS: &[&str] = &[
 ];
 
 /// A line that starts with one of these is an out-of-memory report (Rust's allocation-error handler
-/// prints "memory allocation of N bytes failed" and aborts; Python ends a traceback with
-/// "MemoryError" or "MemoryError: ...").
-const OOM_LINE_STARTS: &[&str] = &["memory allocation of ", "MemoryError"];
+/// prints "memory allocation of N bytes failed" and aborts). Python's `MemoryError` is matched as an
+/// exception name ([`exception_name`]).
+const OOM_LINE_STARTS: &[&str] = &["memory allocation of "];
+
+/// Lines read at the end of an output without an exception line.
+const LAST_LINES: usize = 5;
 
 /// Everything known about a failure.
 #[derive(Debug, Clone, Default)]
@@ -54,6 +72,27 @@ pub struct Evidence<'a> {
     pub kernel_oom_kill: bool,
     /// Further signatures that mean out of memory for this workload (`--oom-pattern`).
     pub extra_markers: &'a [regex_lite::Regex],
+    /// `message` is a process's whole output (logs included), not an error message: only its
+    /// decisive lines are read (see the module doc).
+    pub output: bool,
+    /// The measured peak and the limit that acts on it (a memory cgroup's), when known.
+    pub limit_peak: Option<(u64, u64)>,
+    /// The trial died by SIGKILL while the machine-wide `oom_kill` counter rose (weak: proof only
+    /// with the peak at the limit).
+    pub machine_oom_kill: bool,
+}
+
+/// What is known of a command that exited 0.
+#[derive(Debug, Clone, Default)]
+pub struct CleanExit<'a> {
+    /// OOM kills counted by the trial's own memory cgroup.
+    pub group_oom_kills: u64,
+    /// OOMs the CUDA allocator counted (the command's report).
+    pub allocator_ooms: u64,
+    /// Descendants seen dead by a signal.
+    pub killed_descendants: &'a [String],
+    /// Descendants still running when the command's main process exited.
+    pub left_behind: &'a [String],
 }
 
 /// What the evidence proves.
@@ -81,10 +120,50 @@ pub fn classify(e: &Evidence) -> Verdict {
     if e.kernel_oom_kill {
         return Verdict::Oom("killed by the kernel's OOM killer".into());
     }
-    if let Some(line) = oom_line(e.message, e.extra_markers) {
+    let decisive = if e.output {
+        decisive_lines(e.message)
+    } else {
+        e.message.to_string()
+    };
+    // `--oom-pattern`s are the user's own signatures: any line of the output may carry them
+    let line = oom_line(&decisive, &[])
+        .or_else(|| matching_line(e.message, |l| e.extra_markers.iter().any(|r| r.is_match(l))));
+    if let Some(line) = line {
+        if let Some((peak, limit)) = e.limit_peak.filter(|&(p, l)| l > 0 && p < l / 2) {
+            return Verdict::Error(format!(
+                "{line} (the output says memory ran out, but the trial's measured peak was {} MiB, \
+                 {:.0}% of its {} MiB limit: not this limit running out, so not counted as out of \
+                 memory)",
+                peak >> 20,
+                peak as f64 / limit as f64 * 100.0,
+                limit >> 20
+            ));
+        }
         return Verdict::Oom(line);
     }
-    let first = first_line(e.message);
+    if e.machine_oom_kill {
+        let near = near_data_limit(e.data_peak, e.data_limit).or_else(|| {
+            e.limit_peak
+                .and_then(|(p, l)| near_data_limit(Some(p), Some(l)))
+        });
+        return match near {
+            Some(pct) => Verdict::Oom(format!(
+                "killed by the kernel's OOM killer (SIGKILL while the machine's oom_kill counter \
+                 rose, with the trial at {pct:.0}% of its memory limit)"
+            )),
+            None => Verdict::Error(
+                "killed by SIGKILL while the kernel's OOM killer killed some process of the machine \
+                 (/proc/vmstat oom_kill rose), but the trial's measured peak was not near its limit: \
+                 not shown to be this trial running out of memory"
+                    .into(),
+            ),
+        };
+    }
+    let first = if e.output {
+        last_line(e.message)
+    } else {
+        first_line(e.message)
+    };
     if e.allocator_ooms > 0 && is_cuda_library_failure(e.message) {
         return Verdict::Oom(format!(
             "{first} (the CUDA allocator ran out of memory {} time(s) in this trial)",
@@ -103,11 +182,89 @@ pub fn classify(e: &Evidence) -> Verdict {
     Verdict::Error(first)
 }
 
+/// What a command that exited 0 proves, if anything stops it from being a fit (see the module doc).
+pub fn classify_clean_exit(c: &CleanExit) -> Option<Verdict> {
+    if c.group_oom_kills > 0 {
+        return Some(Verdict::Oom(format!(
+            "the command exited 0, but the kernel's OOM killer killed {} process(es) of the trial's \
+             memory cgroup (a DataLoader worker or another child): this size ran out of memory",
+            c.group_oom_kills
+        )));
+    }
+    if c.allocator_ooms > 0 {
+        return Some(Verdict::Oom(format!(
+            "the command exited 0, but its report says the CUDA allocator ran out of memory {} \
+             time(s) (the job caught it): this size ran out of memory",
+            c.allocator_ooms
+        )));
+    }
+    if !c.killed_descendants.is_empty() {
+        return Some(Verdict::Error(format!(
+            "the command exited 0, but a process it started was killed by a signal ({}): not a \
+             fit, and not shown to be out of memory",
+            c.killed_descendants.join(", ")
+        )));
+    }
+    if !c.left_behind.is_empty() {
+        return Some(Verdict::Error(format!(
+            "the command exited 0, but the job left processes behind, still running when its main \
+             process exited ({}); batchfit killed them: not a fit while they could still allocate",
+            c.left_behind.join(", ")
+        )));
+    }
+    None
+}
+
+/// The name of the exception a line reports (`Name` or `Name: text`, the name's last dotted part
+/// ending in `Error` or `Exception`), if it is such a line.
+pub fn exception_name(line: &str) -> Option<&str> {
+    let end = line
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+        .unwrap_or(line.len());
+    let (name, rest) = line.split_at(end);
+    let last = name.rsplit('.').next()?;
+    let starts = name.chars().next()?;
+    ((starts.is_ascii_alphabetic() || starts == '_')
+        && (last.ends_with("Error") || last.ends_with("Exception"))
+        && (rest.is_empty() || rest.starts_with(':')))
+    .then_some(name)
+}
+
+/// The torchrun rank tag of a line (`[rank1]: `), if any.
+fn rank_tag(line: &str) -> Option<&str> {
+    let l = line.trim();
+    let rest = l.strip_prefix('[')?;
+    let (tag, _) = rest.split_once("]:")?;
+    let name = tag.trim_end_matches(|c: char| c.is_ascii_digit());
+    ((name == "rank" || name == "default") && name.len() < tag.len()).then_some(tag)
+}
+
+/// The decisive lines of a process's output: the last exception line of each rank's lines and of
+/// the unprefixed ones, else the last [`LAST_LINES`] lines.
+fn decisive_lines(msg: &str) -> String {
+    let mut last: Vec<(Option<&str>, &str)> = vec![];
+    for line in msg.lines() {
+        if exception_name(unprefixed(line)).is_some() {
+            let tag = rank_tag(line);
+            match last.iter_mut().find(|(t, _)| *t == tag) {
+                Some(slot) => slot.1 = line,
+                None => last.push((tag, line)),
+            }
+        }
+    }
+    if !last.is_empty() {
+        return last.iter().map(|(_, l)| *l).collect::<Vec<_>>().join("\n");
+    }
+    let lines: Vec<&str> = msg.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(LAST_LINES)..].join("\n")
+}
+
 /// The line of `msg` that says memory ran out, if one does.
 fn oom_line(msg: &str, extra: &[regex_lite::Regex]) -> Option<String> {
     matching_line(msg, |l| {
         OOM_MARKERS.iter().any(|m| l.contains(m))
             || OOM_LINE_STARTS.iter().any(|s| l.starts_with(s))
+            || exception_name(l).is_some_and(|n| n == "MemoryError" || n.ends_with(".MemoryError"))
             || extra.iter().any(|r| r.is_match(l))
     })
 }
@@ -170,6 +327,17 @@ fn clip(line: &str) -> String {
     s
 }
 
+/// The last meaningful line of an output (where a traceback ends with its exception).
+pub fn last_line(msg: &str) -> String {
+    clip(
+        msg.lines()
+            .rev()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .unwrap_or("(empty message)"),
+    )
+}
+
 /// The first meaningful line of an error (libtorch's carry a long C++ backtrace after it).
 pub fn first_line(msg: &str) -> String {
     clip(
@@ -229,6 +397,138 @@ mod tests {
         ] {
             assert!(!text(m).is_oom(), "{m}");
         }
+    }
+
+    fn output(m: &str) -> Verdict {
+        classify(&Evidence {
+            message: m,
+            output: true,
+            ..Default::default()
+        })
+    }
+
+    /// A log line that mentions memory is not evidence: only the final exception line of an output
+    /// (per torchrun rank) is read, and `MemoryError` is an exception's name, never part of a word.
+    #[test]
+    fn only_the_decisive_lines_of_an_output_count() {
+        for m in [
+            "INFO MemoryErrorHandler installed\nTraceback (most recent call last):\n  File \"t.py\", line 3\nRuntimeError: mat1 and mat2 shapes cannot be multiplied",
+            "Tip: if you see CUDA out of memory, lower the batch\nTraceback (most recent call last):\nValueError: bad label 7",
+            "Tip: if you see CUDA out of memory, lower the batch\nstep 1\nstep 2\nstep 3\nstep 4\nstep 5\nSegmentation fault",
+            "MemoryErrorHandler: ready\nKeyError: 'x'",
+            // an earlier exception caught and logged, then another one ended the job
+            "torch.OutOfMemoryError: CUDA out of memory (caught, retrying)\nTraceback (most recent call last):\nAssertionError: loss is NaN",
+        ] {
+            assert!(!output(m).is_oom(), "{m}");
+            // as an error message (not an output) the old, whole-text reading stays for the tch child
+        }
+        assert!(!text("INFO MemoryErrorHandler installed").is_oom());
+        for (m, line) in [
+            (
+                "INFO all good\nTraceback (most recent call last):\n  File \"t.py\"\nMemoryError",
+                "MemoryError",
+            ),
+            ("x\nbuiltins.MemoryError: cannot grow", "builtins.MemoryError: cannot grow"),
+            (
+                "terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc\nAborted",
+                "terminate called after throwing an instance of 'std::bad_alloc'",
+            ),
+            (
+                "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n[rank0]: RuntimeError: Connection closed by peer\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+            ),
+        ] {
+            let v = output(m);
+            assert!(v.is_oom(), "{m}: {v:?}");
+            assert_eq!(v.message(), line);
+        }
+        // without an exception line, the last lines of an output are read, and said
+        assert_eq!(output("a\nb\nfatal: it broke").message(), "fatal: it broke");
+    }
+
+    /// An out-of-memory text while the measured peak was below half of the cgroup's limit is an
+    /// error that says so; near the limit it stays an out-of-memory.
+    #[test]
+    fn an_oom_claimed_far_below_the_limit_is_an_error() {
+        let gib = 1u64 << 30;
+        let at = |peak: u64| {
+            classify(&Evidence {
+                message: "Traceback (most recent call last):\nMemoryError",
+                output: true,
+                limit_peak: Some((peak, gib)),
+                ..Default::default()
+            })
+        };
+        let v = at(gib / 4);
+        assert!(!v.is_oom(), "{v:?}");
+        assert!(v.message().contains("25% of its 1024 MiB limit"), "{v:?}");
+        assert!(at(gib * 9 / 10).is_oom());
+    }
+
+    /// The machine's oom_kill counter with a SIGKILL proves nothing by itself (another process may
+    /// have been killed): only with the trial's peak at its limit.
+    #[test]
+    fn the_machines_oom_counter_needs_the_peak_at_the_limit() {
+        let gib = 1u64 << 30;
+        let at = |peak: u64| {
+            classify(&Evidence {
+                message: "",
+                output: true,
+                machine_oom_kill: true,
+                data_peak: Some(peak),
+                data_limit: Some(gib),
+                ..Default::default()
+            })
+        };
+        let far = at(gib / 10);
+        assert!(!far.is_oom());
+        assert!(
+            far.message().contains("not shown to be this trial"),
+            "{far:?}"
+        );
+        assert!(at(gib * 98 / 100).is_oom());
+    }
+
+    /// Exit 0 is no fit with an OOM kill in the trial's group or an allocator OOM (out of memory),
+    /// nor with a killed or left-behind descendant (errors).
+    #[test]
+    fn a_clean_exit_with_evidence_is_no_fit() {
+        assert_eq!(classify_clean_exit(&CleanExit::default()), None);
+        let v = classify_clean_exit(&CleanExit {
+            group_oom_kills: 1,
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(
+            v.is_oom() && v.message().contains("OOM killer killed 1"),
+            "{v:?}"
+        );
+        let v = classify_clean_exit(&CleanExit {
+            allocator_ooms: 3,
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(v.is_oom() && v.message().contains("3 time(s)"), "{v:?}");
+        let killed = ["pid 7 (python): signal 9".to_string()];
+        let v = classify_clean_exit(&CleanExit {
+            killed_descendants: &killed,
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(
+            !v.is_oom() && v.message().contains("pid 7 (python): signal 9"),
+            "{v:?}"
+        );
+        let left = ["pid 8 (sleep)".to_string()];
+        let v = classify_clean_exit(&CleanExit {
+            left_behind: &left,
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(
+            !v.is_oom() && v.message().contains("left processes behind"),
+            "{v:?}"
+        );
     }
 
     #[test]

@@ -276,9 +276,27 @@ pub struct TreeMeasure {
     pub seconds: f64,
     /// Where the whole output was written (`--logs`).
     pub log: Option<std::path::PathBuf>,
+    /// Peak of the tree's summed anonymous and shared memory (`RssAnon` + `RssShmem`: what no limit
+    /// on one process's data segment bounds for the tree; file pages left out).
+    pub anon_peak: Option<u64>,
+    /// The limit of the memory cgroup the tree ran in, if any.
+    pub cgroup_limit: Option<u64>,
+    /// OOM kills the trial's own memory cgroup counted (`None` without a group).
+    pub group_oom_kills: Option<u64>,
+    /// The cgroup's peak of anonymous memory (sampled from `memory.stat`; the kernel's peak also
+    /// counts page cache).
+    pub cgroup_anon_peak: Option<u64>,
+    /// Peak of the summed anonymous memory of the tree's processes that were not in its cgroup.
+    pub escaped_peak: Option<u64>,
+    /// The root died by SIGKILL while the machine-wide `oom_kill` counter (/proc/vmstat) rose: weak
+    /// evidence (any process of the machine may have been the one killed).
+    pub machine_oom_kill: bool,
+    /// Descendants seen dead by a signal (`pid N (name): signal S`), sampled as zombies.
+    pub killed_descendants: Vec<String>,
+    /// Descendants still running when the root exited (`pid N (name)`), killed by batchfit.
+    pub left_behind: Vec<String>,
 }
 
-/// A trial process that ended, as the process runner saw it.
 /// A trial process that ended, as the process runner saw it.
 #[derive(Debug, Clone)]
 pub struct Finished {
@@ -316,6 +334,13 @@ pub struct TrialReport {
     pub python: Option<String>,
     #[serde(default)]
     pub torch: Option<String>,
+    /// The largest micro-batch the job really got (the helper's `Trial.step(samples=n)` or the
+    /// Lightning callback's count), when it counted: fewer than `batch` means it did not train it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<u64>,
+    /// The batch came from `BATCHFIT_BATCH` (the helper's `batch_size()` read it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reads_batch: bool,
 }
 
 fn one_u32() -> u32 {
@@ -361,6 +386,16 @@ pub struct TrialDetails {
     /// Peak of the summed resident memory of its process tree.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tree_rss_peak_bytes: Option<u64>,
+    /// Peak of the summed anonymous and shared memory of its process tree (`RssAnon` + `RssShmem`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_anon_peak_bytes: Option<u64>,
+    /// Peak of the anonymous memory charged to its memory cgroup (`memory.stat`), beside the
+    /// kernel's peak (`peak_bytes`), which counts page cache too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup_anon_peak_bytes: Option<u64>,
+    /// The reports of ranks other than 0, as read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rank_reports: Vec<TrialReport>,
     /// Processes seen in its tree.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub processes: Option<u32>,

@@ -29,12 +29,14 @@ The report (JSON, written atomically: a temporary file in the same directory, th
 
     {"schema": "batchfit-trial-report/1",
      "batch": 64, "steps": 3, "accumulation": 1, "reads_accumulation": true,
+     "reads_batch": true,     # batch_size() read BATCHFIT_BATCH and the report says that size
      "step_seconds": [0.41, 0.12, 0.12], "rank": 0, "world_size": 1,
      "cuda": null,            # or {"device": "cuda:0", "peak_allocated_bytes": ..., "peak_reserved_bytes": ...,
                               #     "reserved_bytes": ..., "alloc_retries": ..., "ooms": ...}
      "python": "3.11.7", "torch": "2.11.0+cu130"}  # torch: its __version__ when the script imported it, else null
 
-plus ``"extra": {...}`` only when ``report(**extra)`` was given extra keywords. A block or script that ends
+plus ``"samples": N`` (the largest micro-batch counted with ``step(samples=len(x))``) only when counted, and
+``"extra": {...}`` only when ``report(**extra)`` was given extra keywords. A block or script that ends
 with an exception writes no report (the exit status says what happened).
 
 A plain PyTorch loop::
@@ -66,6 +68,7 @@ Hugging Face Trainer (``BatchfitTrainerCallback`` exists only when ``transformer
 """
 
 import json
+import math
 import os
 import platform
 import sys
@@ -109,6 +112,8 @@ _state = {
     "steps": None,  # what steps() last returned
     "accumulation": None,  # what accumulation() last returned
     "reads_accumulation": False,  # accumulation() was called
+    "reads_batch": False,  # batch_size() returned BATCHFIT_BATCH
+    "samples": None,  # the largest micro-batch counted with step(samples=...), if any
     "step_seconds": [],  # wall seconds of each optimizer step marked with step()
     "last_mark": time.perf_counter(),  # at import, start() or the last step(): where the next step began
 }
@@ -116,7 +121,8 @@ _state = {
 
 def _reset_for_tests():
     """Forget everything recorded (the unit tests run many "scripts" in one process)."""
-    _state.update(batch=None, steps=None, accumulation=None, reads_accumulation=False)
+    _state.update(batch=None, steps=None, accumulation=None, reads_accumulation=False, reads_batch=False,
+                  samples=None)
     _state["last_mark"] = time.perf_counter()
     _state["step_seconds"] = []
 
@@ -152,6 +158,7 @@ def _value(name, default, what, minimum=1):
 def batch_size(default=None):
     """The micro-batch size to train per rank: ``BATCHFIT_BATCH``, else ``default``, else an error."""
     _state["batch"] = _value(ENV_BATCH, default, "batch_size")
+    _state["reads_batch"] = _env_int(ENV_BATCH, 1) is not None
     return _state["batch"]
 
 
@@ -198,9 +205,13 @@ def start():
     _state["last_mark"] = time.perf_counter()
 
 
-def step():
+def step(samples=None):
     """Mark the end of one optimizer step: record its wall time (since the last step, ``start()``, or
     this module's import when neither came before).
+
+    ``samples``: how many samples the step's micro-batch really held (``len(x)``); the report says the
+    largest, so batchfit sees a job that was asked for 64 but got 50 (a dataset shorter than the
+    batch, a ``drop_last=False`` tail) did not train 64.
 
     On CUDA (when the script has initialized it) the device is synchronized first, so the time covers
     the step's kernels rather than their launch.
@@ -208,6 +219,8 @@ def step():
     torch = _torch_if_imported()
     if _cuda_initialized(torch):
         torch.cuda.synchronize()
+    if samples is not None:
+        _state["samples"] = max(_positive_int("samples", samples, minimum=0), _state["samples"] or 0)
     now = time.perf_counter()
     _state["step_seconds"].append(now - _state["last_mark"])
     _state["last_mark"] = now
@@ -246,6 +259,8 @@ def _build_report(batch, steps_done, accum, step_seconds, rank, world_size, extr
     if step_seconds is None:
         step_seconds = list(_state["step_seconds"])
     step_seconds = [float(s) for s in step_seconds]
+    if not all(math.isfinite(s) for s in step_seconds):
+        raise BatchfitError(f"batchfit_trial.report(): step_seconds {step_seconds!r} holds NaN or infinity")
     if steps_done is None:
         # Steps marked with step() are the evidence; without them, a script that reaches report()
         # ran the steps it read with steps().
@@ -268,6 +283,7 @@ def _build_report(batch, steps_done, accum, step_seconds, rank, world_size, extr
         "steps": _positive_int("steps", steps_done, minimum=0),
         "accumulation": _positive_int("accumulation", accum),
         "reads_accumulation": bool(_state["reads_accumulation"]),
+        "reads_batch": bool(_state["reads_batch"]) and batch == _state["batch"],
         "step_seconds": step_seconds,
         "rank": _positive_int("rank", rank, minimum=0),
         "world_size": _positive_int("world_size", world_size),
@@ -275,6 +291,8 @@ def _build_report(batch, steps_done, accum, step_seconds, rank, world_size, extr
         "python": platform.python_version(),
         "torch": str(getattr(torch, "__version__", None)) if torch is not None else None,
     }
+    if _state["samples"] is not None:
+        report_obj["samples"] = _state["samples"]
     if extra:
         report_obj["extra"] = extra
     return report_obj
@@ -318,7 +336,7 @@ def report(batch=None, steps=None, accumulation=None, step_seconds=None, *, rank
         return None
     obj = _build_report(batch, steps, accumulation, step_seconds, rank, world_size, extra)
     path = _result_path(obj["rank"])
-    _write_atomically(path, json.dumps(obj, indent=1) + "\n")
+    _write_atomically(path, json.dumps(obj, indent=1, allow_nan=False) + "\n")
     return path
 
 
@@ -342,9 +360,9 @@ class Trial:
         start()
         return self
 
-    def step(self):
-        """One optimizer step is done."""
-        step()
+    def step(self, samples=None):
+        """One optimizer step is done (``samples``: what its micro-batch held, see ``step()``)."""
+        step(samples)
 
     @property
     def step_seconds(self):

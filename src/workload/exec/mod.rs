@@ -16,7 +16,7 @@
 //!   anything else is an error with the output's last line, never a fit and never an out-of-memory.
 
 use crate::plan::schema::ExecInfo;
-use crate::protocol::classify::{classify, Evidence, Verdict};
+use crate::protocol::classify::{classify, classify_clean_exit, CleanExit, Evidence, Verdict};
 use crate::protocol::{
     AllocatorReport, Finished, FootprintMethod, GpuMeasure, Placement, StepTime, TrialDetails,
     TrialOutcome, TrialReport, TrialRequest, Workload, REPORT_SCHEMA,
@@ -56,6 +56,8 @@ pub struct ExecWorkload {
     /// The last trial started: its request and report path (trials of one workload run one at a
     /// time).
     last: Mutex<Option<(TrialRequest, PathBuf)>>,
+    /// The plan's `--world-size`: every rank's report must say the same.
+    world_size: Option<u64>,
 }
 
 /// The argv of a trial: placeholders replaced.
@@ -84,7 +86,14 @@ impl ExecWorkload {
                 .tempdir()?,
             trials: AtomicU32::new(0),
             last: Mutex::new(None),
+            world_size: None,
         })
+    }
+
+    /// The world size the plan is for (`--world-size`): the ranks' reports are checked against it.
+    pub fn with_world_size(mut self, world_size: Option<u64>) -> Self {
+        self.world_size = world_size;
+        self
     }
 
     fn last(&self) -> Option<(TrialRequest, PathBuf)> {
@@ -133,8 +142,17 @@ fn read_report(path: &Path) -> Result<Option<TrialReport>, String> {
             ))
         }
     };
-    let r: TrialReport = serde_json::from_str(&text)
-        .map_err(|e| format!("the command's trial report is not valid ({e})"))?;
+    let r: TrialReport = serde_json::from_str(&text).map_err(|e| {
+        if ["NaN", "Infinity"].iter().any(|w| text.contains(w)) {
+            format!(
+                "the command's trial report {} holds NaN or Infinity, which is not a number (JSON \
+                 has none): a step time or count it reported was not measured ({e})",
+                path.display()
+            )
+        } else {
+            format!("the command's trial report is not valid ({e})")
+        }
+    })?;
     if r.schema != REPORT_SCHEMA {
         return Err(format!(
             "the command's trial report has schema {:?}, not {REPORT_SCHEMA:?} (get the helper of \
@@ -145,12 +163,73 @@ fn read_report(path: &Path) -> Result<Option<TrialReport>, String> {
     Ok(Some(r))
 }
 
+/// Reads every rank's report: rank 0's at `path`, rank r's at `path.rank<r>` (the helper's names).
+/// `Ok(None)` when no rank wrote one; an error when some ranks did and others did not, when the
+/// ranks disagree on the world size, or when it is not the plan's.
+fn read_reports(
+    path: &Path,
+    plan_world: Option<u64>,
+) -> Result<Option<(TrialReport, Vec<TrialReport>)>, String> {
+    let rank_path = |r: u32| {
+        let mut p = path.as_os_str().to_owned();
+        p.push(format!(".rank{r}"));
+        PathBuf::from(p)
+    };
+    let Some(first) = read_report(path)? else {
+        if rank_path(1).exists() {
+            return Err(format!(
+                "rank 1 wrote a trial report ({}) but rank 0 wrote none",
+                rank_path(1).display()
+            ));
+        }
+        return Ok(None);
+    };
+    let world = first.world_size.max(1);
+    if let Some(w) = plan_world.filter(|&w| w != u64::from(world)) {
+        return Err(format!(
+            "the command's report says world size {world}, but the plan is for --world-size {w}: \
+             the job ran another number of ranks than the plan is for"
+        ));
+    }
+    let mut others = vec![];
+    for r in 1..world {
+        let Some(rep) = read_report(&rank_path(r))? else {
+            return Err(format!(
+                "rank {r} of {world} wrote no trial report ({}): not every rank is shown to have \
+                 trained the size",
+                rank_path(r).display()
+            ));
+        };
+        if rep.world_size != world || rep.rank != r {
+            return Err(format!(
+                "the report of rank {r} says rank {} of world size {}, but rank 0's says world size \
+                 {world}",
+                rep.rank, rep.world_size
+            ));
+        }
+        others.push(rep);
+    }
+    if rank_path(world).exists() {
+        return Err(format!(
+            "a report of rank {world} exists, but rank 0's says world size {world}"
+        ));
+    }
+    Ok(Some((first, others)))
+}
+
 /// Why a report does not match the request, if it does not. The accumulation is checked when the
 /// command was given it (`{accumulation}`) or asked for it (the helper's `accumulation()`).
 fn mismatch(r: &TrialReport, req: &TrialRequest, takes_accumulation: bool) -> Option<String> {
     let mut why = vec![];
     if r.batch != req.batch {
-        why.push(format!("batch {} (asked {})", r.batch, req.batch));
+        why.push(format!("the job trained {}, not {}", r.batch, req.batch));
+    }
+    if let Some(n) = r.samples.filter(|&n| n < r.batch) {
+        why.push(format!(
+            "the job trained {n}, not {} (its largest micro-batch had {n} samples: a dataset \
+             shorter than the batch?)",
+            req.batch
+        ));
     }
     if r.steps < u64::from(req.steps) {
         why.push(format!("{} optimizer steps (asked {})", r.steps, req.steps));
@@ -168,6 +247,40 @@ fn mismatch(r: &TrialReport, req: &TrialRequest, takes_accumulation: bool) -> Op
             why.join(", ")
         )
     })
+}
+
+/// Why a trial that exited 0 was not bounded by its limit as a whole, if it was not.
+fn unbounded(m: &crate::protocol::TreeMeasure) -> Option<String> {
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    if let (Some(limit), Some(escaped)) = (m.cgroup_limit, m.escaped_peak) {
+        let total = m.cgroup_peak.unwrap_or(0).saturating_add(escaped);
+        if total > limit {
+            return Some(format!(
+                "the command exited 0, but processes of its tree outside the trial's memory cgroup \
+                 held {:.0} MiB of anonymous memory: with the group's {:.0} MiB peak that is above \
+                 the {:.0} MiB limit, which did not bound the whole job (a process that left the \
+                 cgroup), so this size is not proven to fit",
+                mib(escaped),
+                mib(m.cgroup_peak.unwrap_or(0)),
+                mib(limit)
+            ));
+        }
+    }
+    if let (Some(limit), Some(anon)) = (m.data_limit, m.anon_peak) {
+        if anon > limit {
+            return Some(format!(
+                "the command exited 0, but its process tree's summed anonymous and shared memory \
+                 (RssAnon + RssShmem over {} process(es)) peaked at {:.0} MiB, above the {:.0} MiB \
+                 limit: RLIMIT_DATA bounds each process's data segment alone, not shared memory or \
+                 several processes together, so this size is not proven to fit under the limit \
+                 (--cpu-limit cgroup limits the tree as a whole)",
+                m.processes,
+                mib(anon),
+                mib(limit)
+            ));
+        }
+    }
+    None
 }
 
 fn median(v: &[f64]) -> Option<f64> {
@@ -227,17 +340,27 @@ impl Workload for ExecWorkload {
             processes: Some(m.processes),
             step_time: None,
             gpu_peaks: vec![],
+            tree_anon_peak_bytes: m.anon_peak,
+            cgroup_anon_peak_bytes: m.cgroup_anon_peak,
+            rank_reports: vec![],
         };
-        // What the limit acts on: the cgroup's peak, else the largest data segment of the tree.
-        let peak = m.cgroup_peak.or(m.data_peak).or(m.rss_peak);
+        // What the limit acts on: the cgroup's peak, else the largest data segment of the tree. The
+        // tree's summed RSS is no fallback: it is not what the limit acts on (a trial with no
+        // sample at all is an error below).
+        let peak = m.cgroup_peak.or(m.data_peak);
+        // a memory cgroup's limit acts on its peak: an out-of-memory far below it is not this limit's
+        let limit_peak = m.cgroup_peak.zip(m.cgroup_limit);
         if !f.status.success() {
             let message = format!("{}\n{}", f.stderr, f.stdout);
             let verdict = classify(&Evidence {
                 message: &message,
                 data_peak: m.data_peak,
                 data_limit: m.data_limit,
-                kernel_oom_kill: f.kernel_oom_kill,
+                kernel_oom_kill: m.group_oom_kills.is_some_and(|n| n > 0),
                 extra_markers: &self.oom_patterns,
+                output: true,
+                limit_peak,
+                machine_oom_kill: m.machine_oom_kill,
                 ..Default::default()
             });
             let outcome = match verdict {
@@ -247,7 +370,7 @@ impl Workload for ExecWorkload {
                     rss_peak_bytes: m.rss_peak,
                     gpu: None,
                 },
-                Verdict::Error(_) => {
+                Verdict::Error(why) => {
                     let how = match (
                         f.status.code(),
                         std::os::unix::process::ExitStatusExt::signal(&f.status),
@@ -256,22 +379,66 @@ impl Workload for ExecWorkload {
                         (_, Some(s)) => format!("signal {s}"),
                         _ => "an unknown status".into(),
                     };
+                    // the classifier's own sentence when it weighed evidence, else the output's end
+                    let line = if why.contains("not counted as out of memory")
+                        || why.contains("not shown to be this trial")
+                    {
+                        why
+                    } else {
+                        error_line(f)
+                    };
                     TrialOutcome::Error {
-                        message: format!("the command failed ({how}): {}", error_line(f)),
+                        message: format!("the command failed ({how}): {line}"),
                     }
                 }
             };
             return (outcome, Some(details));
         }
-        let report = match read_report(&report_path) {
+        let reports = match read_reports(&report_path, self.world_size) {
             Ok(r) => r,
             Err(message) => return (TrialOutcome::Error { message }, Some(details)),
         };
-        let takes = self.info.argv.iter().any(|a| a.contains("{accumulation}"));
-        if let Some(why) = report.as_ref().and_then(|r| mismatch(r, &req, takes)) {
+        let (report, others) = match reports {
+            Some((r, o)) => (Some(r), o),
+            None => (None, vec![]),
+        };
+        // exit 0 is not a fit when the trial's own group counted an OOM kill, the allocator counted
+        // an OOM, a descendant was killed or left running
+        let allocator_ooms = report
+            .iter()
+            .chain(&others)
+            .filter_map(|r| r.cuda.as_ref())
+            .map(|c| c.ooms)
+            .sum();
+        if let Some(v) = classify_clean_exit(&CleanExit {
+            group_oom_kills: m.group_oom_kills.unwrap_or(0),
+            allocator_ooms,
+            killed_descendants: &m.killed_descendants,
+            left_behind: &m.left_behind,
+        }) {
             details.report = report;
+            details.rank_reports = others;
+            let outcome = match v {
+                Verdict::Oom(message) => TrialOutcome::Oom {
+                    message,
+                    peak_bytes: peak,
+                    rss_peak_bytes: m.rss_peak,
+                    gpu: None,
+                },
+                Verdict::Error(message) => TrialOutcome::Error { message },
+            };
+            return (outcome, Some(details));
+        }
+        let takes = self.info.argv.iter().any(|a| a.contains("{accumulation}"));
+        let why = report.iter().chain(&others).enumerate().find_map(|(k, r)| {
+            mismatch(r, &req, takes).map(|w| if k == 0 { w } else { format!("rank {k}: {w}") })
+        });
+        if let Some(why) = why {
+            details.report = report;
+            details.rank_reports = others;
             return (TrialOutcome::Error { message: why }, Some(details));
         }
+        details.rank_reports = others;
         let Some(peak) = peak.filter(|&p| p > 0) else {
             return (
                 TrialOutcome::Error {
@@ -283,6 +450,13 @@ impl Workload for ExecWorkload {
                 Some(details),
             );
         };
+        // The limit must have bounded the whole job: memory of the tree outside its cgroup, or (under
+        // RLIMIT_DATA, which bounds each process's data segment alone) the tree's summed anonymous
+        // and shared memory above the limit, means the fit is not proven under it.
+        if let Some(why) = unbounded(m) {
+            details.report = report;
+            return (TrialOutcome::Error { message: why }, Some(details));
+        }
         let (step_seconds, source) = match report.as_ref().and_then(|r| {
             let s = if r.step_seconds.len() >= 2 {
                 &r.step_seconds[1..]

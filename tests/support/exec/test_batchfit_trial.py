@@ -20,8 +20,8 @@ HELPER_DIR = os.path.normpath(os.path.join(HERE, "..", "..", "..", "src", "workl
 sys.path.insert(0, HELPER_DIR)
 import batchfit_trial as bt  # noqa: E402
 
-REPORT_KEYS = {"schema", "batch", "steps", "accumulation", "reads_accumulation", "step_seconds", "rank",
-               "world_size", "cuda", "python", "torch"}
+REPORT_KEYS = {"schema", "batch", "steps", "accumulation", "reads_accumulation", "reads_batch", "step_seconds",
+               "rank", "world_size", "cuda", "python", "torch"}
 
 
 class HelperCase(unittest.TestCase):
@@ -110,6 +110,28 @@ class InsideBatchfit(HelperCase):
         self.assertEqual(r["python"].count("."), 2)
         for key in ("batch", "steps", "accumulation", "rank", "world_size"):
             self.assertIs(type(r[key]), int, key)
+
+    def test_reads_batch_samples_and_nan(self):
+        # the size came from BATCHFIT_BATCH and the report says it: proof the job read it
+        self.trial_env(batch=12)
+        bt.batch_size()
+        with bt.Trial() as t:
+            t.step(samples=12)
+            t.step(samples=7)
+        r = self.read()
+        self.assertIs(r["reads_batch"], True)
+        self.assertEqual(r["samples"], 12)
+        # a default (no BATCHFIT_BATCH) proves nothing
+        bt._reset_for_tests()
+        os.environ.pop("BATCHFIT_BATCH")
+        bt.batch_size(default=5)
+        bt.report(steps=1)
+        r = self.read()
+        self.assertIs(r["reads_batch"], False)
+        self.assertNotIn("samples", r)
+        # NaN is refused, not written as a non-JSON token
+        with self.assertRaises(bt.BatchfitError):
+            bt.report(batch=5, steps=1, step_seconds=[float("nan")])
 
     def test_defaults_come_from_what_the_script_read(self):
         self.trial_env(batch=12, steps=4, accumulation=3)

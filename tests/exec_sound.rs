@@ -1,0 +1,425 @@
+//! `batchfit probe --exec`: a trial is a fit only when nothing says otherwise. Each test runs the
+//! real binary on a fake command (tests/support/exec/sneaky.py, standard-library Python) that exits
+//! 0 — or fails — in a way a naive reading would count as a fit or as an out-of-memory.
+
+mod common;
+use common::*;
+use serde_json::Value;
+
+fn sneaky(mode: &str, extra: &[&str]) -> Vec<String> {
+    let mut v = vec![
+        "/usr/bin/python3".to_string(),
+        repo()
+            .join("tests/support/exec/sneaky.py")
+            .display()
+            .to_string(),
+        mode.into(),
+        "{batch}".into(),
+    ];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// Probes `cmd` (sizes 1–16) under `flags`; the plan written (complete or partial) and stderr.
+fn run(flags: &[&str], cmd: &[String]) -> (Value, String) {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let o = batchfit()
+        .args(["probe", "--backend", "cpu", "--quiet"])
+        .args(["--trial-timeout", "60", "--max-batch", "16", "--out"])
+        .arg(&out)
+        .args(flags)
+        .arg("--exec")
+        .arg("--")
+        .args(cmd)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let plan = if out.exists() {
+        read_json(&out)
+    } else {
+        let partial = path(&d, "plan.partial.json");
+        assert!(partial.exists(), "no plan: {o:?}");
+        read_json(&partial)
+    };
+    (plan, err)
+}
+
+fn trials(p: &Value) -> Vec<Value> {
+    p["trials"].as_array().unwrap().clone()
+}
+
+/// Every trial of a size that "fits" (≤ 8) has `outcome`, and one says `want`.
+fn no_fit_below_9(p: &Value, outcome: &str, want: &str) {
+    let small: Vec<Value> = trials(p)
+        .into_iter()
+        .filter(|t| t["batch"].as_u64().unwrap() <= 8)
+        .collect();
+    assert!(!small.is_empty(), "{p}");
+    for t in &small {
+        assert_eq!(t["outcome"], outcome, "{t}");
+    }
+    assert!(
+        small
+            .iter()
+            .any(|t| t["message"].as_str().unwrap_or("").contains(want)),
+        "no message with {want:?}: {small:?}"
+    );
+    assert!(p["recommendation"].is_null(), "{}", p["recommendation"]);
+}
+
+fn rlimit() -> Vec<&'static str> {
+    vec!["--cpu-limit", "rlimit", "--memory-budget", "2GiB"]
+}
+
+fn cgroup_available() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    root && batchfit::device::cgroup::parent().is_ok()
+}
+
+/// 1a: a child killed by the kernel's OOM killer inside the trial's cgroup while the root exits 0 is
+/// an out-of-memory, never a fit (was: a fit).
+#[test]
+fn an_oom_kill_inside_the_trials_cgroup_is_no_fit_even_at_exit_0() {
+    if !cgroup_available() {
+        eprintln!("no memory cgroup here: skipped");
+        return;
+    }
+    let (p, _) = run(
+        &[
+            "--cpu-limit",
+            "cgroup",
+            "--memory-budget",
+            "256MiB",
+            "--margin",
+            "0",
+        ],
+        &sneaky("child-oom", &[]),
+    );
+    no_fit_below_9(&p, "oom", "OOM killer killed");
+}
+
+/// 1b: a descendant killed by a signal while the root exits 0 is an error (was: a fit).
+#[test]
+fn a_killed_descendant_is_an_error() {
+    let (p, _) = run(&rlimit(), &sneaky("child-killed", &[]));
+    no_fit_below_9(&p, "error", "killed by a signal");
+}
+
+/// 1c: a report whose CUDA allocator counted OOMs is an out-of-memory (was: a fit, or retries).
+#[test]
+fn a_report_with_allocator_ooms_is_no_fit() {
+    let (p, _) = run(&rlimit(), &sneaky("cuda-ooms", &[]));
+    no_fit_below_9(&p, "oom", "CUDA allocator ran out of memory 2 time(s)");
+}
+
+/// 3: log lines that mention memory do not make a ValueError an out-of-memory (was: oom at 9, a
+/// false proof).
+#[test]
+fn log_lines_that_mention_memory_are_not_evidence() {
+    let (p, _) = run(&rlimit(), &sneaky("log-lines", &[]));
+    let nine = trials(&p)
+        .into_iter()
+        .filter(|t| t["batch"].as_u64().unwrap() > 8)
+        .collect::<Vec<_>>();
+    assert!(!nine.is_empty());
+    for t in nine {
+        assert_eq!(t["outcome"], "error", "{t}");
+        assert!(t["message"].as_str().unwrap().contains("ValueError"), "{t}");
+    }
+    assert!(p["recommendation"].is_null());
+}
+
+/// 5: a root that exits 0 leaving a process running is an error, and the process is gone.
+#[test]
+fn a_job_that_leaves_processes_behind_is_an_error() {
+    let marker = format!("leave-{}", std::process::id());
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let o = batchfit()
+        .env("BATCHFIT_TEST_MARKER", &marker)
+        .args(["probe", "--backend", "cpu", "--quiet"])
+        .args(["--max-batch", "16", "--max-trials", "3", "--out"])
+        .arg(&out)
+        .args(rlimit())
+        .arg("--exec")
+        .arg("--")
+        .args(sneaky("leave-behind", &[]))
+        .output()
+        .unwrap();
+    let p = read_json(&if out.exists() {
+        out
+    } else {
+        path(&d, "plan.partial.json")
+    });
+    let _ = o;
+    no_fit_below_9(&p, "error", "left processes behind");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let left: Vec<u32> = processes_with("sleep")
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .map(|e| String::from_utf8_lossy(&e).contains(&marker))
+                .unwrap_or(false)
+        })
+        .collect();
+    assert!(left.is_empty(), "processes of the trial survived: {left:?}");
+}
+
+/// 8: the peak of a trial is never the forked batchfit image (wait4's ru_maxrss before the exec):
+/// a command that allocates nothing shows a resident peak of a few MiB, not ~180 MiB.
+#[test]
+fn a_trials_peak_is_not_batchfits_forked_image() {
+    let (p, _) = run(&rlimit(), &sneaky("maxrss", &[]));
+    let fits: Vec<Value> = trials(&p)
+        .into_iter()
+        .filter(|t| t["outcome"] == "fits")
+        .collect();
+    assert!(!fits.is_empty(), "{p}");
+    for t in fits {
+        let rss = t["rss_peak_bytes"].as_u64().unwrap_or(0);
+        assert!(
+            rss < 64 << 20,
+            "python doing nothing at {} MiB: {t}",
+            rss >> 20
+        );
+    }
+}
+
+/// 4: under RLIMIT_DATA, shared memory is not in the data segment: a tree whose anonymous and
+/// shared memory went above the limit is not a fit under it (was: a fit at 256 MiB under 128 MiB).
+#[test]
+fn a_fit_above_the_limit_by_the_trees_measure_is_an_error() {
+    let (p, _) = run(
+        &[
+            "--cpu-limit",
+            "rlimit",
+            "--memory-budget",
+            "160MiB",
+            "--margin",
+            "0",
+        ],
+        &sneaky("shared", &[]),
+    );
+    no_fit_below_9(
+        &p,
+        "error",
+        "RLIMIT_DATA bounds each process's data segment alone",
+    );
+}
+
+/// 6: every rank's report is read: a missing rank, a rank that trained another batch, a world size
+/// that is not the plan's are errors.
+#[test]
+fn every_ranks_report_is_read_and_checked() {
+    for (mode, world, want) in [
+        ("ranks-missing", "2", "rank 1 of 2 wrote no trial report"),
+        (
+            "ranks-batch",
+            "2",
+            "rank 1: the command did not train the size",
+        ),
+        ("ranks-world", "2", "the plan is for --world-size 2"),
+    ] {
+        let mut flags = rlimit();
+        flags.extend(["--world-size", world]);
+        let (p, _) = run(&flags, &sneaky(mode, &[]));
+        no_fit_below_9(&p, "error", want);
+    }
+}
+
+/// 7: a job that got fewer samples than its batch did not train it; NaN in a report is said.
+#[test]
+fn a_report_of_fewer_samples_or_nan_is_an_error() {
+    let (p, _) = run(&rlimit(), &sneaky("short-dataset", &[]));
+    let t = trials(&p)
+        .into_iter()
+        .find(|t| t["batch"].as_u64().unwrap() > 5 && t["batch"].as_u64().unwrap() <= 8)
+        .expect("a trial between 6 and 8");
+    assert_eq!(t["outcome"], "error", "{t}");
+    assert!(
+        t["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("the job trained 5, not {}", t["batch"])),
+        "{t}"
+    );
+    let (p, _) = run(&rlimit(), &sneaky("nan", &[]));
+    no_fit_below_9(&p, "error", "holds NaN or Infinity");
+}
+
+/// 7: the warning about a command without `{batch}` is said once, and not at all when the trials'
+/// reports show the job read BATCHFIT_BATCH (was: twice on stderr, and always).
+#[test]
+fn the_no_batch_warning_is_said_once_and_only_when_unproven() {
+    let helper = repo().join("src/workload/exec").display().to_string();
+    let hog = repo()
+        .join("tests/support/exec/hog.py")
+        .display()
+        .to_string();
+    // hog.py without --batch reads BATCHFIT_BATCH and reports the size it trained
+    let cmd: Vec<String> = [
+        "/usr/bin/python3",
+        &hog,
+        "--capacity-mib",
+        "20",
+        "--report",
+        "--helper",
+        &helper,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (p, err) = run(&rlimit(), &cmd);
+    assert_eq!(p["recommendation"]["max_fitting_batch"], 12, "{p}");
+    assert!(
+        !p["warnings"].to_string().contains("{batch}"),
+        "{}",
+        p["warnings"]
+    );
+    assert!(!err.contains("has no {batch}"), "{err}");
+    // a shell that reads it but reports nothing: said once
+    let sh: Vec<String> = [
+        "sh",
+        "-c",
+        "[ \"$BATCHFIT_BATCH\" -le 3 ] || { echo MemoryError >&2; exit 1; }; sleep 0.1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let o = batchfit()
+        .args(["probe", "--backend", "cpu", "--max-batch", "16", "--out"])
+        .arg(&out)
+        .args(rlimit())
+        .arg("--exec")
+        .arg("--")
+        .args(&sh)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches("has no {batch}").count(), 1, "{err}");
+    assert!(read_json(&out)["warnings"].to_string().contains("{batch}"));
+}
+
+/// 11: a split whose accumulation nothing shows the job ran is marked in the plan, the text and the
+/// env exports (`BATCHFIT_ACCUMULATION_PROVEN=0`), not only warned about.
+#[test]
+fn an_unproven_accumulation_is_exported_and_marked() {
+    let helper = repo().join("src/workload/exec").display().to_string();
+    let hog = repo()
+        .join("tests/support/exec/hog.py")
+        .display()
+        .to_string();
+    // hog.py reports, but never reads the accumulation
+    let cmd: Vec<String> = [
+        "/usr/bin/python3",
+        &hog,
+        "--batch",
+        "{batch}",
+        "--capacity-mib",
+        "40",
+        "--report",
+        "--helper",
+        &helper,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let run = |format: &str| {
+        batchfit()
+            .args([
+                "probe",
+                "--backend",
+                "cpu",
+                "--quiet",
+                "--global-batch",
+                "120",
+            ])
+            .args(["--format", format, "--out"])
+            .arg(&out)
+            .args(rlimit())
+            .arg("--exec")
+            .arg("--")
+            .args(&cmd)
+            .output()
+            .unwrap()
+    };
+    let o = run("env");
+    assert!(o.status.success(), "{o:?}");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("BATCHFIT_ACCUMULATION_PROVEN=0"),
+        "{stdout}"
+    );
+    let r = read_json(&out)["recommendation"].clone();
+    assert!(r["accumulation"].as_u64().unwrap() > 1, "{r}");
+    assert_eq!(r["accumulation_proven"], false, "{r}");
+    let text = batchfit()
+        .args(["show", "--format", "text"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("NOT PROVEN"),
+        "{text:?}"
+    );
+}
+
+/// 9: under a cgroup the anonymous peak is recorded beside the kernel's (which counts page cache).
+#[test]
+fn a_cgroup_trial_records_its_anonymous_peak() {
+    if !cgroup_available() {
+        eprintln!("no memory cgroup here: skipped");
+        return;
+    }
+    let hog = repo()
+        .join("tests/support/exec/hog.py")
+        .display()
+        .to_string();
+    let cmd: Vec<String> = [
+        "/usr/bin/python3",
+        &hog,
+        "--batch",
+        "{batch}",
+        "--mib-per-sample",
+        "4",
+        "--sleep",
+        "0.05",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (p, _) = run(
+        &[
+            "--cpu-limit",
+            "cgroup",
+            "--memory-budget",
+            "400MiB",
+            "--margin",
+            "0",
+            "--multiple-of",
+            "4",
+        ],
+        &cmd,
+    );
+    assert_eq!(p["guard_band"], 0.02, "{p}");
+    let fits: Vec<Value> = trials(&p)
+        .into_iter()
+        .filter(|t| t["outcome"] == "fits")
+        .collect();
+    assert!(!fits.is_empty());
+    for t in fits {
+        let anon = t["details"]["cgroup_anon_peak_bytes"].as_u64().unwrap_or(0);
+        let kernel = t["peak_bytes"].as_u64().unwrap();
+        // hog's 4 MiB a sample are anonymous: seen, and never above the kernel's total
+        let b = t["batch"].as_u64().unwrap();
+        assert!(anon >= (b * 4) << 20, "{t}");
+        assert!(anon <= kernel, "{t}");
+    }
+}
