@@ -40,13 +40,45 @@ fn push_capped(buf: &mut Vec<u8>, data: &[u8], cap: usize) {
     }
 }
 
-fn read_all(
-    mut r: impl Read + Send + 'static,
-    cap: usize,
-    mut log: Option<std::fs::File>,
-) -> std::thread::JoinHandle<String> {
+/// How long the output pipes are read after the trial's processes were ended: a process that escaped
+/// every kill (a daemon that cleared its environment and left the session) may hold them open.
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// How long the trial's leftover processes get after SIGTERM before SIGKILL.
+const GRACE: Duration = Duration::from_millis(500);
+
+/// The environment variable that marks every process of a trial (inherited across `setsid` and
+/// double forks), so that escaped daemons are found by a scan of `/proc`.
+pub const TRIAL_MARKER: &str = "BATCHFIT_TRIAL_ID";
+
+/// A stream being read in the background: what came so far, and whether it ended.
+struct Reader {
+    buf: Arc<Mutex<Vec<u8>>>,
+    done: mpsc::Receiver<()>,
+}
+
+impl Reader {
+    /// What was read, waiting until `deadline` at most for the stream's end.
+    fn finish(self, deadline: Instant) -> String {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ended = self.done.recv_timeout(left).is_ok();
+        let buf = self.buf.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = String::from_utf8_lossy(&buf).into_owned();
+        if !ended {
+            s.push_str(
+                "\n[batchfit: the output was still open after the trial's processes were ended; \
+                 not read further]\n",
+            );
+        }
+        s
+    }
+}
+
+fn read_all(mut r: impl Read + Send + 'static, cap: usize, mut log: Option<std::fs::File>) -> Reader {
+    let buf = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&buf);
+    let (tx, done) = mpsc::channel();
     std::thread::spawn(move || {
-        let mut buf = Vec::new();
         let mut chunk = [0u8; 8192];
         while let Ok(n) = r.read(&mut chunk) {
             if n == 0 {
@@ -58,10 +90,135 @@ fn read_all(
                     log = None;
                 }
             }
-            push_capped(&mut buf, &chunk[..n], cap);
+            push_capped(
+                &mut sink.lock().unwrap_or_else(|e| e.into_inner()),
+                &chunk[..n],
+                cap,
+            );
         }
-        String::from_utf8_lossy(&buf).into_owned()
-    })
+        let _ = tx.send(());
+    });
+    Reader { buf, done }
+}
+
+/// Clock ticks since boot now (the unit of a process's start time in `/proc/PID/stat`).
+fn ticks_now() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0, |up| (up * hz) as u64)
+}
+
+/// A process's group, session and start time (fields 5, 6 and 22 of `/proc/PID/stat`), unless it is a
+/// zombie or gone.
+fn stat_ids(pid: u32) -> Option<(u32, u32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    if f.first() == Some(&"Z") || f.first() == Some(&"X") {
+        return None;
+    }
+    Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?, f.get(19)?.parse().ok()?))
+}
+
+/// Whether process `pid`'s environment holds `NAME=value` exactly.
+fn environ_has(pid: u32, entry: &[u8]) -> bool {
+    let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    env.split(|&b| b == 0).any(|e| e == entry)
+}
+
+/// Every live process of a trial: its session and process group (the root's PID, as the trial was
+/// started with `setsid`), every process carrying its marker in the environment (daemons that left
+/// the session), its followed tree and its cgroup; only processes started since the trial began, and
+/// never batchfit itself.
+fn trial_processes(
+    root: u32,
+    since: u64,
+    marker: &[u8],
+    tree: Option<&super::tree::Tree>,
+    cgroup: Option<&super::cgroup::Group>,
+) -> Vec<u32> {
+    let me = std::process::id();
+    let mut v: Vec<u32> = vec![];
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if pid == me {
+                continue;
+            }
+            let Some((pgrp, sid, start)) = stat_ids(pid) else {
+                continue;
+            };
+            if start + 1 < since {
+                continue;
+            }
+            if sid == root || pgrp == root || environ_has(pid, marker) {
+                v.push(pid);
+            }
+        }
+    }
+    if let Some(t) = tree {
+        v.extend(t.live_pids());
+    }
+    if let Some(g) = cgroup {
+        v.extend(g.pids());
+    }
+    v.sort_unstable();
+    v.dedup();
+    v.retain(|&p| p != me);
+    v
+}
+
+/// Ends every process of a trial: SIGTERM, then SIGKILL after [`GRACE`] to those left, until none is
+/// found (bounded: a process stuck in the kernel cannot be waited for forever).
+fn end_trial(
+    root: u32,
+    since: u64,
+    marker: &[u8],
+    tree: Option<&super::tree::Tree>,
+    cgroup: Option<&super::cgroup::Group>,
+) {
+    let signal = |pids: &[u32], sig: i32| {
+        for &p in pids {
+            // SAFETY: sending a signal to a process of the trial (found above, started after it).
+            unsafe {
+                libc::kill(p as i32, sig);
+            }
+        }
+    };
+    let found = trial_processes(root, since, marker, tree, cgroup);
+    if found.is_empty() {
+        return;
+    }
+    signal(&found, libc::SIGTERM);
+    let t0 = Instant::now();
+    while t0.elapsed() < GRACE {
+        std::thread::sleep(Duration::from_millis(20));
+        if trial_processes(root, since, marker, tree, cgroup).is_empty() {
+            return;
+        }
+    }
+    for _ in 0..100 {
+        kill_group(root);
+        if let Some(t) = tree {
+            t.kill_all();
+        }
+        if let Some(g) = cgroup {
+            g.kill_all();
+        }
+        let left = trial_processes(root, since, marker, tree, cgroup);
+        if left.is_empty() {
+            return;
+        }
+        signal(&left, libc::SIGKILL);
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// How a trial process is started and watched.
@@ -119,6 +276,12 @@ fn spawn_limited(mut cmd: Command, opts: &Options, stdin: Stdio) -> Result<Child
     }
     cmd.spawn()
         .map_err(|e| BackendError::Environment(format!("cannot start a trial process: {e}")))
+}
+
+/// A number for each trial this process starts (part of its marker).
+fn next_trial() -> u64 {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
 }
 
 /// Whether the kernel's OOM killer killed a process that ended with `status`: it died by SIGKILL and
@@ -180,6 +343,11 @@ pub fn run(
             std::fs::File::create(name).ok()
         })
     };
+    let mut cmd = cmd;
+    let marker = format!("{}-{}-{}", std::process::id(), next_trial(), ticks_now());
+    cmd.env(TRIAL_MARKER, &marker);
+    let marker = format!("{TRIAL_MARKER}={marker}").into_bytes();
+    let since = ticks_now();
     let mut child = spawn_limited(cmd, opts, Stdio::null())?;
     let pid = child.id();
     let mut tree = opts.tree.then(|| super::tree::Tree::new(pid));
@@ -189,15 +357,10 @@ pub fn run(
         64 << 10,
         log(".stderr"),
     );
-    // Everything the trial started goes, whatever happens: its group, its tree, its cgroup.
+    // Everything the trial started goes, whatever happens: its session and group, its tree, its
+    // cgroup and every process carrying its marker.
     let kill_everything = |tree: &Option<super::tree::Tree>| {
-        kill_group(pid);
-        if let Some(t) = tree {
-            t.kill_all();
-        }
-        if let Some(g) = opts.cgroup {
-            g.kill_all();
-        }
+        end_trial(pid, since, &marker, tree.as_ref(), opts.cgroup);
     };
     let status = loop {
         if let Some(sig) = interrupt::pending() {
@@ -208,7 +371,6 @@ pub fn run(
         if t0.elapsed() >= timeout {
             kill_everything(&tree);
             let _ = child.wait();
-            let _ = (out.join(), err.join());
             return Ok(Ran::TimedOut {
                 seconds: t0.elapsed().as_secs_f64(),
             });
@@ -235,6 +397,7 @@ pub fn run(
     let (status, root_maxrss) = status;
     let seconds = t0.elapsed().as_secs_f64();
     kill_everything(&tree);
+    let drained = Instant::now() + DRAIN;
     let cgroup_oom = opts.cgroup.is_some_and(|g| g.oom_kills() > 0);
     let measure = TreeMeasure {
         data_peak: tree.as_ref().map(|t| t.data_peak).filter(|&b| b > 0),
@@ -252,8 +415,8 @@ pub fn run(
     };
     Ok(Ran::Finished(Finished {
         status,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
+        stdout: out.finish(drained),
+        stderr: err.finish(drained),
         kernel_oom_kill: cgroup_oom || killed_by_kernel(status, kills_before, oom_kills()),
         measure,
     }))

@@ -33,12 +33,14 @@ pub const PYTHON_HELPER: &str = include_str!("batchfit_trial.py");
 pub const PLACEHOLDERS: [&str; 3] = ["{batch}", "{steps}", "{accumulation}"];
 
 /// The environment variables set in every trial (values per trial).
-pub const ENVIRONMENT: [&str; 5] = [
+pub const ENVIRONMENT: [&str; 6] = [
     "BATCHFIT_BATCH",
     "BATCHFIT_STEPS",
     "BATCHFIT_ACCUMULATION",
     "BATCHFIT_TRIAL",
     "BATCHFIT_RESULT",
+    // set by the process runner: marks every process of the trial, so that all are ended
+    crate::device::process::TRIAL_MARKER,
 ];
 
 /// How many lines of a trial's output its record keeps.
