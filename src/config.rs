@@ -125,6 +125,13 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         (BackendArg::Cuda, None) => BackendChoice::Cuda,
     };
     let (exec, mut warnings) = exec(a)?;
+    if exec.is_some() && matches!(backend, BackendChoice::Sim(_)) {
+        return err(
+            "--exec runs your command on a real device, and --backend sim runs nothing (it \
+             simulates batchfit's own model from --sim): use --backend cpu, cuda or auto with --exec"
+                .into(),
+        );
+    }
     let model = ModelSpec {
         architecture: if exec.is_some() {
             ModelSpec::default_mlp().architecture

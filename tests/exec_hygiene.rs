@@ -140,3 +140,79 @@ fn an_unfindable_daemon_holding_the_pipe_does_not_hang_the_trial() {
     // the cleared daemon ends itself after 20 s (it cannot be told from any other process)
     let _ = PathBuf::new();
 }
+
+const SIM: &str = "base=1GiB,per-sample=3MiB,capacity=16GiB";
+
+fn sim_plan(out: &Path) {
+    batchfit()
+        .args(["probe", "--backend", "sim", "--sim", SIM, "--global-batch", "8192"])
+        .args(["--quiet", "--out"])
+        .arg(out)
+        .assert()
+        .success();
+}
+
+/// Issue 6: `--exec --backend sim` used to be accepted (the simulation ran, the command never did).
+#[test]
+fn exec_with_the_simulator_is_refused() {
+    let d = tmp();
+    let out = d.path().join("plan.json");
+    let a = batchfit()
+        .args(["probe", "--backend", "sim", "--sim", SIM, "--out"])
+        .arg(&out)
+        .args(["--exec", "--", "/bin/sh", "-c", "exit 0"])
+        .assert()
+        .code(2);
+    let err = String::from_utf8_lossy(&a.get_output().stderr).into_owned();
+    assert!(err.contains("--backend sim runs nothing"), "{err}");
+    assert!(!out.exists() && !d.path().join("plan.partial.json").exists());
+}
+
+/// Issue 6: a simulated plan merged with a real device's plan used to give a "merged" plan; now
+/// refused (exit 2). Two simulated plans still merge, and `--format env` says the merged plan is
+/// not verified (`BATCHFIT_VERIFIED=0`; `1` for a probe plan).
+#[test]
+fn merge_refuses_sim_with_real_and_env_says_verified() {
+    let d = tmp();
+    let sim = d.path().join("sim.json");
+    sim_plan(&sim);
+    let real = d.path().join("cpu.json");
+    let mut p = read_json(&sim);
+    p["device"]["kind"] = "cpu".into();
+    p["device"]["name"] = "some cpu".into();
+    write_json(&real, &p);
+    let merged = d.path().join("merged.json");
+    let a = batchfit()
+        .args(["merge", "--global-batch", "8192", "--format", "json", "--out"])
+        .arg(&merged)
+        .arg(&sim)
+        .arg(&real)
+        .assert()
+        .code(2);
+    let err = String::from_utf8_lossy(&a.get_output().stderr).into_owned();
+    assert!(err.contains("is a simulated plan"), "{err}");
+    assert!(!merged.exists());
+    // two simulated plans merge; the result is not verified
+    let sim2 = d.path().join("sim2.json");
+    sim_plan(&sim2);
+    batchfit()
+        .args(["merge", "--global-batch", "8192", "--format", "json", "--out"])
+        .arg(&merged)
+        .arg(&sim)
+        .arg(&sim2)
+        .assert()
+        .success();
+    let env = |plan: &Path| {
+        let a = batchfit()
+            .arg("show")
+            .arg(plan)
+            .args(["--format", "env"])
+            .assert()
+            .success();
+        String::from_utf8_lossy(&a.get_output().stdout).into_owned()
+    };
+    let m = env(&merged);
+    assert!(m.contains("export BATCHFIT_VERIFIED=0\n"), "{m}");
+    let s = env(&sim);
+    assert!(s.contains("export BATCHFIT_VERIFIED=1\n"), "{s}");
+}
