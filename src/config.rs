@@ -307,12 +307,19 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     }
     if let Some(out) = &a.out {
         files::check_target(out).map_err(|e| ConfigError(format!("--out: {e}")))?;
+        // the partial plan is written beside it during the search: a directory, FIFO or dangling
+        // link there must be found now, not after the search
+        let partial = crate::plan::partial_path(out);
+        files::check_target(&partial).map_err(|e| {
+            ConfigError(format!(
+                "--out {}: its partial plan (written during the search) cannot be written: {e}",
+                out.display()
+            ))
+        })?;
+        check_out_is_no_input(a, out, &partial)?;
     }
-    if let Some(d) = a.logs.as_deref().filter(|d| d.exists() && !d.is_dir()) {
-        return err(format!(
-            "--logs {} is not a directory; give a directory (it is created when missing)",
-            d.display()
-        ));
+    if let Some(d) = &a.logs {
+        check_logs_dir(d)?;
     }
     if let Some(p) = &a.plot {
         crate::output::plot::check_target(p).map_err(|e| ConfigError(e.to_string()))?;
@@ -382,6 +389,118 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         warnings: std::mem::take(&mut warnings),
         plot_scale: a.plot_scale.into(),
     })
+}
+
+/// `--logs DIR` before any trial: a directory (following a link to one) that batchfit can write, or
+/// a path whose nearest existing ancestor is a writable directory (it is created then).
+fn check_logs_dir(d: &std::path::Path) -> Result<(), ConfigError> {
+    let writable = |dir: &std::path::Path| {
+        tempfile::Builder::new()
+            .prefix(".batchfit-check-")
+            .tempfile_in(dir)
+            .map(drop)
+    };
+    match std::fs::metadata(d) {
+        Ok(m) if m.is_dir() => writable(d).map_err(|e| {
+            ConfigError(format!(
+                "--logs {} is a directory batchfit cannot write in ({e}); make it writable or give \
+                 another directory",
+                d.display()
+            ))
+        }),
+        Ok(_) => Err(ConfigError(format!(
+            "--logs {} is not a directory; give a directory (it is created when missing)",
+            d.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if std::fs::symlink_metadata(d).is_ok() {
+                return Err(ConfigError(format!(
+                    "--logs {} is a symbolic link to nothing; give a directory",
+                    d.display()
+                )));
+            }
+            let mut up = d.parent();
+            while let Some(p) = up {
+                let p = if p.as_os_str().is_empty() {
+                    std::path::Path::new(".")
+                } else {
+                    p
+                };
+                match std::fs::metadata(p) {
+                    Ok(m) if m.is_dir() => {
+                        return writable(p).map_err(|e| {
+                            ConfigError(format!(
+                                "--logs {}: cannot create it, {} is not writable ({e})",
+                                d.display(),
+                                p.display()
+                            ))
+                        })
+                    }
+                    Ok(_) => {
+                        return Err(ConfigError(format!(
+                            "--logs {}: cannot create it, {} is not a directory",
+                            d.display(),
+                            p.display()
+                        )))
+                    }
+                    Err(_) => up = p.parent(),
+                }
+            }
+            Ok(())
+        }
+        Err(e) => Err(ConfigError(format!("--logs {}: {e}", d.display()))),
+    }
+}
+
+/// `--out` (and its partial plan) must not be one of the files the probe reads or writes otherwise:
+/// the command's script (any argument that is an existing regular file), a `--fingerprint-file`, a
+/// trial log under `--logs`. Compared as files (device and inode), so links and `..` do not hide it.
+fn check_out_is_no_input(
+    a: &ProbeArgs,
+    out: &std::path::Path,
+    partial: &std::path::Path,
+) -> Result<(), ConfigError> {
+    let mut inputs: Vec<(String, PathBuf)> = vec![];
+    if a.exec {
+        for w in &a.command {
+            let p = std::path::Path::new(w);
+            if std::fs::metadata(p).is_ok_and(|m| m.is_file()) {
+                inputs.push((format!("the command's file {w}"), p.to_path_buf()));
+            }
+        }
+    }
+    for f in &a.fingerprint_file {
+        inputs.push((format!("--fingerprint-file {}", f.display()), f.clone()));
+    }
+    for (what, input) in &inputs {
+        for (flag, o) in [("--out", out), ("the partial plan of --out", partial)] {
+            if files::same_file(o, input) {
+                return Err(ConfigError(format!(
+                    "{flag} {} is {what}: the plan would replace it; give the plan its own name, \
+                     e.g. --out plan.json",
+                    o.display()
+                )));
+            }
+        }
+    }
+    if let Some(logs) = &a.logs {
+        for (flag, o) in [("--out", out), ("the partial plan of --out", partial)] {
+            let dir = o.parent().filter(|d| !d.as_os_str().is_empty());
+            let dir = dir.unwrap_or(std::path::Path::new("."));
+            let name = o.file_name().map(|n| n.to_string_lossy().into_owned());
+            if files::same_file(dir, logs)
+                && name.is_some_and(|n| crate::device::process::is_log_name(&n))
+            {
+                return Err(ConfigError(format!(
+                    "{flag} {} is a trial log's name under --logs {}: a trial would overwrite the \
+                     plan; give the plan another name or directory",
+                    o.display(),
+                    logs.display()
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `--exec -- CMD ARG…`: the command checked (it can be started), its fingerprint files hashed, its

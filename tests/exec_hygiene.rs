@@ -216,3 +216,156 @@ fn merge_refuses_sim_with_real_and_env_says_verified() {
     let s = env(&sim);
     assert!(s.contains("export BATCHFIT_VERIFIED=1\n"), "{s}");
 }
+
+/// A cpu `--exec` probe of `cmd` with `flags`, plan to `out` (RLIMIT_DATA, small caps).
+fn exec_probe(out: &Path, flags: &[&str], cmd: &[&str]) -> assert_cmd::Command {
+    let mut c = batchfit();
+    c.args(["probe", "--backend", "cpu", "--memory-budget", "2GiB", "--quiet"])
+        .args(["--cpu-limit", "rlimit", "--trial-timeout", "20", "--out"])
+        .arg(out)
+        .args(flags)
+        .args(["--exec", "--"])
+        .args(cmd);
+    c
+}
+
+fn stderr_of(a: &assert_cmd::assert::Assert) -> String {
+    String::from_utf8_lossy(&a.get_output().stderr).into_owned()
+}
+
+/// Issue 7: `--out` naming the command's own script, a `--fingerprint-file` (through a link), or a
+/// trial log's name under `--logs` used to be accepted (the plan replaced the script at the end);
+/// now refused before any trial, and the file is unchanged.
+#[test]
+fn out_is_never_one_of_the_probes_own_inputs() {
+    let d = tmp();
+    let script = d.path().join("train.sh");
+    std::fs::write(&script, "exit 0\n").unwrap();
+    let s = script.display().to_string();
+    let a = exec_probe(&script, &[], &["/bin/sh", &s]).assert().code(2);
+    assert!(stderr_of(&a).contains("is the command's file"), "{}", stderr_of(&a));
+    assert_eq!(std::fs::read_to_string(&script).unwrap(), "exit 0\n");
+    // the same file through a symbolic link, as a --fingerprint-file
+    let data = d.path().join("data.yaml");
+    std::fs::write(&data, "x: 1\n").unwrap();
+    let link = d.path().join("plan.json");
+    std::os::unix::fs::symlink(&data, &link).unwrap();
+    let a = exec_probe(
+        &link,
+        &["--fingerprint-file", data.to_str().unwrap()],
+        &["/bin/sh", &s],
+    )
+    .assert()
+    .code(2);
+    assert!(stderr_of(&a).contains("is --fingerprint-file"), "{}", stderr_of(&a));
+    assert_eq!(std::fs::read_to_string(&data).unwrap(), "x: 1\n");
+    // a trial log's name under --logs
+    let logs = d.path().join("logs");
+    let out = logs.join("trial-001-b1-a1.stdout");
+    std::fs::create_dir(&logs).unwrap();
+    let a = exec_probe(&out, &["--logs", logs.to_str().unwrap()], &["/bin/sh", &s])
+        .assert()
+        .code(2);
+    assert!(stderr_of(&a).contains("a trial log's name"), "{}", stderr_of(&a));
+}
+
+/// Issue 7: a FIFO as `--fingerprint-file` used to hang batchfit (opening it waits for a writer);
+/// now refused at once (exit 2).
+#[test]
+fn a_fifo_fingerprint_file_is_refused_at_once() {
+    let d = tmp();
+    let fifo = d.path().join("weights.fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let a = exec_probe(
+        &d.path().join("plan.json"),
+        &["--fingerprint-file", fifo.to_str().unwrap()],
+        &["/bin/sh", "-c", "exit 0"],
+    )
+    .timeout(Duration::from_secs(10))
+    .assert()
+    .code(2);
+    assert!(stderr_of(&a).contains("a FIFO, not a regular file"), "{}", stderr_of(&a));
+}
+
+/// Issue 5: a directory or FIFO at the partial plan's path (`plan.partial.json` beside `--out`)
+/// used to be found only when the first partial plan was written, after the first trial, and its
+/// error was printed twice; now refused before any trial, once.
+#[test]
+fn the_partial_plan_path_is_checked_up_front() {
+    let d = tmp();
+    let out = d.path().join("plan.json");
+    let partial = d.path().join("plan.partial.json");
+    let ran = d.path().join("ran");
+    let cmd = format!("touch {}; exit 0", ran.display());
+    std::fs::create_dir(&partial).unwrap();
+    let a = exec_probe(&out, &[], &["/bin/sh", "-c", &cmd]).assert().code(2);
+    let err = stderr_of(&a);
+    assert!(err.contains("its partial plan"), "{err}");
+    assert_eq!(err.matches("is a directory").count(), 1, "{err}");
+    assert!(!ran.exists(), "a trial ran");
+    std::fs::remove_dir(&partial).unwrap();
+    let c = std::ffi::CString::new(partial.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let a = batchfit()
+        .args(["probe", "--backend", "sim", "--sim", SIM, "--quiet", "--out"])
+        .arg(&out)
+        .timeout(Duration::from_secs(10))
+        .assert()
+        .code(2);
+    let err = stderr_of(&a);
+    assert_eq!(err.matches("a FIFO").count(), 1, "{err}");
+}
+
+/// Issue 2: `--logs` that cannot be created (under /proc), or is a file, is refused before any
+/// trial (exit 2); a FIFO or a symbolic link at a trial log's name stops the search (exit 4) instead of
+/// blocking on the FIFO (batchfit hung) or writing through the link.
+#[test]
+fn logs_are_checked_up_front_and_never_written_through_links_or_fifos() {
+    let d = tmp();
+    let out = d.path().join("plan.json");
+    let ran = d.path().join("ran");
+    let cmd = format!("echo hello; touch {}; exit 0", ran.display());
+    let sh = ["/bin/sh", "-c", cmd.as_str()];
+    let a = exec_probe(&out, &["--logs", "/proc/batchfit-no-such-dir/logs"], &sh)
+        .assert()
+        .code(2);
+    assert!(stderr_of(&a).contains("cannot create it"), "{}", stderr_of(&a));
+    let file = d.path().join("afile");
+    std::fs::write(&file, "").unwrap();
+    let a = exec_probe(&out, &["--logs", file.to_str().unwrap()], &sh)
+        .assert()
+        .code(2);
+    assert!(stderr_of(&a).contains("is not a directory"), "{}", stderr_of(&a));
+    assert!(!ran.exists());
+    // the first trial (--max-batch 1) logs to trial-001-b1-a1.stdout: a FIFO there (the search stops with
+    // trial-errors, exit 4, the reason in the partial plan)
+    let logs = d.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let fifo = logs.join("trial-001-b1-a1.stdout");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let flags = ["--max-batch", "1", "--logs", logs.to_str().unwrap()];
+    let a = exec_probe(&out, &flags, &sh)
+        .timeout(Duration::from_secs(20))
+        .assert()
+        .code(4);
+    let detail = |_: &assert_cmd::assert::Assert| {
+        read_json(&d.path().join("plan.partial.json"))["stop_detail"].to_string()
+    };
+    assert!(detail(&a).contains("a FIFO, not a regular file"), "{}", detail(&a));
+    // a symbolic link there to a file outside: not followed, not truncated
+    std::fs::remove_file(&fifo).unwrap();
+    let victim = d.path().join("victim");
+    std::fs::write(&victim, "keep me\n").unwrap();
+    std::os::unix::fs::symlink(&victim, &fifo).unwrap();
+    let a = exec_probe(&out, &flags, &sh)
+        .timeout(Duration::from_secs(20))
+        .assert()
+        .code(4);
+    assert!(detail(&a).contains("symbolic link"), "{}", detail(&a));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me\n");
+}

@@ -88,7 +88,7 @@ impl CpuBackend {
         self
     }
 
-    /// Each trial's whole output into `dir` (`trial-NNN-bB.stdout` / `.stderr`).
+    /// Each trial's whole output into `dir` (`trial-NNN-bB-aA.stdout` / `.stderr`).
     pub fn with_logs(mut self, dir: PathBuf) -> Self {
         self.logs = Some(dir);
         self

@@ -221,6 +221,48 @@ fn end_trial(
     }
 }
 
+/// Whether `name` is the name of a trial's log under `--logs` (`trial-….stdout` / `.stderr`).
+pub fn is_log_name(name: &str) -> bool {
+    name.starts_with("trial-") && (name.ends_with(".stdout") || name.ends_with(".stderr"))
+}
+
+/// Opens (creates or truncates) a trial's log: a regular file only. The name is not followed when it
+/// is a symlink (`O_NOFOLLOW`), and opening does not wait on a FIFO (`O_NONBLOCK`); whatever is not a
+/// regular file at the name is refused, never written or truncated.
+fn open_log(path: &std::path::Path) -> Result<std::fs::File, BackendError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let refuse = |why: String| {
+        BackendError::Environment(format!(
+            "--logs: cannot write the trial log {}: {why}",
+            path.display()
+        ))
+    };
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => refuse("it is a symbolic link; batchfit does not follow links \
+                                        there"
+                .into()),
+            Some(libc::ENXIO) => refuse("it is a FIFO, not a regular file".into()),
+            _ => refuse(e.to_string()),
+        })?;
+    let meta = f.metadata().map_err(|e| refuse(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(refuse(
+            "it is not a regular file (a FIFO, socket or device); remove it or use another \
+             --logs directory"
+                .into(),
+        ));
+    }
+    f.set_len(0).map_err(|e| refuse(e.to_string()))?;
+    Ok(f)
+}
+
 /// How a trial process is started and watched.
 #[derive(Debug, Default)]
 pub struct Options<'a> {
@@ -336,13 +378,15 @@ pub fn run(
 ) -> Result<Ran, BackendError> {
     let kills_before = oom_kills();
     let t0 = Instant::now();
-    let log = |suffix: &str| {
-        opts.log.as_ref().and_then(|p| {
-            let mut name = p.clone().into_os_string();
-            name.push(suffix);
-            std::fs::File::create(name).ok()
-        })
+    let log = |suffix: &str| -> Result<Option<std::fs::File>, BackendError> {
+        let Some(p) = opts.log.as_ref() else {
+            return Ok(None);
+        };
+        let mut name = p.clone().into_os_string();
+        name.push(suffix);
+        open_log(std::path::Path::new(&name)).map(Some)
     };
+    let (out_log, err_log) = (log(".stdout")?, log(".stderr")?);
     let mut cmd = cmd;
     let marker = format!("{}-{}-{}", std::process::id(), next_trial(), ticks_now());
     cmd.env(TRIAL_MARKER, &marker);
@@ -351,12 +395,8 @@ pub fn run(
     let mut child = spawn_limited(cmd, opts, Stdio::null())?;
     let pid = child.id();
     let mut tree = opts.tree.then(|| super::tree::Tree::new(pid));
-    let out = read_all(child.stdout.take().expect("piped"), 1 << 20, log(".stdout"));
-    let err = read_all(
-        child.stderr.take().expect("piped"),
-        64 << 10,
-        log(".stderr"),
-    );
+    let out = read_all(child.stdout.take().expect("piped"), 1 << 20, out_log);
+    let err = read_all(child.stderr.take().expect("piped"), 64 << 10, err_log);
     // Everything the trial started goes, whatever happens: its session and group, its tree, its
     // cgroup and every process carrying its marker.
     let kill_everything = |tree: &Option<super::tree::Tree>| {
