@@ -369,3 +369,130 @@ fn logs_are_checked_up_front_and_never_written_through_links_or_fifos() {
     assert!(detail(&a).contains("symbolic link"), "{}", detail(&a));
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me\n");
 }
+
+/// The directory of this process's memory cgroup where trial groups can be made (v1 or v2), if any
+/// (root on a machine with the memory controller); batchfit, started from here, uses the same.
+fn memory_cgroup_parent() -> Option<PathBuf> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    for line in own.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, ctrls, path) = (parts.next(), parts.next(), parts.next());
+        if let (Some(ctrls), Some(path)) = (ctrls, path) {
+            if ctrls.split(',').any(|c| c == "memory") {
+                let dir = Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+                if dir.join("memory.limit_in_bytes").exists() {
+                    return Some(dir);
+                }
+            }
+        }
+    }
+    let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+    dir.join("cgroup.controllers").exists().then_some(dir)
+}
+
+fn groups_of(parent: &Path, pid: u32) -> Vec<PathBuf> {
+    std::fs::read_dir(parent)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with(&format!("batchfit-{pid}-")))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn reports_dirs(tmpdir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(tmpdir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("batchfit-reports-"))
+        .collect()
+}
+
+/// Issue 3: SIGHUP (a closed terminal or ssh session) used to end batchfit at once (its default
+/// action), leaving the trial's processes, its memory cgroup and its /tmp/batchfit-reports-*
+/// directory behind; now handled as SIGTERM: exit 129, a partial plan, nothing left.
+#[test]
+fn sighup_leaves_no_process_no_cgroup_and_no_report_dir() {
+    let d = tmp();
+    let tmpdir = d.path().join("tmp");
+    std::fs::create_dir(&tmpdir).unwrap();
+    let out = d.path().join("plan.json");
+    let marker = format!("sighup-{}", std::process::id());
+    let mut c = batchfit_process(&marker);
+    c.env("TMPDIR", &tmpdir)
+        .args(probe_args(&out, "60"))
+        .args(["--exec", "--", PY])
+        .args([fake("hang.py"), "--grandchild-setsid".into()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    let parent = memory_cgroup_parent();
+    let t0 = Instant::now();
+    while processes_with("time.sleep(3600)")
+        .into_iter()
+        .all(|p| !environ_has(p, &marker))
+        && t0.elapsed() < Duration::from_secs(20)
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(reports_dirs(&tmpdir).len(), 1, "the trial's report directory");
+    let in_group = parent
+        .as_ref()
+        .map(|p| groups_of(p, child.id()))
+        .unwrap_or_default();
+    // SAFETY: geteuid has no preconditions.
+    if parent.is_some() && unsafe { libc::geteuid() } == 0 {
+        assert!(!in_group.is_empty(), "as root the trial runs in a memory cgroup");
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    let (status, _) = wait_within(&mut child, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(300));
+    let left = survivors("hang.py", &marker);
+    let left2 = survivors("time.sleep(3600)", &marker);
+    assert_eq!(status.code(), Some(129), "{status:?}");
+    assert!(left.is_empty() && left2.is_empty(), "{left:?} {left2:?}");
+    assert!(d.path().join("plan.partial.json").exists());
+    assert!(reports_dirs(&tmpdir).is_empty(), "{:?}", reports_dirs(&tmpdir));
+    for g in in_group {
+        assert!(!g.exists(), "{} was left", g.display());
+    }
+}
+
+/// Issue 3: a trial cgroup left by a batchfit that is gone (killed by SIGKILL) is removed by the
+/// next batchfit that makes trial groups under the same parent. Where no memory cgroup can be made
+/// (not root), there is nothing to test.
+#[test]
+fn stale_trial_cgroups_of_dead_batchfits_are_removed() {
+    let Some(parent) = memory_cgroup_parent() else {
+        eprintln!("no memory cgroup here");
+        return;
+    };
+    let mut dead = Command::new("true").spawn().unwrap();
+    let pid = dead.id();
+    dead.wait().unwrap();
+    let stale = parent.join(format!("batchfit-{pid}-7"));
+    if std::fs::create_dir(&stale).is_err() {
+        eprintln!("cannot make a cgroup under {}", parent.display());
+        return;
+    }
+    let d = tmp();
+    let out = d.path().join("plan.json");
+    batchfit()
+        .args(["probe", "--backend", "cpu", "--memory-budget", "1GiB", "--quiet"])
+        .args(["--cpu-limit", "cgroup", "--max-trials", "1", "--out"])
+        .arg(&out)
+        .args(["--exec", "--", "/bin/sh", "-c", "exit 1"])
+        .assert()
+        .failure();
+    let gone = !stale.exists();
+    let _ = std::fs::remove_dir(&stale);
+    assert!(gone, "{} was left", stale.display());
+}

@@ -83,7 +83,9 @@ impl CpuBackend {
     }
 
     /// Trials in memory cgroups under `parent` instead of under `RLIMIT_DATA`.
+    /// Trial groups that dead batchfit processes left under `parent` are removed first.
     pub fn with_cgroup(mut self, parent: cgroup::Parent) -> Self {
+        cgroup::remove_stale(&parent);
         self.cgroup = Some(parent);
         self
     }
