@@ -618,6 +618,7 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
         environment,
         oom_patterns: a.oom_pattern.clone(),
         threads,
+        auto_fingerprint_files: crate::plan::schema::auto_fingerprint(&a.command),
     };
     Ok((
         Some(ExecConfig {

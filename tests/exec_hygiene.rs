@@ -496,3 +496,75 @@ fn stale_trial_cgroups_of_dead_batchfits_are_removed() {
     let _ = std::fs::remove_dir(&stale);
     assert!(gone, "{} was left", stale.display());
 }
+
+/// Issue 8: the cache key of `--exec` used to miss the working directory, the environment the
+/// command sees, its script's content (without --fingerprint-file), the limit mechanism and
+/// `--oom-pattern`: a changed script or environment was answered from the cache. Each change now
+/// misses; the unchanged probe still hits.
+#[test]
+fn the_cache_key_of_a_command_covers_what_it_depends_on() {
+    let d = tmp();
+    let script = d.path().join("train.sh");
+    let fits_to = |n: u32| format!("[ \"$1\" -le {n} ] || {{ echo MemoryError >&2; exit 1; }}\n");
+    std::fs::write(&script, fits_to(5)).unwrap();
+    let other_dir = d.path().join("elsewhere");
+    std::fs::create_dir(&other_dir).unwrap();
+    let cache = fresh_cache_dir();
+    let out = d.path().join("plan.json");
+    // (env, cwd, flags) → answered from the cache?
+    let run = |env: &[(&str, &str)], cwd: &Path, flags: &[&str]| -> bool {
+        let mut c = batchfit();
+        c.env("BATCHFIT_CACHE_DIR", &cache)
+            .current_dir(cwd)
+            .args(["probe", "--backend", "cpu", "--memory-budget", "2GiB", "--quiet"])
+            .args(["--max-batch", "8", "--out"])
+            .arg(&out)
+            .args(flags)
+            .args(["--exec", "--", "/bin/sh"])
+            .arg(&script)
+            .arg("{batch}");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8_lossy(&o.stderr).contains("plan from cache")
+    };
+    let home = d.path();
+    let rl = ["--cpu-limit", "rlimit"];
+    assert!(!run(&[], home, &rl), "the first probe");
+    assert!(run(&[], home, &rl), "unchanged: a hit");
+    let p = read_json(&out);
+    let auto = &p["model"]["auto_fingerprint_files"];
+    assert_eq!(auto[0]["path"], "/bin/sh", "{auto}");
+    assert_eq!(auto[1]["path"], script.display().to_string(), "{auto}");
+    // the script's content
+    std::fs::write(&script, fits_to(6)).unwrap();
+    assert!(!run(&[], home, &rl), "a changed script");
+    std::fs::write(&script, fits_to(5)).unwrap();
+    assert!(run(&[], home, &rl), "the script as it was");
+    // the working directory
+    assert!(!run(&[], &other_dir, &rl), "another working directory");
+    // the environment the command sees
+    for (k, v) in [
+        ("PYTHONPATH", "/somewhere"),
+        ("CUDA_VISIBLE_DEVICES", "1"),
+        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+        ("OMP_NUM_THREADS", "3"),
+        ("BATCHFIT_MY_SETTING", "x"),
+    ] {
+        assert!(!run(&[(k, v)], home, &rl), "{k}={v}");
+    }
+    let path = format!("/nonexistent:{}", std::env::var("PATH").unwrap_or_default());
+    assert!(!run(&[("PATH", &path)], home, &rl), "another PATH");
+    // --oom-pattern
+    assert!(
+        !run(&[], home, &["--cpu-limit", "rlimit", "--oom-pattern", "OOM!"]),
+        "--oom-pattern"
+    );
+    // the limit mechanism (where a memory cgroup can be made)
+    if memory_cgroup_parent().is_some() && unsafe { libc::geteuid() } == 0 {
+        assert!(!run(&[], home, &["--cpu-limit", "cgroup"]), "a cgroup");
+    }
+    assert!(run(&[], home, &rl), "all as it was: a hit");
+}
