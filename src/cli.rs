@@ -286,7 +286,9 @@ pub struct ProbeArgs {
     #[arg(long, default_value_t = 1)]
     pub min_batch: u64,
     /// Largest batch to try (e.g. the dataset size).
-    #[arg(long, default_value_t = 1_000_000)]
+    /// With --exec and --global-batch G, the default is G / world size (a larger micro-batch is
+    /// never used).
+    #[arg(long, default_value_t = crate::config::DEFAULT_MAX_BATCH)]
     pub max_batch: u64,
     /// Stop after this many trials (the plan is then partial).
     #[arg(long)]

@@ -71,6 +71,8 @@ pub struct ProbeConfig {
     pub logs: Option<PathBuf>,
     /// Warnings found while validating, for stderr and the plan (e.g. a command without `{batch}`).
     pub warnings: Vec<String>,
+    /// What batchfit decided for the user, said before the search (`batchfit: …` on stderr).
+    pub notes: Vec<String>,
     /// `--plot-scale`: the batch axis of the plot.
     pub plot_scale: crate::output::plot::Scale,
 }
@@ -109,6 +111,9 @@ pub const HYBRID_ON_CUDA: &str = "--isolation hybrid is for the cpu backend: on 
      in a fresh process, because a long-lived worker keeps its CUDA context and whatever the caching \
      allocator could not return, so NVML could not attribute a trial's footprint cleanly; drop \
      --isolation hybrid";
+
+/// `--max-batch`'s default (when it is this, it was not given).
+pub const DEFAULT_MAX_BATCH: u64 = 1_000_000;
 
 pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     let err = |m: String| Err(ConfigError(m));
@@ -265,6 +270,20 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         }
         None => None,
     };
+    // With --exec and a global batch, a micro-batch above the global batch per rank is never used:
+    // the search stops there unless --max-batch asks for more.
+    let mut notes = vec![];
+    let mut max_batch = a.max_batch;
+    if let (Some((g, w)), true) = (global, exec.is_some() && a.max_batch == DEFAULT_MAX_BATCH) {
+        let per_rank = g / w.max(1);
+        if per_rank < max_batch && Grid::new(a.min_batch, per_rank, a.multiple_of).is_some() {
+            max_batch = per_rank;
+            notes.push(format!(
+                "batchfit: the search stops at micro-batch {per_rank} (--global-batch {g} / world \
+                 size {w}: a larger micro-batch is never used); --max-batch N searches further"
+            ));
+        }
+    }
     if a.max_trials == Some(0) {
         return err("--max-trials must be at least 1".into());
     }
@@ -365,7 +384,7 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             steps: a.steps,
             confirm_steps: a.confirm_steps,
             min_batch: a.min_batch,
-            max_batch: a.max_batch,
+            max_batch,
             multiple_of: a.multiple_of,
             max_trials: a.max_trials,
             time_limit,
@@ -387,6 +406,7 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         exec,
         logs: a.logs.clone(),
         warnings: std::mem::take(&mut warnings),
+        notes,
         plot_scale: a.plot_scale.into(),
     })
 }
@@ -595,7 +615,11 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
         })
         .collect::<Result<Vec<_>, _>>()?;
     let mut warnings = vec![];
-    if !a.command.iter().any(|w| w.contains("{batch}")) {
+    if !a
+        .command
+        .iter()
+        .any(|w| crate::workload::exec::has_placeholder(w, "{batch}"))
+    {
         warnings.push(
             "the command has no {batch} in its arguments: it must read the size from BATCHFIT_BATCH \
              (or batchfit_trial.batch_size()), or every trial trains the same size"

@@ -568,3 +568,99 @@ fn the_cache_key_of_a_command_covers_what_it_depends_on() {
     }
     assert!(run(&[], home, &rl), "all as it was: a hit");
 }
+
+/// Issue 4: a command printing 200 MB made batchfit take 39 s (the capture moved half its
+/// capacity for every 8 KiB read); now the trial costs about what reading the output costs, and
+/// the output's last line is still what the trial's record says.
+#[test]
+fn a_flood_of_output_costs_no_more_than_reading_it() {
+    let d = tmp();
+    let out = d.path().join("plan.json");
+    let cmd = "yes 'a line of training output, step 1234, loss 0.5' | head -c 200000000; \
+               echo 'the last line' >&2; exit 1";
+    let t0 = Instant::now();
+    let o = batchfit()
+        .args(["probe", "--backend", "cpu", "--memory-budget", "2GiB", "--quiet"])
+        .args(["--cpu-limit", "rlimit", "--max-trials", "1", "--out"])
+        .arg(&out)
+        .args(["--exec", "--", "/bin/sh", "-c", cmd])
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    assert!(!o.status.success(), "{o:?}");
+    assert!(secs < 10.0, "took {secs:.1} s");
+    let p = read_json(&d.path().join("plan.partial.json"));
+    let msg = p["trials"][0]["message"].to_string();
+    assert!(msg.contains("the last line"), "{msg}");
+}
+
+/// Issue 11: with --exec and --global-batch G, the search used to go on to --max-batch's default
+/// (1,000,000) although no micro-batch above G / world size is ever used; now it stops there by
+/// default and says so, and --max-batch still searches further.
+#[test]
+fn a_global_batch_caps_the_search_of_a_command() {
+    let d = tmp();
+    let out = d.path().join("plan.json");
+    let cmd = ["/bin/sh", "-c", "[ \"$1\" -le 100 ] || { echo MemoryError >&2; exit 1; }", "sh", "{batch}"];
+    let run = |flags: &[&str]| {
+        let a = batchfit()
+            .args(["probe", "--backend", "cpu", "--memory-budget", "2GiB"])
+            .args(["--cpu-limit", "rlimit", "--format", "json", "--out"])
+            .arg(&out)
+            .args(flags)
+            .arg("--exec")
+            .arg("--")
+            .args(cmd)
+            .assert()
+            .success();
+        (read_json(&out), stderr_of(&a))
+    };
+    let (p, err) = run(&["--global-batch", "16", "--world-size", "2"]);
+    assert!(
+        err.contains("the search stops at micro-batch 8 (--global-batch 16 / world size 2"),
+        "{err}"
+    );
+    assert_eq!(p["search"]["max_batch"], 8);
+    assert_eq!(p["recommendation"]["max_fitting_batch"], 8);
+    assert!(p["trials"].as_array().unwrap().iter().all(|t| t["batch"].as_u64().unwrap() <= 8));
+    let (p, err) = run(&["--global-batch", "16", "--world-size", "2", "--max-batch", "200"]);
+    assert!(!err.contains("the search stops"), "{err}");
+    assert_eq!(p["recommendation"]["max_fitting_batch"], 100);
+}
+
+/// Issue 10: `{{batch}}` reaches the command as a literal `{batch}` (it used to become `{<size>}`),
+/// and the numbering is the documented one: trial N of the progress lines is logged as
+/// `trial-00N-…` and runs with `BATCHFIT_TRIAL=N-1`.
+#[test]
+fn escaped_placeholders_and_trial_numbers() {
+    let d = tmp();
+    let out = d.path().join("plan.json");
+    let logs = d.path().join("logs");
+    let script = "echo \"got $1 $2 trial=$BATCHFIT_TRIAL\"; [ \"$1\" -le 3 ] || { echo MemoryError >&2; exit 1; }";
+    let a = batchfit()
+        .args(["probe", "--backend", "cpu", "--memory-budget", "2GiB", "--max-batch", "8"])
+        .args(["--cpu-limit", "rlimit", "--format", "json", "--out"])
+        .arg(&out)
+        .arg("--logs")
+        .arg(&logs)
+        .args(["--exec", "--", "/bin/sh", "-c", script, "sh", "{batch}", "{{batch}}"])
+        .assert()
+        .success();
+    let err = stderr_of(&a);
+    let p = read_json(&out);
+    assert_eq!(p["recommendation"]["max_fitting_batch"], 3);
+    let trials = p["trials"].as_array().unwrap();
+    for (i, t) in trials.iter().enumerate() {
+        let n = i + 1;
+        let b = t["batch"].as_u64().unwrap();
+        assert!(
+            err.contains(&format!("trial {n:>3}: batch {b:>8}")),
+            "trial {n}, batch {b}: {err}"
+        );
+        let acc = t["accumulation"].as_u64().unwrap_or(1);
+        let log = logs.join(format!("trial-{n:03}-b{b}-a{acc}.stdout"));
+        let text = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+        assert_eq!(text.trim(), format!("got {b} {{batch}} trial={}", n - 1));
+    }
+}

@@ -64,6 +64,9 @@ pub fn run_cached(
     for n in notices.drain(..) {
         progress.line(&n);
     }
+    for n in &cfg.notes {
+        progress.line(n);
+    }
     for w in &cfg.warnings {
         progress.line(&format!("batchfit: warning: {w}"));
     }
