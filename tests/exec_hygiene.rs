@@ -29,7 +29,10 @@ fn batchfit_process(marker: &str) -> Command {
 }
 
 /// Waits for `child` up to `limit`; kills it and fails when it takes longer.
-fn wait_within(child: &mut std::process::Child, limit: Duration) -> (std::process::ExitStatus, f64) {
+fn wait_within(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> (std::process::ExitStatus, f64) {
     let t0 = Instant::now();
     loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -104,10 +107,7 @@ fn an_escaped_daemon_is_killed_and_the_trial_ends() {
     let (status, secs) = wait_within(&mut child, Duration::from_secs(30));
     let left = survivors("daemon.py", &marker);
     assert!(left.is_empty(), "the trial's daemon survived: {left:?}");
-    assert!(
-        matches!(status.code(), Some(4) | Some(5)),
-        "{status:?}"
-    );
+    assert!(matches!(status.code(), Some(4) | Some(5)), "{status:?}");
     assert!(secs < 5.0 + 4.0, "took {secs:.1} s");
     let p = read_json(&d.path().join("plan.partial.json"));
     assert_eq!(p["trials"][0]["outcome"], "error", "{}", p["trials"]);
@@ -129,10 +129,7 @@ fn an_unfindable_daemon_holding_the_pipe_does_not_hang_the_trial() {
         .stderr(Stdio::null());
     let mut child = c.spawn().unwrap();
     let (status, secs) = wait_within(&mut child, Duration::from_secs(18));
-    assert!(
-        matches!(status.code(), Some(4) | Some(5)),
-        "{status:?}"
-    );
+    assert!(matches!(status.code(), Some(4) | Some(5)), "{status:?}");
     assert!(secs < 5.0 + 6.0, "took {secs:.1} s");
     let p = read_json(&d.path().join("plan.partial.json"));
     let tail = p["trials"][0]["details"]["output_tail"].to_string();
@@ -145,7 +142,15 @@ const SIM: &str = "base=1GiB,per-sample=3MiB,capacity=16GiB";
 
 fn sim_plan(out: &Path) {
     batchfit()
-        .args(["probe", "--backend", "sim", "--sim", SIM, "--global-batch", "8192"])
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            SIM,
+            "--global-batch",
+            "8192",
+        ])
         .args(["--quiet", "--out"])
         .arg(out)
         .assert()
@@ -183,7 +188,14 @@ fn merge_refuses_sim_with_real_and_env_says_verified() {
     write_json(&real, &p);
     let merged = d.path().join("merged.json");
     let a = batchfit()
-        .args(["merge", "--global-batch", "8192", "--format", "json", "--out"])
+        .args([
+            "merge",
+            "--global-batch",
+            "8192",
+            "--format",
+            "json",
+            "--out",
+        ])
         .arg(&merged)
         .arg(&sim)
         .arg(&real)
@@ -196,7 +208,14 @@ fn merge_refuses_sim_with_real_and_env_says_verified() {
     let sim2 = d.path().join("sim2.json");
     sim_plan(&sim2);
     batchfit()
-        .args(["merge", "--global-batch", "8192", "--format", "json", "--out"])
+        .args([
+            "merge",
+            "--global-batch",
+            "8192",
+            "--format",
+            "json",
+            "--out",
+        ])
         .arg(&merged)
         .arg(&sim)
         .arg(&sim2)
@@ -220,12 +239,19 @@ fn merge_refuses_sim_with_real_and_env_says_verified() {
 /// A cpu `--exec` probe of `cmd` with `flags`, plan to `out` (RLIMIT_DATA, small caps).
 fn exec_probe(out: &Path, flags: &[&str], cmd: &[&str]) -> assert_cmd::Command {
     let mut c = batchfit();
-    c.args(["probe", "--backend", "cpu", "--memory-budget", "2GiB", "--quiet"])
-        .args(["--cpu-limit", "rlimit", "--trial-timeout", "20", "--out"])
-        .arg(out)
-        .args(flags)
-        .args(["--exec", "--"])
-        .args(cmd);
+    c.args([
+        "probe",
+        "--backend",
+        "cpu",
+        "--memory-budget",
+        "2GiB",
+        "--quiet",
+    ])
+    .args(["--cpu-limit", "rlimit", "--trial-timeout", "20", "--out"])
+    .arg(out)
+    .args(flags)
+    .args(["--exec", "--"])
+    .args(cmd);
     c
 }
 
@@ -243,7 +269,11 @@ fn out_is_never_one_of_the_probes_own_inputs() {
     std::fs::write(&script, "exit 0\n").unwrap();
     let s = script.display().to_string();
     let a = exec_probe(&script, &[], &["/bin/sh", &s]).assert().code(2);
-    assert!(stderr_of(&a).contains("is the command's file"), "{}", stderr_of(&a));
+    assert!(
+        stderr_of(&a).contains("is the command's file"),
+        "{}",
+        stderr_of(&a)
+    );
     assert_eq!(std::fs::read_to_string(&script).unwrap(), "exit 0\n");
     // the same file through a symbolic link, as a --fingerprint-file
     let data = d.path().join("data.yaml");
@@ -257,7 +287,11 @@ fn out_is_never_one_of_the_probes_own_inputs() {
     )
     .assert()
     .code(2);
-    assert!(stderr_of(&a).contains("is --fingerprint-file"), "{}", stderr_of(&a));
+    assert!(
+        stderr_of(&a).contains("is --fingerprint-file"),
+        "{}",
+        stderr_of(&a)
+    );
     assert_eq!(std::fs::read_to_string(&data).unwrap(), "x: 1\n");
     // a trial log's name under --logs
     let logs = d.path().join("logs");
@@ -266,7 +300,11 @@ fn out_is_never_one_of_the_probes_own_inputs() {
     let a = exec_probe(&out, &["--logs", logs.to_str().unwrap()], &["/bin/sh", &s])
         .assert()
         .code(2);
-    assert!(stderr_of(&a).contains("a trial log's name"), "{}", stderr_of(&a));
+    assert!(
+        stderr_of(&a).contains("a trial log's name"),
+        "{}",
+        stderr_of(&a)
+    );
 }
 
 /// Issue 7: a FIFO as `--fingerprint-file` used to hang batchfit (opening it waits for a writer);
@@ -286,7 +324,11 @@ fn a_fifo_fingerprint_file_is_refused_at_once() {
     .timeout(Duration::from_secs(10))
     .assert()
     .code(2);
-    assert!(stderr_of(&a).contains("a FIFO, not a regular file"), "{}", stderr_of(&a));
+    assert!(
+        stderr_of(&a).contains("a FIFO, not a regular file"),
+        "{}",
+        stderr_of(&a)
+    );
 }
 
 /// Issue 5: a directory or FIFO at the partial plan's path (`plan.partial.json` beside `--out`)
@@ -300,7 +342,9 @@ fn the_partial_plan_path_is_checked_up_front() {
     let ran = d.path().join("ran");
     let cmd = format!("touch {}; exit 0", ran.display());
     std::fs::create_dir(&partial).unwrap();
-    let a = exec_probe(&out, &[], &["/bin/sh", "-c", &cmd]).assert().code(2);
+    let a = exec_probe(&out, &[], &["/bin/sh", "-c", &cmd])
+        .assert()
+        .code(2);
     let err = stderr_of(&a);
     assert!(err.contains("its partial plan"), "{err}");
     assert_eq!(err.matches("is a directory").count(), 1, "{err}");
@@ -310,7 +354,15 @@ fn the_partial_plan_path_is_checked_up_front() {
     // SAFETY: mkfifo with a valid C string.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
     let a = batchfit()
-        .args(["probe", "--backend", "sim", "--sim", SIM, "--quiet", "--out"])
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            SIM,
+            "--quiet",
+            "--out",
+        ])
         .arg(&out)
         .timeout(Duration::from_secs(10))
         .assert()
@@ -332,13 +384,21 @@ fn logs_are_checked_up_front_and_never_written_through_links_or_fifos() {
     let a = exec_probe(&out, &["--logs", "/proc/batchfit-no-such-dir/logs"], &sh)
         .assert()
         .code(2);
-    assert!(stderr_of(&a).contains("cannot create it"), "{}", stderr_of(&a));
+    assert!(
+        stderr_of(&a).contains("cannot create it"),
+        "{}",
+        stderr_of(&a)
+    );
     let file = d.path().join("afile");
     std::fs::write(&file, "").unwrap();
     let a = exec_probe(&out, &["--logs", file.to_str().unwrap()], &sh)
         .assert()
         .code(2);
-    assert!(stderr_of(&a).contains("is not a directory"), "{}", stderr_of(&a));
+    assert!(
+        stderr_of(&a).contains("is not a directory"),
+        "{}",
+        stderr_of(&a)
+    );
     assert!(!ran.exists());
     // the first trial (--max-batch 1) logs to trial-001-b1-a1.stdout: a FIFO there (the search stops with
     // trial-errors, exit 4, the reason in the partial plan)
@@ -356,7 +416,11 @@ fn logs_are_checked_up_front_and_never_written_through_links_or_fifos() {
     let detail = |_: &assert_cmd::assert::Assert| {
         read_json(&d.path().join("plan.partial.json"))["stop_detail"].to_string()
     };
-    assert!(detail(&a).contains("a FIFO, not a regular file"), "{}", detail(&a));
+    assert!(
+        detail(&a).contains("a FIFO, not a regular file"),
+        "{}",
+        detail(&a)
+    );
     // a symbolic link there to a file outside: not followed, not truncated
     std::fs::remove_file(&fifo).unwrap();
     let victim = d.path().join("victim");
@@ -397,8 +461,9 @@ fn groups_of(parent: &Path, pid: u32) -> Vec<PathBuf> {
             d.flatten()
                 .map(|e| e.path())
                 .filter(|p| {
-                    p.file_name()
-                        .is_some_and(|n| n.to_string_lossy().starts_with(&format!("batchfit-{pid}-")))
+                    p.file_name().is_some_and(|n| {
+                        n.to_string_lossy().starts_with(&format!("batchfit-{pid}-"))
+                    })
                 })
                 .collect()
         })
@@ -410,7 +475,12 @@ fn reports_dirs(tmpdir: &Path) -> Vec<PathBuf> {
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("batchfit-reports-"))
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("batchfit-reports-")
+        })
         .collect()
 }
 
@@ -442,14 +512,21 @@ fn sighup_leaves_no_process_no_cgroup_and_no_report_dir() {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(reports_dirs(&tmpdir).len(), 1, "the trial's report directory");
+    assert_eq!(
+        reports_dirs(&tmpdir).len(),
+        1,
+        "the trial's report directory"
+    );
     let in_group = parent
         .as_ref()
         .map(|p| groups_of(p, child.id()))
         .unwrap_or_default();
     // SAFETY: geteuid has no preconditions.
     if parent.is_some() && unsafe { libc::geteuid() } == 0 {
-        assert!(!in_group.is_empty(), "as root the trial runs in a memory cgroup");
+        assert!(
+            !in_group.is_empty(),
+            "as root the trial runs in a memory cgroup"
+        );
     }
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
@@ -460,7 +537,11 @@ fn sighup_leaves_no_process_no_cgroup_and_no_report_dir() {
     assert_eq!(status.code(), Some(129), "{status:?}");
     assert!(left.is_empty() && left2.is_empty(), "{left:?} {left2:?}");
     assert!(d.path().join("plan.partial.json").exists());
-    assert!(reports_dirs(&tmpdir).is_empty(), "{:?}", reports_dirs(&tmpdir));
+    assert!(
+        reports_dirs(&tmpdir).is_empty(),
+        "{:?}",
+        reports_dirs(&tmpdir)
+    );
     for g in in_group {
         assert!(!g.exists(), "{} was left", g.display());
     }
@@ -486,7 +567,14 @@ fn stale_trial_cgroups_of_dead_batchfits_are_removed() {
     let d = tmp();
     let out = d.path().join("plan.json");
     batchfit()
-        .args(["probe", "--backend", "cpu", "--memory-budget", "1GiB", "--quiet"])
+        .args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--memory-budget",
+            "1GiB",
+            "--quiet",
+        ])
         .args(["--cpu-limit", "cgroup", "--max-trials", "1", "--out"])
         .arg(&out)
         .args(["--exec", "--", "/bin/sh", "-c", "exit 1"])
@@ -516,7 +604,14 @@ fn the_cache_key_of_a_command_covers_what_it_depends_on() {
         let mut c = batchfit();
         c.env("BATCHFIT_CACHE_DIR", &cache)
             .current_dir(cwd)
-            .args(["probe", "--backend", "cpu", "--memory-budget", "2GiB", "--quiet"])
+            .args([
+                "probe",
+                "--backend",
+                "cpu",
+                "--memory-budget",
+                "2GiB",
+                "--quiet",
+            ])
             .args(["--max-batch", "8", "--out"])
             .arg(&out)
             .args(flags)
@@ -559,7 +654,11 @@ fn the_cache_key_of_a_command_covers_what_it_depends_on() {
     assert!(!run(&[("PATH", &path)], home, &rl), "another PATH");
     // --oom-pattern
     assert!(
-        !run(&[], home, &["--cpu-limit", "rlimit", "--oom-pattern", "OOM!"]),
+        !run(
+            &[],
+            home,
+            &["--cpu-limit", "rlimit", "--oom-pattern", "OOM!"]
+        ),
         "--oom-pattern"
     );
     // the limit mechanism (where a memory cgroup can be made)
@@ -580,7 +679,14 @@ fn a_flood_of_output_costs_no_more_than_reading_it() {
                echo 'the last line' >&2; exit 1";
     let t0 = Instant::now();
     let o = batchfit()
-        .args(["probe", "--backend", "cpu", "--memory-budget", "2GiB", "--quiet"])
+        .args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--memory-budget",
+            "2GiB",
+            "--quiet",
+        ])
         .args(["--cpu-limit", "rlimit", "--max-trials", "1", "--out"])
         .arg(&out)
         .args(["--exec", "--", "/bin/sh", "-c", cmd])
@@ -602,7 +708,13 @@ fn a_flood_of_output_costs_no_more_than_reading_it() {
 fn a_global_batch_caps_the_search_of_a_command() {
     let d = tmp();
     let out = d.path().join("plan.json");
-    let cmd = ["/bin/sh", "-c", "[ \"$1\" -le 100 ] || { echo MemoryError >&2; exit 1; }", "sh", "{batch}"];
+    let cmd = [
+        "/bin/sh",
+        "-c",
+        "[ \"$1\" -le 100 ] || { echo MemoryError >&2; exit 1; }",
+        "sh",
+        "{batch}",
+    ];
     let run = |flags: &[&str]| {
         let a = batchfit()
             .args(["probe", "--backend", "cpu", "--memory-budget", "2GiB"])
@@ -623,8 +735,19 @@ fn a_global_batch_caps_the_search_of_a_command() {
     );
     assert_eq!(p["search"]["max_batch"], 8);
     assert_eq!(p["recommendation"]["max_fitting_batch"], 8);
-    assert!(p["trials"].as_array().unwrap().iter().all(|t| t["batch"].as_u64().unwrap() <= 8));
-    let (p, err) = run(&["--global-batch", "16", "--world-size", "2", "--max-batch", "200"]);
+    assert!(p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|t| t["batch"].as_u64().unwrap() <= 8));
+    let (p, err) = run(&[
+        "--global-batch",
+        "16",
+        "--world-size",
+        "2",
+        "--max-batch",
+        "200",
+    ]);
     assert!(!err.contains("the search stops"), "{err}");
     assert_eq!(p["recommendation"]["max_fitting_batch"], 100);
 }
@@ -639,12 +762,29 @@ fn escaped_placeholders_and_trial_numbers() {
     let logs = d.path().join("logs");
     let script = "echo \"got $1 $2 trial=$BATCHFIT_TRIAL\"; [ \"$1\" -le 3 ] || { echo MemoryError >&2; exit 1; }";
     let a = batchfit()
-        .args(["probe", "--backend", "cpu", "--memory-budget", "2GiB", "--max-batch", "8"])
+        .args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--memory-budget",
+            "2GiB",
+            "--max-batch",
+            "8",
+        ])
         .args(["--cpu-limit", "rlimit", "--format", "json", "--out"])
         .arg(&out)
         .arg("--logs")
         .arg(&logs)
-        .args(["--exec", "--", "/bin/sh", "-c", script, "sh", "{batch}", "{{batch}}"])
+        .args([
+            "--exec",
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+            "sh",
+            "{batch}",
+            "{{batch}}",
+        ])
         .assert()
         .success();
     let err = stderr_of(&a);
@@ -660,7 +800,8 @@ fn escaped_placeholders_and_trial_numbers() {
         );
         let acc = t["accumulation"].as_u64().unwrap_or(1);
         let log = logs.join(format!("trial-{n:03}-b{b}-a{acc}.stdout"));
-        let text = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+        let text =
+            std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
         assert_eq!(text.trim(), format!("got {b} {{batch}} trial={}", n - 1));
     }
 }

@@ -233,8 +233,8 @@ pub fn remove_stale(parent: &Parent) -> usize {
     for e in dir.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         let Some(pid) = owner_of(&name) else { continue };
-        let alive = read(Path::new(&format!("/proc/{pid}/comm")))
-            .is_some_and(|c| c.trim() == "batchfit");
+        let alive =
+            read(Path::new(&format!("/proc/{pid}/comm"))).is_some_and(|c| c.trim() == "batchfit");
         if alive || !e.path().is_dir() {
             continue;
         }

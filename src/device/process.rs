@@ -126,7 +126,11 @@ impl Reader {
     }
 }
 
-fn read_all(mut r: impl Read + Send + 'static, cap: usize, mut log: Option<std::fs::File>) -> Reader {
+fn read_all(
+    mut r: impl Read + Send + 'static,
+    cap: usize,
+    mut log: Option<std::fs::File>,
+) -> Reader {
     let buf = Arc::new(Mutex::new(Capture::new(cap)));
     let sink = Arc::clone(&buf);
     let (tx, done) = mpsc::channel();
@@ -170,7 +174,11 @@ fn stat_ids(pid: u32) -> Option<(u32, u32, u64)> {
     if f.first() == Some(&"Z") || f.first() == Some(&"X") {
         return None;
     }
-    Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?, f.get(19)?.parse().ok()?))
+    Some((
+        f.get(2)?.parse().ok()?,
+        f.get(3)?.parse().ok()?,
+        f.get(19)?.parse().ok()?,
+    ))
 }
 
 /// Whether process `pid`'s environment holds `NAME=value` exactly.
@@ -295,9 +303,11 @@ fn open_log(path: &std::path::Path) -> Result<std::fs::File, BackendError> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)
         .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => refuse("it is a symbolic link; batchfit does not follow links \
+            Some(libc::ELOOP) => refuse(
+                "it is a symbolic link; batchfit does not follow links \
                                         there"
-                .into()),
+                    .into(),
+            ),
             Some(libc::ENXIO) => refuse("it is a FIFO, not a regular file".into()),
             _ => refuse(e.to_string()),
         })?;

@@ -61,7 +61,7 @@ mod tests {
     }
 
     #[test]
-        fn the_status_line_promises_no_further_trial() {
+    fn the_status_line_promises_no_further_trial() {
         let t = TrialRecord {
             batch: 4096,
             steps: 5,

@@ -246,9 +246,7 @@ pub fn sha256(path: &Path) -> std::io::Result<String> {
         } else {
             kind_of(&ft)
         };
-        return Err(std::io::Error::other(format!(
-            "{kind}, not a regular file"
-        )));
+        return Err(std::io::Error::other(format!("{kind}, not a regular file")));
     }
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];

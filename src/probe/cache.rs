@@ -401,10 +401,9 @@ mod tests {
     /// is not in the key (it caused misses); without one the budget follows from it, so it is.
     #[test]
     fn free_memory_is_in_the_key_only_without_a_budget() {
-        let plan = Plan::read(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/plan-v1-cpu.json"),
-        )
-        .unwrap();
+        let plan =
+            Plan::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/plan-v1-cpu.json"))
+                .unwrap();
         let mut less_free = plan.clone();
         less_free.device.free_bytes_at_start /= 2;
         let explicit = cfg(&["--memory-budget", "2GiB"]);

@@ -105,9 +105,11 @@ mod tests {
     /// prints the chain of sources, and the same sentence appeared twice).
     #[test]
     fn a_write_error_is_said_once() {
-        let e = ProbeError::from(PlanError::Write(crate::platform::files::FileError::Directory {
-            path: "p.json".into(),
-        }));
+        let e = ProbeError::from(PlanError::Write(
+            crate::platform::files::FileError::Directory {
+                path: "p.json".into(),
+            },
+        ));
         assert!(std::error::Error::source(&e).is_none());
         let text = format!("{:#}", anyhow::Error::from(e));
         assert_eq!(text.matches("is a directory").count(), 1, "{text}");

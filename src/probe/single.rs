@@ -74,13 +74,14 @@ pub fn run(
                     .starting(n, req.batch, req.accumulation)
             },
             move |t, all| {
-            progress.borrow_mut().trial(all.len(), t, limit);
-            let mut snap = skeleton.clone();
-            snap.trials = all.to_vec();
-            if let Err(e) = report::write(partial_out, &snap) {
-                *write_error = Some(e);
-            }
-        });
+                progress.borrow_mut().trial(all.len(), t, limit);
+                let mut snap = skeleton.clone();
+                snap.trials = all.to_vec();
+                if let Err(e) = report::write(partial_out, &snap) {
+                    *write_error = Some(e);
+                }
+            },
+        );
         let split = match (outcome.max_fitting, outcome.stop_reason.is_complete()) {
             (Some(max), true) => {
                 let (g, w) = cfg.global.unwrap_or((max * cfg.world_size, cfg.world_size));

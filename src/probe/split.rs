@@ -160,16 +160,29 @@ mod tests {
     #[test]
     fn a_flaky_retest_is_not_recommended() {
         let mut calls = vec![];
-        let out = confirmed(100, 1, 120, false, Sizes::new(1, 1), &mut |b, acc, retest| {
-            calls.push((b, acc, retest));
-            Ok(if b == 100 && acc == 1 && !retest {
-                Confirmation::OutOfMemory
-            } else {
-                Confirmation::Fits
-            })
-        });
-        let s = out.split.unwrap_or_else(|_| panic!("no split: {:?}", out.warnings));
-        assert!(s.micro_batches.iter().all(|&m| m < 100), "{:?}", s.micro_batches);
+        let out = confirmed(
+            100,
+            1,
+            120,
+            false,
+            Sizes::new(1, 1),
+            &mut |b, acc, retest| {
+                calls.push((b, acc, retest));
+                Ok(if b == 100 && acc == 1 && !retest {
+                    Confirmation::OutOfMemory
+                } else {
+                    Confirmation::Fits
+                })
+            },
+        );
+        let s = out
+            .split
+            .unwrap_or_else(|_| panic!("no split: {:?}", out.warnings));
+        assert!(
+            s.micro_batches.iter().all(|&m| m < 100),
+            "{:?}",
+            s.micro_batches
+        );
         assert_eq!(s.micro_batches.iter().sum::<u64>(), 100);
         assert!(calls.contains(&(100, 1, true)), "{calls:?}");
         let w = out.warnings.join("\n");

@@ -385,10 +385,16 @@ mod tests {
             fresh: true,
             accumulation: 2,
         };
-        let argv: Vec<String> = ["--bs={batch}", "{{batch}}", "out-{{steps}}-{steps}", "{accumulation}{", "{x}"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let argv: Vec<String> = [
+            "--bs={batch}",
+            "{{batch}}",
+            "out-{{steps}}-{steps}",
+            "{accumulation}{",
+            "{x}",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         assert_eq!(
             substitute(&argv, &req),
             ["--bs=12", "{batch}", "out-{steps}-3", "2{", "{x}"]
