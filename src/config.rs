@@ -112,9 +112,6 @@ pub const HYBRID_ON_CUDA: &str = "--isolation hybrid is for the cpu backend: on 
      allocator could not return, so NVML could not attribute a trial's footprint cleanly; drop \
      --isolation hybrid";
 
-/// `--max-batch`'s default (when it is this, it was not given).
-pub const DEFAULT_MAX_BATCH: u64 = 1_000_000;
-
 pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     let err = |m: String| Err(ConfigError(m));
     let backend = match (a.backend, &a.sim) {
@@ -274,7 +271,10 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     // the search stops there unless --max-batch asks for more.
     let mut notes = vec![];
     let mut max_batch = a.max_batch;
-    if let (Some((g, w)), true) = (global, exec.is_some() && a.max_batch == DEFAULT_MAX_BATCH) {
+    if let (Some((g, w)), true) = (
+        global,
+        exec.is_some() && a.max_batch == crate::cli::DEFAULT_MAX_BATCH,
+    ) {
         let per_rank = g / w.max(1);
         if per_rank < max_batch && Grid::new(a.min_batch, per_rank, a.multiple_of).is_some() {
             max_batch = per_rank;

@@ -80,7 +80,7 @@ pub fn merge(opts: &MergeOptions) -> Result<Plan, MergeError> {
         }
     }
     // A simulated plan proves nothing about a real device: never combined with one.
-    let is_sim = |p: &Plan| p.device.kind == crate::device::DeviceKind::Sim;
+    let is_sim = |p: &Plan| p.device.kind.as_str() == "sim";
     if let Some((p, _, _)) = plans[1..]
         .iter()
         .find(|(_, plan, _)| is_sim(plan) != is_sim(first))
