@@ -11,6 +11,9 @@ fn exit_codes() -> String {
     crate::exit::help(crate::exit::Program::Batchfit)
 }
 
+/// `--max-batch`'s default (when it is this, it was not given).
+pub const DEFAULT_MAX_BATCH: u64 = 1_000_000;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "batchfit",
@@ -286,7 +289,9 @@ pub struct ProbeArgs {
     #[arg(long, default_value_t = 1)]
     pub min_batch: u64,
     /// Largest batch to try (e.g. the dataset size).
-    #[arg(long, default_value_t = 1_000_000)]
+    /// With --exec and --global-batch G, the default is G / world size (a larger micro-batch is
+    /// never used).
+    #[arg(long, default_value_t = DEFAULT_MAX_BATCH)]
     pub max_batch: u64,
     /// Stop after this many trials (the plan is then partial).
     #[arg(long)]

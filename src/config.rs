@@ -71,6 +71,8 @@ pub struct ProbeConfig {
     pub logs: Option<PathBuf>,
     /// Warnings found while validating, for stderr and the plan (e.g. a command without `{batch}`).
     pub warnings: Vec<String>,
+    /// What batchfit decided for the user, said before the search (`batchfit: …` on stderr).
+    pub notes: Vec<String>,
     /// `--plot-scale`: the batch axis of the plot.
     pub plot_scale: crate::output::plot::Scale,
 }
@@ -125,6 +127,13 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         (BackendArg::Cuda, None) => BackendChoice::Cuda,
     };
     let (exec, mut warnings) = exec(a)?;
+    if exec.is_some() && matches!(backend, BackendChoice::Sim(_)) {
+        return err(
+            "--exec runs your command on a real device, and --backend sim runs nothing (it \
+             simulates batchfit's own model from --sim): use --backend cpu, cuda or auto with --exec"
+                .into(),
+        );
+    }
     let model = ModelSpec {
         architecture: if exec.is_some() {
             ModelSpec::default_mlp().architecture
@@ -258,6 +267,23 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         }
         None => None,
     };
+    // With --exec and a global batch, a micro-batch above the global batch per rank is never used:
+    // the search stops there unless --max-batch asks for more.
+    let mut notes = vec![];
+    let mut max_batch = a.max_batch;
+    if let (Some((g, w)), true) = (
+        global,
+        exec.is_some() && a.max_batch == crate::cli::DEFAULT_MAX_BATCH,
+    ) {
+        let per_rank = g / w.max(1);
+        if per_rank < max_batch && Grid::new(a.min_batch, per_rank, a.multiple_of).is_some() {
+            max_batch = per_rank;
+            notes.push(format!(
+                "batchfit: the search stops at micro-batch {per_rank} (--global-batch {g} / world \
+                 size {w}: a larger micro-batch is never used); --max-batch N searches further"
+            ));
+        }
+    }
     if a.max_trials == Some(0) {
         return err("--max-trials must be at least 1".into());
     }
@@ -300,12 +326,19 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     }
     if let Some(out) = &a.out {
         files::check_target(out).map_err(|e| ConfigError(format!("--out: {e}")))?;
+        // the partial plan is written beside it during the search: a directory, FIFO or dangling
+        // link there must be found now, not after the search
+        let partial = crate::plan::partial_path(out);
+        files::check_target(&partial).map_err(|e| {
+            ConfigError(format!(
+                "--out {}: its partial plan (written during the search) cannot be written: {e}",
+                out.display()
+            ))
+        })?;
+        check_out_is_no_input(a, out, &partial)?;
     }
-    if let Some(d) = a.logs.as_deref().filter(|d| d.exists() && !d.is_dir()) {
-        return err(format!(
-            "--logs {} is not a directory; give a directory (it is created when missing)",
-            d.display()
-        ));
+    if let Some(d) = &a.logs {
+        check_logs_dir(d)?;
     }
     if let Some(p) = &a.plot {
         crate::output::plot::check_target(p).map_err(|e| ConfigError(e.to_string()))?;
@@ -351,7 +384,7 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             steps: a.steps,
             confirm_steps: a.confirm_steps,
             min_batch: a.min_batch,
-            max_batch: a.max_batch,
+            max_batch,
             multiple_of: a.multiple_of,
             max_trials: a.max_trials,
             time_limit,
@@ -373,8 +406,121 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         exec,
         logs: a.logs.clone(),
         warnings: std::mem::take(&mut warnings),
+        notes,
         plot_scale: a.plot_scale.into(),
     })
+}
+
+/// `--logs DIR` before any trial: a directory (following a link to one) that batchfit can write, or
+/// a path whose nearest existing ancestor is a writable directory (it is created then).
+fn check_logs_dir(d: &std::path::Path) -> Result<(), ConfigError> {
+    let writable = |dir: &std::path::Path| {
+        tempfile::Builder::new()
+            .prefix(".batchfit-check-")
+            .tempfile_in(dir)
+            .map(drop)
+    };
+    match std::fs::metadata(d) {
+        Ok(m) if m.is_dir() => writable(d).map_err(|e| {
+            ConfigError(format!(
+                "--logs {} is a directory batchfit cannot write in ({e}); make it writable or give \
+                 another directory",
+                d.display()
+            ))
+        }),
+        Ok(_) => Err(ConfigError(format!(
+            "--logs {} is not a directory; give a directory (it is created when missing)",
+            d.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if std::fs::symlink_metadata(d).is_ok() {
+                return Err(ConfigError(format!(
+                    "--logs {} is a symbolic link to nothing; give a directory",
+                    d.display()
+                )));
+            }
+            let mut up = d.parent();
+            while let Some(p) = up {
+                let p = if p.as_os_str().is_empty() {
+                    std::path::Path::new(".")
+                } else {
+                    p
+                };
+                match std::fs::metadata(p) {
+                    Ok(m) if m.is_dir() => {
+                        return writable(p).map_err(|e| {
+                            ConfigError(format!(
+                                "--logs {}: cannot create it, {} is not writable ({e})",
+                                d.display(),
+                                p.display()
+                            ))
+                        })
+                    }
+                    Ok(_) => {
+                        return Err(ConfigError(format!(
+                            "--logs {}: cannot create it, {} is not a directory",
+                            d.display(),
+                            p.display()
+                        )))
+                    }
+                    Err(_) => up = p.parent(),
+                }
+            }
+            Ok(())
+        }
+        Err(e) => Err(ConfigError(format!("--logs {}: {e}", d.display()))),
+    }
+}
+
+/// `--out` (and its partial plan) must not be one of the files the probe reads or writes otherwise:
+/// the command's script (any argument that is an existing regular file), a `--fingerprint-file`, a
+/// trial log under `--logs`. Compared as files (device and inode), so links and `..` do not hide it.
+fn check_out_is_no_input(
+    a: &ProbeArgs,
+    out: &std::path::Path,
+    partial: &std::path::Path,
+) -> Result<(), ConfigError> {
+    let mut inputs: Vec<(String, PathBuf)> = vec![];
+    if a.exec {
+        for w in &a.command {
+            let p = std::path::Path::new(w);
+            if std::fs::metadata(p).is_ok_and(|m| m.is_file()) {
+                inputs.push((format!("the command's file {w}"), p.to_path_buf()));
+            }
+        }
+    }
+    for f in &a.fingerprint_file {
+        inputs.push((format!("--fingerprint-file {}", f.display()), f.clone()));
+    }
+    for (what, input) in &inputs {
+        for (flag, o) in [("--out", out), ("the partial plan of --out", partial)] {
+            if files::same_file(o, input) {
+                return Err(ConfigError(format!(
+                    "{flag} {} is {what}: the plan would replace it; give the plan its own name, \
+                     e.g. --out plan.json",
+                    o.display()
+                )));
+            }
+        }
+    }
+    if let Some(logs) = &a.logs {
+        for (flag, o) in [("--out", out), ("the partial plan of --out", partial)] {
+            let dir = o.parent().filter(|d| !d.as_os_str().is_empty());
+            let dir = dir.unwrap_or(std::path::Path::new("."));
+            let name = o.file_name().map(|n| n.to_string_lossy().into_owned());
+            if files::same_file(dir, logs)
+                && name.is_some_and(|n| crate::device::process::is_log_name(&n))
+            {
+                return Err(ConfigError(format!(
+                    "{flag} {} is a trial log's name under --logs {}: a trial would overwrite the \
+                     plan; give the plan another name or directory",
+                    o.display(),
+                    logs.display()
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `--exec -- CMD ARG…`: the command checked (it can be started), its fingerprint files hashed, its
@@ -469,7 +615,11 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
         })
         .collect::<Result<Vec<_>, _>>()?;
     let mut warnings = vec![];
-    if !a.command.iter().any(|w| w.contains("{batch}")) {
+    if !a
+        .command
+        .iter()
+        .any(|w| crate::workload::exec::has_placeholder(w, "{batch}"))
+    {
         // said once, in the plan and its summary, unless the trials' reports prove the job read it
         warnings.push(NO_BATCH_WARNING.to_string());
     }
@@ -489,6 +639,7 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
         environment,
         oom_patterns: a.oom_pattern.clone(),
         threads,
+        auto_fingerprint_files: crate::plan::schema::auto_fingerprint(&a.command),
     };
     Ok((
         Some(ExecConfig {

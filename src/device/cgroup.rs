@@ -240,6 +240,45 @@ impl Drop for Group {
     }
 }
 
+/// The PID in a trial group's name (`batchfit-PID-N`, as the cpu device names them).
+fn owner_of(name: &str) -> Option<u32> {
+    let (pid, n) = name.strip_prefix("batchfit-")?.split_once('-')?;
+    n.parse::<u64>().ok()?;
+    pid.parse().ok()
+}
+
+/// Removes the trial groups under `parent` left by batchfit processes that are gone (killed with
+/// SIGKILL, or by a machine's OOM killer, before they could remove their own): their processes are
+/// killed, their directories removed. Groups of a live batchfit are left alone. Returns how many
+/// were removed.
+pub fn remove_stale(parent: &Parent) -> usize {
+    let Ok(dir) = std::fs::read_dir(&parent.dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = owner_of(&name) else { continue };
+        let alive =
+            read(Path::new(&format!("/proc/{pid}/comm"))).is_some_and(|c| c.trim() == "batchfit");
+        if alive || !e.path().is_dir() {
+            continue;
+        }
+        let g = Group {
+            version: parent.version,
+            dir: e.path(),
+            procs: CString::new(e.path().join("cgroup.procs").as_os_str().as_encoded_bytes())
+                .unwrap_or_default(),
+        };
+        // dropping it kills what is left in it and removes the directory
+        drop(g);
+        if !e.path().exists() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// Moves the calling process into the group whose `cgroup.procs` is `procs`. Async-signal-safe: for
 /// use between fork and exec.
 pub fn join(procs: &CString) -> std::io::Result<()> {
@@ -264,6 +303,14 @@ mod tests {
 
     /// Where the machine allows it (root, a memory controller), a group limits a child's tree and
     /// counts its OOM kill; elsewhere the reason is a sentence.
+    #[test]
+    fn trial_group_names_tell_their_owner() {
+        assert_eq!(owner_of("batchfit-123-4"), Some(123));
+        assert_eq!(owner_of("batchfit-test-123"), None);
+        assert_eq!(owner_of("batchfit-123"), None);
+        assert_eq!(owner_of("other-123-4"), None);
+    }
+
     #[test]
     fn a_group_limits_and_counts_an_oom_kill() {
         let parent = match parent() {

@@ -83,12 +83,14 @@ impl CpuBackend {
     }
 
     /// Trials in memory cgroups under `parent` instead of under `RLIMIT_DATA`.
+    /// Trial groups that dead batchfit processes left under `parent` are removed first.
     pub fn with_cgroup(mut self, parent: cgroup::Parent) -> Self {
+        cgroup::remove_stale(&parent);
         self.cgroup = Some(parent);
         self
     }
 
-    /// Each trial's whole output into `dir` (`trial-NNN-bB.stdout` / `.stderr`).
+    /// Each trial's whole output into `dir` (`trial-NNN-bB-aA.stdout` / `.stderr`).
     pub fn with_logs(mut self, dir: PathBuf) -> Self {
         self.logs = Some(dir);
         self

@@ -29,14 +29,100 @@ fn oom_kills() -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// Keeps the head and the tail of a stream, at most `cap` bytes.
-fn push_capped(buf: &mut Vec<u8>, data: &[u8], cap: usize) {
-    buf.extend_from_slice(data);
-    if buf.len() > cap {
-        let tail = buf.split_off(buf.len() - cap / 2);
-        buf.truncate(cap / 2);
-        buf.extend_from_slice(b"\n[...]\n");
-        buf.extend_from_slice(&tail);
+/// What is kept of a stream: its first `cap / 2` bytes and, in a ring buffer, its last `cap / 2`
+/// (the last lines say what went wrong). Each chunk costs its own length, whatever came before, so a
+/// command printing hundreds of megabytes costs no more than reading them.
+#[derive(Debug)]
+struct Capture {
+    head: Vec<u8>,
+    tail: std::collections::VecDeque<u8>,
+    cap: usize,
+    /// Bytes between the head and the tail were dropped.
+    dropped: bool,
+}
+
+impl Capture {
+    fn new(cap: usize) -> Capture {
+        Capture {
+            head: Vec::new(),
+            tail: std::collections::VecDeque::new(),
+            cap,
+            dropped: false,
+        }
+    }
+
+    fn push(&mut self, mut data: &[u8]) {
+        let h = self.cap / 2;
+        if self.head.len() < h {
+            let n = (h - self.head.len()).min(data.len());
+            self.head.extend_from_slice(&data[..n]);
+            data = &data[n..];
+        }
+        let t = self.cap - h;
+        if data.is_empty() || t == 0 {
+            self.dropped |= !data.is_empty();
+            return;
+        }
+        if data.len() >= t {
+            self.dropped |= !self.tail.is_empty() || data.len() > t;
+            self.tail.clear();
+            self.tail.extend(&data[data.len() - t..]);
+            return;
+        }
+        let over = (self.tail.len() + data.len()).saturating_sub(t);
+        if over > 0 {
+            self.tail.drain(..over);
+            self.dropped = true;
+        }
+        self.tail.extend(data);
+    }
+
+    fn clear(&mut self) {
+        self.head.clear();
+        self.tail.clear();
+        self.dropped = false;
+    }
+
+    fn text(&self) -> String {
+        let mut v = self.head.clone();
+        if self.dropped {
+            v.extend_from_slice(b"\n[...]\n");
+        }
+        v.extend(self.tail.iter());
+        String::from_utf8_lossy(&v).into_owned()
+    }
+}
+
+/// How long the output pipes are read after the trial's processes were ended: a process that escaped
+/// every kill (a daemon that cleared its environment and left the session) may hold them open.
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// How long the trial's leftover processes get after SIGTERM before SIGKILL.
+const GRACE: Duration = Duration::from_millis(500);
+
+/// The environment variable that marks every process of a trial (inherited across `setsid` and
+/// double forks), so that escaped daemons are found by a scan of `/proc`.
+pub const TRIAL_MARKER: &str = "BATCHFIT_TRIAL_ID";
+
+/// A stream being read in the background: what came so far, and whether it ended.
+struct Reader {
+    buf: Arc<Mutex<Capture>>,
+    done: mpsc::Receiver<()>,
+}
+
+impl Reader {
+    /// What was read, waiting until `deadline` at most for the stream's end.
+    fn finish(self, deadline: Instant) -> String {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ended = self.done.recv_timeout(left).is_ok();
+        let mut s = self.buf.lock().unwrap_or_else(|e| e.into_inner()).text();
+        if !ended {
+            s.push_str(
+                "\n[batchfit: the output was still open after the trial's processes were ended; \
+                 not read further]\n",
+            );
+        }
+        s
     }
 }
 
@@ -44,9 +130,11 @@ fn read_all(
     mut r: impl Read + Send + 'static,
     cap: usize,
     mut log: Option<std::fs::File>,
-) -> std::thread::JoinHandle<String> {
+) -> Reader {
+    let buf = Arc::new(Mutex::new(Capture::new(cap)));
+    let sink = Arc::clone(&buf);
+    let (tx, done) = mpsc::channel();
     std::thread::spawn(move || {
-        let mut buf = Vec::new();
         let mut chunk = [0u8; 8192];
         while let Ok(n) = r.read(&mut chunk) {
             if n == 0 {
@@ -58,10 +146,181 @@ fn read_all(
                     log = None;
                 }
             }
-            push_capped(&mut buf, &chunk[..n], cap);
+            sink.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(&chunk[..n]);
         }
-        String::from_utf8_lossy(&buf).into_owned()
-    })
+        let _ = tx.send(());
+    });
+    Reader { buf, done }
+}
+
+/// Clock ticks since boot now (the unit of a process's start time in `/proc/PID/stat`).
+fn ticks_now() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0, |up| (up * hz) as u64)
+}
+
+/// A process's group, session and start time (fields 5, 6 and 22 of `/proc/PID/stat`), unless it is a
+/// zombie or gone.
+fn stat_ids(pid: u32) -> Option<(u32, u32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    if f.first() == Some(&"Z") || f.first() == Some(&"X") {
+        return None;
+    }
+    Some((
+        f.get(2)?.parse().ok()?,
+        f.get(3)?.parse().ok()?,
+        f.get(19)?.parse().ok()?,
+    ))
+}
+
+/// Whether process `pid`'s environment holds `NAME=value` exactly.
+fn environ_has(pid: u32, entry: &[u8]) -> bool {
+    let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    env.split(|&b| b == 0).any(|e| e == entry)
+}
+
+/// Every live process of a trial: its session and process group (the root's PID, as the trial was
+/// started with `setsid`), every process carrying its marker in the environment (daemons that left
+/// the session), its followed tree and its cgroup; only processes started since the trial began, and
+/// never batchfit itself.
+fn trial_processes(
+    root: u32,
+    since: u64,
+    marker: &[u8],
+    tree: Option<&super::tree::Tree>,
+    cgroup: Option<&super::cgroup::Group>,
+) -> Vec<u32> {
+    let me = std::process::id();
+    let mut v: Vec<u32> = vec![];
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if pid == me {
+                continue;
+            }
+            let Some((pgrp, sid, start)) = stat_ids(pid) else {
+                continue;
+            };
+            if start + 1 < since {
+                continue;
+            }
+            if sid == root || pgrp == root || environ_has(pid, marker) {
+                v.push(pid);
+            }
+        }
+    }
+    if let Some(t) = tree {
+        v.extend(t.live_pids());
+    }
+    if let Some(g) = cgroup {
+        v.extend(g.pids());
+    }
+    v.sort_unstable();
+    v.dedup();
+    v.retain(|&p| p != me);
+    v
+}
+
+/// Ends every process of a trial: SIGTERM, then SIGKILL after [`GRACE`] to those left, until none is
+/// found (bounded: a process stuck in the kernel cannot be waited for forever).
+fn end_trial(
+    root: u32,
+    since: u64,
+    marker: &[u8],
+    tree: Option<&super::tree::Tree>,
+    cgroup: Option<&super::cgroup::Group>,
+) {
+    let signal = |pids: &[u32], sig: i32| {
+        for &p in pids {
+            // SAFETY: sending a signal to a process of the trial (found above, started after it).
+            unsafe {
+                libc::kill(p as i32, sig);
+            }
+        }
+    };
+    let found = trial_processes(root, since, marker, tree, cgroup);
+    if found.is_empty() {
+        return;
+    }
+    signal(&found, libc::SIGTERM);
+    let t0 = Instant::now();
+    while t0.elapsed() < GRACE {
+        std::thread::sleep(Duration::from_millis(20));
+        if trial_processes(root, since, marker, tree, cgroup).is_empty() {
+            return;
+        }
+    }
+    for _ in 0..100 {
+        kill_group(root);
+        if let Some(t) = tree {
+            t.kill_all();
+        }
+        if let Some(g) = cgroup {
+            g.kill_all();
+        }
+        let left = trial_processes(root, since, marker, tree, cgroup);
+        if left.is_empty() {
+            return;
+        }
+        signal(&left, libc::SIGKILL);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether `name` is the name of a trial's log under `--logs` (`trial-….stdout` / `.stderr`).
+pub fn is_log_name(name: &str) -> bool {
+    name.starts_with("trial-") && (name.ends_with(".stdout") || name.ends_with(".stderr"))
+}
+
+/// Opens (creates or truncates) a trial's log: a regular file only. The name is not followed when it
+/// is a symlink (`O_NOFOLLOW`), and opening does not wait on a FIFO (`O_NONBLOCK`); whatever is not a
+/// regular file at the name is refused, never written or truncated.
+fn open_log(path: &std::path::Path) -> Result<std::fs::File, BackendError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let refuse = |why: String| {
+        BackendError::Environment(format!(
+            "--logs: cannot write the trial log {}: {why}",
+            path.display()
+        ))
+    };
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => refuse(
+                "it is a symbolic link; batchfit does not follow links \
+                                        there"
+                    .into(),
+            ),
+            Some(libc::ENXIO) => refuse("it is a FIFO, not a regular file".into()),
+            _ => refuse(e.to_string()),
+        })?;
+    let meta = f.metadata().map_err(|e| refuse(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(refuse(
+            "it is not a regular file (a FIFO, socket or device); remove it or use another \
+             --logs directory"
+                .into(),
+        ));
+    }
+    f.set_len(0).map_err(|e| refuse(e.to_string()))?;
+    Ok(f)
 }
 
 /// How a trial process is started and watched.
@@ -119,6 +378,12 @@ fn spawn_limited(mut cmd: Command, opts: &Options, stdin: Stdio) -> Result<Child
     }
     cmd.spawn()
         .map_err(|e| BackendError::Environment(format!("cannot start a trial process: {e}")))
+}
+
+/// A number for each trial this process starts (part of its marker).
+fn next_trial() -> u64 {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
 }
 
 /// Whether the kernel's OOM killer killed a process that ended with `status`: it died by SIGKILL and
@@ -228,13 +493,20 @@ pub fn run(
 ) -> Result<Ran, BackendError> {
     let kills_before = oom_kills();
     let t0 = Instant::now();
-    let log = |suffix: &str| {
-        opts.log.as_ref().and_then(|p| {
-            let mut name = p.clone().into_os_string();
-            name.push(suffix);
-            std::fs::File::create(name).ok()
-        })
+    let log = |suffix: &str| -> Result<Option<std::fs::File>, BackendError> {
+        let Some(p) = opts.log.as_ref() else {
+            return Ok(None);
+        };
+        let mut name = p.clone().into_os_string();
+        name.push(suffix);
+        open_log(std::path::Path::new(&name)).map(Some)
     };
+    let (out_log, err_log) = (log(".stdout")?, log(".stderr")?);
+    let mut cmd = cmd;
+    let marker = format!("{}-{}-{}", std::process::id(), next_trial(), ticks_now());
+    cmd.env(TRIAL_MARKER, &marker);
+    let marker = format!("{TRIAL_MARKER}={marker}").into_bytes();
+    let since = ticks_now();
     let mut child = spawn_limited(cmd, opts, Stdio::null())?;
     let pid = child.id();
     let mut tree = opts.tree.then(|| super::tree::Tree::new(pid));
@@ -245,21 +517,12 @@ pub fn run(
     if let Some(t) = tree.as_mut() {
         sample_tree(t, opts.cgroup, &mut cgroup_anon);
     }
-    let out = read_all(child.stdout.take().expect("piped"), 1 << 20, log(".stdout"));
-    let err = read_all(
-        child.stderr.take().expect("piped"),
-        64 << 10,
-        log(".stderr"),
-    );
-    // Everything the trial started goes, whatever happens: its group, its tree, its cgroup.
+    let out = read_all(child.stdout.take().expect("piped"), 1 << 20, out_log);
+    let err = read_all(child.stderr.take().expect("piped"), 64 << 10, err_log);
+    // Everything the trial started goes, whatever happens: its session and group, its tree, its
+    // cgroup and every process carrying its marker.
     let kill_everything = |tree: &Option<super::tree::Tree>| {
-        kill_group(pid);
-        if let Some(t) = tree {
-            t.kill_all();
-        }
-        if let Some(g) = opts.cgroup {
-            g.kill_all();
-        }
+        end_trial(pid, since, &marker, tree.as_ref(), opts.cgroup);
     };
     let status = loop {
         if let Some(sig) = interrupt::pending() {
@@ -270,7 +533,6 @@ pub fn run(
         if t0.elapsed() >= timeout {
             kill_everything(&tree);
             let _ = child.wait();
-            let _ = (out.join(), err.join());
             return Ok(Ran::TimedOut {
                 seconds: t0.elapsed().as_secs_f64(),
             });
@@ -305,6 +567,7 @@ pub fn run(
         None => vec![],
     };
     kill_everything(&tree);
+    let drained = Instant::now() + DRAIN;
     // In a cgroup only the group's own counter is evidence; elsewhere the machine's counter with a
     // SIGKILL is weak evidence (any process of the machine may have been the one killed), which the
     // workload weighs against the trial's measured peak.
@@ -333,8 +596,8 @@ pub fn run(
     };
     Ok(Ran::Finished(Finished {
         status,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
+        stdout: out.finish(drained),
+        stderr: err.finish(drained),
         kernel_oom_kill: match group_oom_kills {
             Some(n) => n > 0,
             None => machine_oom_kill,
@@ -350,7 +613,7 @@ pub struct Worker {
     child: Child,
     stdin: ChildStdin,
     lines: mpsc::Receiver<String>,
-    stderr: Arc<Mutex<Vec<u8>>>,
+    stderr: Arc<Mutex<Capture>>,
     /// Lines it printed that were not results (the started marker, its own messages).
     stdout: String,
 }
@@ -386,7 +649,7 @@ impl Worker {
                 }
             }
         });
-        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(Capture::new(64 << 10)));
         let sink = Arc::clone(&stderr);
         std::thread::spawn(move || {
             let mut chunk = [0u8; 8192];
@@ -394,11 +657,9 @@ impl Worker {
                 if n == 0 {
                     break;
                 }
-                push_capped(
-                    &mut sink.lock().unwrap_or_else(|e| e.into_inner()),
-                    &chunk[..n],
-                    64 << 10,
-                );
+                sink.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(&chunk[..n]);
             }
         });
         Ok(Worker {
@@ -465,9 +726,7 @@ impl Worker {
             Err(_) => ExitStatus::from_raw(1 << 8),
         };
         kill_group(self.child.id());
-        let stderr =
-            String::from_utf8_lossy(&self.stderr.lock().unwrap_or_else(|e| e.into_inner()))
-                .into_owned();
+        let stderr = self.stderr.lock().unwrap_or_else(|e| e.into_inner()).text();
         Finished {
             status,
             // a worker never exits cleanly in the middle of a trial: no result line is passed on
@@ -488,6 +747,37 @@ impl Drop for Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The capture keeps the head and the last bytes, and costs each chunk its own length: 200 MB in
+    /// 8 KiB chunks takes well under a second (the old capture moved half its capacity per chunk:
+    /// 39 s for a command printing 200 MB, measured through the binary).
+    #[test]
+    fn the_capture_keeps_head_and_tail_in_linear_time() {
+        let mut c = Capture::new(1 << 20);
+        let line = b"a line of training output, step 1234, loss 0.5\n";
+        let chunk: Vec<u8> = line.iter().copied().cycle().take(8192).collect();
+        let t0 = std::time::Instant::now();
+        for _ in 0..(200_000_000 / 8192) {
+            c.push(&chunk);
+        }
+        c.push(b"the last line\n");
+        let secs = t0.elapsed().as_secs_f64();
+        let text = c.text();
+        assert!(secs < 1.0, "{secs:.2} s");
+        assert!(text.starts_with("a line of training output"));
+        assert!(text.ends_with("the last line\n"));
+        assert!(text.contains("\n[...]\n"));
+        assert!(text.len() <= (1 << 20) + 16, "{}", text.len());
+        // small streams are kept whole
+        let mut c = Capture::new(16);
+        c.push(b"abc");
+        c.push(b"defgh");
+        assert_eq!(c.text(), "abcdefgh");
+        c.push(b"ijklmnopq");
+        assert_eq!(c.text(), "abcdefgh\n[...]\njklmnopq");
+        c.clear();
+        assert_eq!(c.text(), "");
+    }
 
     /// A SIGKILL counts as the kernel's OOM kill only when the kernel's OOM-kill counter (`oom_kill`
     /// in /proc/vmstat) rose during the trial; any other SIGKILL (a user, a timeout elsewhere) is not.

@@ -24,6 +24,7 @@ pub fn shell_quote(s: &str) -> String {
 }
 
 /// `export BATCHFIT_*=...` lines for `eval`. Without a recommendation only `BATCHFIT_STATUS`.
+/// `BATCHFIT_VERIFIED` is `0` when the plan's `verified` is `false` (merged, or a failed verify).
 /// `BATCHFIT_UNEVEN` is `1` when the micro-batches of a step differ in size (`--allow-uneven`);
 /// then `BATCHFIT_MICRO_BATCHES` lists them, space-separated, and `BATCHFIT_MICRO_BATCH` is the
 /// largest.
@@ -64,6 +65,10 @@ pub fn env(plan: &Plan, plan_path: Option<&Path>) -> String {
                 vars.push(("BATCHFIT_FASTEST_MICRO_BATCH", f.to_string()));
             }
             vars.push(("BATCHFIT_STATUS", plan.status.as_str().into()));
+            // 0 for a merged plan not yet confirmed here (`batchfit verify`) or one whose
+            // verification failed: batchfit-train refuses it; a probe plan is proven where it ran
+            let verified = plan.verified != Some(false);
+            vars.push(("BATCHFIT_VERIFIED", if verified { "1" } else { "0" }.into()));
             if let Some(p) = plan_path {
                 let p = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
                 vars.push(("BATCHFIT_PLAN", p.to_string_lossy().into_owned()));

@@ -52,6 +52,15 @@ mod tests {
     use crate::search::Purpose;
 
     #[test]
+    fn the_running_line_names_the_size() {
+        assert_eq!(running_line(3, 512, 1), "trial 3 running: batch 512");
+        assert_eq!(
+            running_line(4, 256, 2),
+            "trial 4 running: batch 256 × accumulation 2"
+        );
+    }
+
+    #[test]
     fn the_status_line_promises_no_further_trial() {
         let t = TrialRecord {
             batch: 4096,
@@ -86,6 +95,18 @@ pub trait Progress {
     fn trial(&mut self, n: usize, t: &TrialRecord, limit: u64) {
         self.line(&progress_line(n, t, limit));
     }
+    /// Trial number `n` (1-based) is starting at `batch`. Default: nothing (its line follows).
+    fn starting(&mut self, _n: usize, _batch: u64, _accumulation: u32) {}
+}
+
+/// The live status line while trial `n` runs: the size it runs.
+pub fn running_line(n: usize, batch: u64, accumulation: u32) -> String {
+    let acc = if accumulation > 1 {
+        format!(" × accumulation {accumulation}")
+    } else {
+        String::new()
+    };
+    format!("trial {n} running: batch {batch}{acc}")
 }
 
 /// Progress as plain lines handed to a closure.
@@ -174,6 +195,12 @@ impl Progress for StderrProgress {
         self.line(&line);
         if let StderrProgress::Live(pb) = self {
             pb.set_message(status_line(n, t, limit));
+        }
+    }
+
+    fn starting(&mut self, n: usize, batch: u64, accumulation: u32) {
+        if let StderrProgress::Live(pb) = self {
+            pb.set_message(running_line(n, batch, accumulation));
         }
     }
 }

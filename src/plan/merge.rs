@@ -79,6 +79,24 @@ pub fn merge(opts: &MergeOptions) -> Result<Plan, MergeError> {
             )));
         }
     }
+    // A simulated plan proves nothing about a real device: never combined with one.
+    let is_sim = |p: &Plan| p.device.kind.as_str() == "sim";
+    if let Some((p, _, _)) = plans[1..]
+        .iter()
+        .find(|(_, plan, _)| is_sim(plan) != is_sim(first))
+    {
+        let (sim, real) = if is_sim(first) {
+            (first_path, p)
+        } else {
+            (p, first_path)
+        };
+        return Err(MergeError::Usage(format!(
+            "{} is a simulated plan (--backend sim) and {} was measured on a real device; a \
+             simulation proves nothing about a device: merge plans of real devices only",
+            sim.display(),
+            real.display()
+        )));
+    }
     // The base: the plan with the smallest proven size (ties: the first given).
     let base_idx = (0..plans.len())
         .min_by_key(|&i| (plans[i].2.max_fitting_batch, i))

@@ -201,6 +201,40 @@ pub struct ExecInfo {
     /// `--threads`: `OMP_NUM_THREADS` of every trial (absent: the user's environment).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<u32>,
+    /// Files of the command hashed without being asked (part of the cache key, not of
+    /// `fingerprint`): the first argument that is a regular file (the program or its script) and
+    /// every argument that is a regular file ending in `.py`, `.sh`, `.yaml`, `.yml` or `.json`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub auto_fingerprint_files: Vec<FileHash>,
+}
+
+/// The file extensions of a command's arguments whose content is hashed into the cache key.
+pub const AUTO_FINGERPRINT_EXTENSIONS: [&str; 5] = ["py", "sh", "yaml", "yml", "json"];
+
+/// The files of `argv` whose content goes into the cache key (see
+/// [`ExecInfo::auto_fingerprint_files`]), with their hashes; files that cannot be read are skipped.
+pub fn auto_fingerprint(argv: &[String]) -> Vec<FileHash> {
+    let mut v: Vec<FileHash> = vec![];
+    let mut first = true;
+    for a in argv {
+        let p = std::path::Path::new(a);
+        if !std::fs::metadata(p).is_ok_and(|m| m.is_file()) {
+            continue;
+        }
+        let listed = p
+            .extension()
+            .is_some_and(|e| AUTO_FINGERPRINT_EXTENSIONS.contains(&e.to_string_lossy().as_ref()));
+        if (first || listed) && !v.iter().any(|f| f.path == *a) {
+            if let Ok(sha256) = crate::platform::files::sha256(p) {
+                v.push(FileHash {
+                    path: a.clone(),
+                    sha256,
+                });
+            }
+        }
+        first = false;
+    }
+    v
 }
 
 impl ExecInfo {

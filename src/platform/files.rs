@@ -166,6 +166,15 @@ pub fn same_target(a: &Path, b: &Path) -> bool {
     real(a) == real(b)
 }
 
+/// Whether two paths are one file: the same device and inode when both exist, else the same real
+/// path ([`same_target`]).
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => same_target(a, b),
+    }
+}
+
 /// Checks that `path` can be written by [`write_atomic`] (see the module doc), creating nothing but a
 /// short-lived probe file in its directory.
 pub fn check_target(path: &Path) -> Result<(), FileError> {
@@ -224,9 +233,20 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
 pub fn sha256(path: &Path) -> std::io::Result<String> {
     use sha2::{Digest, Sha256};
     use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
+    use std::os::unix::fs::OpenOptionsExt;
+    // O_NONBLOCK: opening a FIFO must not wait for a writer (it hung); only a regular file is read
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let ft = f.metadata()?.file_type();
+    if !ft.is_file() {
+        let kind = if ft.is_dir() {
+            "a directory"
+        } else {
+            kind_of(&ft)
+        };
+        return Err(std::io::Error::other(format!("{kind}, not a regular file")));
     }
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];

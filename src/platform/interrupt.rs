@@ -1,4 +1,4 @@
-//! SIGINT / SIGTERM handling.
+//! SIGINT / SIGTERM / SIGHUP handling (SIGHUP, a closed terminal or ssh session, as SIGTERM).
 //!
 //! Handlers are installed explicitly, so they work even when the process started with the signals
 //! ignored (as background jobs of shell scripts do). The handler only records the signal; the search
@@ -16,7 +16,13 @@ pub fn install() -> std::io::Result<()> {
         return Ok(());
     }
     let flag = Arc::new(AtomicUsize::new(0));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+    // SIGHUP's default action would end batchfit at once, leaving the trial's processes, its cgroup
+    // and its report directory behind
+    for sig in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
         signal_hook::flag::register_usize(sig, Arc::clone(&flag), sig as usize)?;
     }
     let _ = SIGNAL.set(flag);

@@ -60,8 +60,10 @@ struct KeyInput<'a> {
     device_kind: crate::device::DeviceKind,
     device_name: &'a str,
     device_total_bytes: u64,
-    /// Free bytes at start, rounded down to 1/16 of the total.
-    free_bucket: u64,
+    /// Free bytes at start, rounded down to 1/16 of the total; only when the budget follows from it
+    /// (no `--memory-budget`), else it would only cause misses.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    free_bucket: Option<u64>,
     sim_spec: Option<&'a SimSpec>,
     model_fingerprint: &'a str,
     budget_bytes: u64,
@@ -86,6 +88,65 @@ struct KeyInput<'a> {
     /// The trial processes' stack limit and memory-relevant environment (threads' stacks are data).
     #[serde(skip_serializing_if = "Option::is_none")]
     process: Option<&'a crate::plan::ProcessSetup>,
+    /// How the trials' memory is limited (RLIMIT_DATA or a cgroup).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit_mechanism: Option<crate::device::LimitMechanism>,
+    /// `--exec`: what the command's trials depend on beyond its argv and `--fingerprint-file`s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exec: Option<ExecKey<'a>>,
+}
+
+/// The environment variables of a command's trials that go into the cache key (the values the
+/// command would see; absent ones are recorded as absent), plus every `BATCHFIT_*` the user set
+/// except `BATCHFIT_CACHE_DIR` (where the cache is, not what it holds).
+pub const EXEC_KEY_ENVIRONMENT: [&str; 12] = [
+    "PATH",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "LD_LIBRARY_PATH",
+    "LD_PRELOAD",
+    "CUDA_VISIBLE_DEVICES",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "OMP_NUM_THREADS",
+    "MALLOC_ARENA_MAX",
+    "MALLOC_MMAP_THRESHOLD_",
+];
+
+/// What an `--exec` probe's answer depends on beyond the command's fingerprint.
+#[derive(Serialize)]
+struct ExecKey<'a> {
+    /// The working directory the command runs in.
+    cwd: String,
+    environment: std::collections::BTreeMap<String, Option<String>>,
+    /// The auto-fingerprinted files' hashes (the command's script, its configs).
+    files: &'a [crate::plan::schema::FileHash],
+    oom_patterns: &'a [String],
+}
+
+fn exec_key(info: &crate::plan::schema::ExecInfo) -> ExecKey<'_> {
+    let mut environment = std::collections::BTreeMap::new();
+    for k in EXEC_KEY_ENVIRONMENT {
+        environment.insert(
+            k.to_string(),
+            std::env::var_os(k).map(|v| v.to_string_lossy().into_owned()),
+        );
+    }
+    for (k, v) in std::env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        if k.starts_with("BATCHFIT_") && k != DIR_ENV {
+            environment.insert(k, Some(v.to_string_lossy().into_owned()));
+        }
+    }
+    ExecKey {
+        cwd: std::env::current_dir()
+            .map(|d| d.display().to_string())
+            .unwrap_or_default(),
+        environment,
+        files: &info.auto_fingerprint_files,
+        oom_patterns: &info.oom_patterns,
+    }
 }
 
 /// The cache key of a probe: `skeleton` is the plan before any trial (device, model, budget, search
@@ -97,12 +158,15 @@ pub fn key(skeleton: &Plan, cfg: &ProbeConfig) -> String {
         _ => None,
     };
     let input = KeyInput {
-        key_version: 1,
+        key_version: 2,
         tool: &skeleton.tool,
         device_kind: d.kind,
         device_name: &d.name,
         device_total_bytes: d.total_bytes,
-        free_bucket: d.free_bytes_at_start / (d.total_bytes / 16).max(1),
+        free_bucket: cfg
+            .budget
+            .is_none()
+            .then(|| d.free_bytes_at_start / (d.total_bytes / 16).max(1)),
         sim_spec: sim,
         model_fingerprint: skeleton.model.fingerprint(),
         budget_bytes: skeleton.budget_bytes,
@@ -120,6 +184,8 @@ pub fn key(skeleton: &Plan, cfg: &ProbeConfig) -> String {
         alloc_conf: skeleton.gpu.as_ref().and_then(|g| g.alloc_conf.as_deref()),
         compare_alloc_conf: cfg.compare_alloc_conf,
         process: skeleton.runtime.process.as_ref(),
+        limit_mechanism: skeleton.limit_mechanism,
+        exec: cfg.exec.as_ref().map(|e| exec_key(&e.info)),
     };
     let json = serde_json::to_string(&input).expect("key serialises");
     let digest = Sha256::digest(json.as_bytes());
@@ -319,6 +385,32 @@ pub fn format_date(unix: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cfg(extra: &[&str]) -> ProbeConfig {
+        use clap::Parser;
+        let mut argv = vec!["batchfit", "probe", "--backend", "cpu"];
+        argv.extend(extra);
+        let cli = crate::cli::Cli::try_parse_from(argv).unwrap();
+        let crate::cli::Command::Probe(args) = cli.command else {
+            panic!()
+        };
+        crate::config::validate(&args).unwrap()
+    }
+
+    /// With an explicit --memory-budget the free memory at start does not change the answer, so it
+    /// is not in the key (it caused misses); without one the budget follows from it, so it is.
+    #[test]
+    fn free_memory_is_in_the_key_only_without_a_budget() {
+        let plan =
+            Plan::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/plan-v1-cpu.json"))
+                .unwrap();
+        let mut less_free = plan.clone();
+        less_free.device.free_bytes_at_start /= 2;
+        let explicit = cfg(&["--memory-budget", "2GiB"]);
+        assert_eq!(key(&plan, &explicit), key(&less_free, &explicit));
+        let default = cfg(&[]);
+        assert_ne!(key(&plan, &default), key(&less_free, &default));
+    }
 
     #[test]
     fn dates() {

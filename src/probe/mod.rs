@@ -64,6 +64,9 @@ pub fn run_cached(
     for n in notices.drain(..) {
         progress.line(&n);
     }
+    for n in &cfg.notes {
+        progress.line(n);
+    }
     // (the {batch} warning waits for the trials' reports: the plan's summary says it, once)
     for w in cfg
         .warnings

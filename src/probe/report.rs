@@ -16,8 +16,16 @@ pub enum ProbeError {
     Usage(String),
     #[error("{0}")]
     Environment(String),
+    /// Not marked as the error's source: its text is already in this message, and the binary prints
+    /// the chain of sources (it was printed twice).
     #[error("cannot write the plan: {0}")]
-    Write(#[from] PlanError),
+    Write(PlanError),
+}
+
+impl From<PlanError> for ProbeError {
+    fn from(e: PlanError) -> Self {
+        ProbeError::Write(e)
+    }
 }
 
 impl ProbeError {
@@ -86,5 +94,24 @@ pub fn write(out: Option<&Path>, plan: &Plan) -> Result<Option<PathBuf>, ProbeEr
     } else {
         plan.write_atomic(&partial)?;
         Ok(Some(partial))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plan's write error is said once: it is the message, not also its source (the binary
+    /// prints the chain of sources, and the same sentence appeared twice).
+    #[test]
+    fn a_write_error_is_said_once() {
+        let e = ProbeError::from(PlanError::Write(
+            crate::platform::files::FileError::Directory {
+                path: "p.json".into(),
+            },
+        ));
+        assert!(std::error::Error::source(&e).is_none());
+        let text = format!("{:#}", anyhow::Error::from(e));
+        assert_eq!(text.matches("is a directory").count(), 1, "{text}");
     }
 }

@@ -24,7 +24,21 @@ pub fn search<'b>(
     gpu: Option<u32>,
     on_trial: impl FnMut(&TrialRecord, &[TrialRecord]) + 'b,
 ) -> Searched<'b> {
-    let mut prober = Prober::new(backend, cfg.search.clone(), limit).on_trial(on_trial);
+    search_announced(cfg, backend, limit, gpu, |_, _| {}, on_trial)
+}
+
+/// [`search`], calling `on_start(n, request)` before trial `n` runs.
+pub fn search_announced<'b>(
+    cfg: &ProbeConfig,
+    backend: &'b mut dyn Backend,
+    limit: u64,
+    gpu: Option<u32>,
+    on_start: impl FnMut(usize, &crate::protocol::TrialRequest) + 'b,
+    on_trial: impl FnMut(&TrialRecord, &[TrialRecord]) + 'b,
+) -> Searched<'b> {
+    let mut prober = Prober::new(backend, cfg.search.clone(), limit)
+        .on_trial(on_trial)
+        .on_start(on_start);
     if let Some(g) = gpu {
         prober = prober.on_gpu(g);
     }
@@ -44,18 +58,30 @@ pub fn run(
     let (outcome, split) = {
         let partial_out = cfg.out.as_deref();
         let write_error = &mut write_error;
-        let progress = &mut *progress;
+        let progress = std::cell::RefCell::new(&mut *progress);
+        let progress = &progress;
         let Searched {
             mut prober,
             outcome,
-        } = search(cfg, backend, limit, None, move |t, all| {
-            progress.trial(all.len(), t, limit);
-            let mut snap = skeleton.clone();
-            snap.trials = all.to_vec();
-            if let Err(e) = report::write(partial_out, &snap) {
-                *write_error = Some(e);
-            }
-        });
+        } = search_announced(
+            cfg,
+            backend,
+            limit,
+            None,
+            move |n, req| {
+                progress
+                    .borrow_mut()
+                    .starting(n, req.batch, req.accumulation)
+            },
+            move |t, all| {
+                progress.borrow_mut().trial(all.len(), t, limit);
+                let mut snap = skeleton.clone();
+                snap.trials = all.to_vec();
+                if let Err(e) = report::write(partial_out, &snap) {
+                    *write_error = Some(e);
+                }
+            },
+        );
         let split = match (outcome.max_fitting, outcome.stop_reason.is_complete()) {
             (Some(max), true) => {
                 let (g, w) = cfg.global.unwrap_or((max * cfg.world_size, cfg.world_size));
@@ -259,7 +285,11 @@ fn unproven_accumulation(
     if r.accumulation <= 1 {
         return None;
     }
-    let placeholder = exec.info.argv.iter().any(|a| a.contains("{accumulation}"));
+    let placeholder = exec
+        .info
+        .argv
+        .iter()
+        .any(|a| crate::workload::exec::has_placeholder(a, "{accumulation}"));
     if placeholder {
         return None;
     }

@@ -8,8 +8,8 @@
 //! * a size that runs out of memory with accumulation `a > 1`: the split is recomputed below it (a
 //!   few times at most), and the plan says why;
 //! * a size below the largest proven fit that runs out of memory at accumulation 1: memory is not
-//!   monotonic in the batch here; re-tested once, and if it fails again the probe stops (no
-//!   recommendation relies on it);
+//!   monotonic in the batch here; re-tested once: if it fails again the probe stops, if it fits the
+//!   split is recomputed below it (either way no recommendation relies on it);
 //! * an error or a timeout of a confirmation is never read as memory: the split is not proven, and
 //!   the plan is partial.
 
@@ -94,17 +94,12 @@ pub fn confirmed(
                             }
                         }
                     };
-                    warnings.push(format!(
-                        "non-monotonic memory: micro-batch {b} ran out of memory although \
-                         {max_fitting} fit; the re-test {}; resolved conservatively: no recommendation \
-                         relies on {b}",
-                        if again == Confirmation::Fits {
-                            "fit (flaky near the limit)"
-                        } else {
-                            "did not fit"
-                        }
-                    ));
                     if again != Confirmation::Fits {
+                        warnings.push(format!(
+                            "non-monotonic memory: micro-batch {b} ran out of memory although \
+                             {max_fitting} fit, and again when re-tested; no recommendation relies \
+                             on {b}"
+                        ));
                         return SplitOutcome {
                             split: Err(Stop::Fatal(format!(
                                 "micro-batch {b} chosen by the accumulation split did not fit although \
@@ -114,6 +109,16 @@ pub fn confirmed(
                             warnings,
                         };
                     }
+                    // The re-test fit: one run out of memory and one fit is no proof that it fits,
+                    // so the split is recomputed below it and nothing recommended relies on it.
+                    warnings.push(format!(
+                        "non-monotonic memory: micro-batch {b} ran out of memory although \
+                         {max_fitting} fit; the re-test fit (flaky near the limit); resolved \
+                         conservatively: the split was recomputed below {b}, so no recommendation \
+                         relies on {b}"
+                    ));
+                    lower_cap = Some(b - 1);
+                    break;
                 }
             }
         }
@@ -142,5 +147,54 @@ pub fn confirmed(
                 .into(),
         )),
         warnings,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A size that ran out of memory at accumulation 1 and fit when re-tested used to be
+    /// recommended, while the warning said no recommendation relied on it; now the split is
+    /// recomputed below it, and the warning is true.
+    #[test]
+    fn a_flaky_retest_is_not_recommended() {
+        let mut calls = vec![];
+        let out = confirmed(
+            100,
+            1,
+            120,
+            false,
+            Sizes::new(1, 1),
+            &mut |b, acc, retest| {
+                calls.push((b, acc, retest));
+                Ok(if b == 100 && acc == 1 && !retest {
+                    Confirmation::OutOfMemory
+                } else {
+                    Confirmation::Fits
+                })
+            },
+        );
+        let s = out
+            .split
+            .unwrap_or_else(|_| panic!("no split: {:?}", out.warnings));
+        assert!(
+            s.micro_batches.iter().all(|&m| m < 100),
+            "{:?}",
+            s.micro_batches
+        );
+        assert_eq!(s.micro_batches.iter().sum::<u64>(), 100);
+        assert!(calls.contains(&(100, 1, true)), "{calls:?}");
+        let w = out.warnings.join("\n");
+        assert!(w.contains("recomputed below 100"), "{w}");
+        // a re-test that fails again stops the probe
+        let out = confirmed(100, 1, 120, false, Sizes::new(1, 1), &mut |b, acc, _| {
+            Ok(if b == 100 && acc == 1 {
+                Confirmation::OutOfMemory
+            } else {
+                Confirmation::Fits
+            })
+        });
+        assert!(out.split.is_err());
     }
 }

@@ -248,6 +248,9 @@ impl SearchOutcome {
 /// Called after every trial with it and all trials so far.
 type OnTrial<'b> = Box<dyn FnMut(&TrialRecord, &[TrialRecord]) + 'b>;
 
+/// Called before every trial with its number (1-based) and request.
+type OnStart<'b> = Box<dyn FnMut(usize, &TrialRequest) + 'b>;
+
 /// Runs the search against a backend. `on_trial` is called after every trial (the CLI writes the
 /// partial plan and prints progress there).
 pub struct Prober<'b> {
@@ -257,6 +260,7 @@ pub struct Prober<'b> {
     started: Instant,
     trials: Vec<TrialRecord>,
     on_trial: OnTrial<'b>,
+    on_start: OnStart<'b>,
     /// Cleared once a fresh process fits where the worker ran out of memory: from then on the
     /// worker's state is known to cost memory near the limit, and exploration runs fresh.
     worker_trusted: bool,
@@ -297,6 +301,7 @@ impl<'b> Prober<'b> {
             started: Instant::now(),
             trials: vec![],
             on_trial: Box::new(|_, _| {}),
+            on_start: Box::new(|_, _| {}),
             worker_trusted: true,
             accumulation: 1,
             gpu: None,
@@ -326,6 +331,12 @@ impl<'b> Prober<'b> {
 
     pub fn on_trial(mut self, f: impl FnMut(&TrialRecord, &[TrialRecord]) + 'b) -> Self {
         self.on_trial = Box::new(f);
+        self
+    }
+
+    /// `f(n, request)` before trial `n` (1-based) runs (the live progress line names its size).
+    pub fn on_start(mut self, f: impl FnMut(usize, &TrialRequest) + 'b) -> Self {
+        self.on_start = Box::new(f);
         self
     }
 
@@ -363,6 +374,7 @@ impl<'b> Prober<'b> {
             accumulation: self.accumulation,
         };
         let isolation = self.backend.isolation(&req);
+        (self.on_start)(self.trials.len() + 1, &req);
         let outcome = match self.backend.run_trial(req) {
             Ok(o) => o,
             Err(BackendError::Interrupted(sig)) => return Err(Stop::Interrupted(sig)),

@@ -223,8 +223,8 @@ impl CudaBackend {
             own_child: !tree,
             log: self.logs.as_ref().map(|d| {
                 d.join(format!(
-                    "trial-{:03}-b{}-a{}",
-                    self.trials, req.batch, req.accumulation
+                    "trial-{:03}-gpu{}-b{}-a{}",
+                    self.trials, self.index, req.batch, req.accumulation
                 ))
             }),
             ..Default::default()

@@ -3,7 +3,7 @@
 //! holds for it and not only for a replay of its model.
 //!
 //! Each trial runs the command fresh with `{batch}`, `{steps}` and `{accumulation}` substituted in its
-//! arguments and `BATCHFIT_BATCH`, `BATCHFIT_STEPS`, `BATCHFIT_ACCUMULATION`, `BATCHFIT_TRIAL` and
+//! arguments (`{{batch}}` is a literal `{batch}`) and `BATCHFIT_BATCH`, `BATCHFIT_STEPS`, `BATCHFIT_ACCUMULATION`, `BATCHFIT_TRIAL` and
 //! `BATCHFIT_RESULT` added to its environment — nothing else of the user's environment is changed (no
 //! malloc tuning; threads only when `--threads` asks). The device limits and measures its whole
 //! process tree. What the end means:
@@ -33,12 +33,14 @@ pub const PYTHON_HELPER: &str = include_str!("batchfit_trial.py");
 pub const PLACEHOLDERS: [&str; 3] = ["{batch}", "{steps}", "{accumulation}"];
 
 /// The environment variables set in every trial (values per trial).
-pub const ENVIRONMENT: [&str; 5] = [
+pub const ENVIRONMENT: [&str; 6] = [
     "BATCHFIT_BATCH",
     "BATCHFIT_STEPS",
     "BATCHFIT_ACCUMULATION",
     "BATCHFIT_TRIAL",
     "BATCHFIT_RESULT",
+    // set by the process runner: marks every process of the trial, so that all are ended
+    crate::device::process::TRIAL_MARKER,
 ];
 
 /// How many lines of a trial's output its record keeps.
@@ -60,15 +62,46 @@ pub struct ExecWorkload {
     world_size: Option<u64>,
 }
 
-/// The argv of a trial: placeholders replaced.
+/// `arg` with each placeholder `{name}` replaced by `value(name)`; a doubled one, `{{name}}`, is the
+/// literal `{name}` (for a command that itself takes a `{batch}` template).
+fn expand(arg: &str, value: &dyn Fn(&str) -> String) -> String {
+    let mut out = String::with_capacity(arg.len());
+    let mut rest = arg;
+    'scan: while !rest.is_empty() {
+        for p in PLACEHOLDERS {
+            let escaped = format!("{{{p}}}");
+            if rest.starts_with(&escaped) {
+                out.push_str(p);
+                rest = &rest[escaped.len()..];
+                continue 'scan;
+            }
+            if rest.starts_with(p) {
+                out.push_str(&value(p));
+                rest = &rest[p.len()..];
+                continue 'scan;
+            }
+        }
+        let c = rest.chars().next().expect("not empty");
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    out
+}
+
+/// Whether `arg` holds the placeholder `p` (`{batch}`, …) to be replaced, not only escaped
+/// (`{{batch}}`).
+pub fn has_placeholder(arg: &str, p: &str) -> bool {
+    expand(arg, &|q| if q == p { "\0".into() } else { String::new() }).contains('\0')
+}
+
+/// The argv of a trial: placeholders replaced (`{{batch}}` stays a literal `{batch}`).
 pub fn substitute(argv: &[String], req: &TrialRequest) -> Vec<String> {
-    argv.iter()
-        .map(|a| {
-            a.replace("{batch}", &req.batch.to_string())
-                .replace("{steps}", &req.steps.to_string())
-                .replace("{accumulation}", &req.accumulation.to_string())
-        })
-        .collect()
+    let value = |p: &str| match p {
+        "{batch}" => req.batch.to_string(),
+        "{steps}" => req.steps.to_string(),
+        _ => req.accumulation.to_string(),
+    };
+    argv.iter().map(|a| expand(a, &value)).collect()
 }
 
 impl ExecWorkload {
@@ -429,7 +462,7 @@ impl Workload for ExecWorkload {
             };
             return (outcome, Some(details));
         }
-        let takes = self.info.argv.iter().any(|a| a.contains("{accumulation}"));
+        let takes = self.info.argv.iter().any(|a| has_placeholder(a, "{accumulation}"));
         let why = report.iter().chain(&others).enumerate().find_map(|(k, r)| {
             mismatch(r, &req, takes).map(|w| if k == 0 { w } else { format!("rank {k}: {w}") })
         });
@@ -505,5 +538,39 @@ impl Workload for ExecWorkload {
             },
         };
         (outcome, Some(details))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `{{batch}}` is the literal `{batch}` (a command that takes a template of its own); `{batch}`
+    /// is the size, also inside a longer argument.
+    #[test]
+    fn doubled_braces_escape_a_placeholder() {
+        let req = TrialRequest {
+            batch: 12,
+            steps: 3,
+            fresh: true,
+            accumulation: 2,
+        };
+        let argv: Vec<String> = [
+            "--bs={batch}",
+            "{{batch}}",
+            "out-{{steps}}-{steps}",
+            "{accumulation}{",
+            "{x}",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            substitute(&argv, &req),
+            ["--bs=12", "{batch}", "out-{steps}-3", "2{", "{x}"]
+        );
+        assert!(has_placeholder("--bs={batch}", "{batch}"));
+        assert!(!has_placeholder("{{batch}}", "{batch}"));
+        assert!(has_placeholder("{{batch}}{batch}", "{batch}"));
     }
 }

@@ -1,0 +1,807 @@
+//! `batchfit probe --exec`: process and file hygiene through the real binary — escaped daemons,
+//! `--logs`, leftover state, output floods, paths checked up front, the cache key of a command.
+//! Fake commands are small /usr/bin/python3 or sh scripts (tests/support/exec/).
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn fake(name: &str) -> String {
+    repo()
+        .join("tests/support/exec")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+const PY: &str = "/usr/bin/python3";
+
+/// The batchfit binary as a plain process (for tests that time it or signal it).
+fn batchfit_process(marker: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_batchfit"));
+    c.env_remove("RUST_BACKTRACE")
+        .env("BATCHFIT_CACHE_DIR", fresh_cache_dir())
+        .env("BATCHFIT_TEST_MARKER", marker)
+        .stdin(Stdio::null());
+    c
+}
+
+/// Waits for `child` up to `limit`; kills it and fails when it takes longer.
+fn wait_within(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> (std::process::ExitStatus, f64) {
+    let t0 = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return (s, t0.elapsed().as_secs_f64());
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("batchfit did not end within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether process `pid`'s environment holds `needle`.
+fn environ_has(pid: u32, needle: &str) -> bool {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .map(|e| String::from_utf8_lossy(&e).contains(needle))
+        .unwrap_or(false)
+}
+
+/// Live processes running `needle` that carry this test's `marker`; SIGKILLed so that a failing
+/// test leaves nothing behind.
+fn survivors(needle: &str, marker: &str) -> Vec<u32> {
+    let v: Vec<u32> = processes_with(needle)
+        .into_iter()
+        .filter(|&p| environ_has(p, marker))
+        .collect();
+    for &p in &v {
+        // SAFETY: signalling a process this test started (it carries the test's marker).
+        unsafe { libc::kill(p as i32, libc::SIGKILL) };
+    }
+    v
+}
+
+fn probe_args(out: &Path, timeout: &str) -> Vec<String> {
+    [
+        "probe",
+        "--backend",
+        "cpu",
+        "--memory-budget",
+        "2GiB",
+        "--quiet",
+        "--trial-timeout",
+        timeout,
+        "--max-trials",
+        "2",
+        "--out",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([out.display().to_string()])
+    .collect()
+}
+
+/// Issue 1: under RLIMIT_DATA (no cgroup to hold the tree) a command that double-forks a daemon
+/// (setsid, SIGTERM ignored, the stdout pipe held open) used to hang batchfit forever (the pipe never
+/// closed) and leak the daemon. The daemon carries the trial's marker: it is found and killed, and
+/// the trial ends within its timeout plus a few seconds.
+#[test]
+fn an_escaped_daemon_is_killed_and_the_trial_ends() {
+    let d = tmp();
+    let out = d.path().join("plan.json");
+    let marker = format!("daemon-{}", std::process::id());
+    let mut c = batchfit_process(&marker);
+    c.args(probe_args(&out, "5"))
+        .args(["--cpu-limit", "rlimit", "--exec", "--", PY])
+        .arg(fake("daemon.py"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let (status, secs) = wait_within(&mut child, Duration::from_secs(30));
+    let left = survivors("daemon.py", &marker);
+    assert!(left.is_empty(), "the trial's daemon survived: {left:?}");
+    assert!(matches!(status.code(), Some(4) | Some(5)), "{status:?}");
+    assert!(secs < 5.0 + 4.0, "took {secs:.1} s");
+    let p = read_json(&d.path().join("plan.partial.json"));
+    assert_eq!(p["trials"][0]["outcome"], "error", "{}", p["trials"]);
+}
+
+/// Issue 1: a daemon that cleared its environment and left the session cannot be found under
+/// RLIMIT_DATA, but the pipe it holds no longer hangs batchfit: the output is drained for a bounded
+/// time after the trial's processes were ended.
+#[test]
+fn an_unfindable_daemon_holding_the_pipe_does_not_hang_the_trial() {
+    let d = tmp();
+    let out = d.path().join("plan.json");
+    let marker = format!("cleared-{}", std::process::id());
+    let mut c = batchfit_process(&marker);
+    c.args(probe_args(&out, "5"))
+        .args(["--cpu-limit", "rlimit", "--exec", "--", PY])
+        .args([fake("daemon.py"), "--clear-env".into()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    let (status, secs) = wait_within(&mut child, Duration::from_secs(18));
+    assert!(matches!(status.code(), Some(4) | Some(5)), "{status:?}");
+    assert!(secs < 5.0 + 6.0, "took {secs:.1} s");
+    let p = read_json(&d.path().join("plan.partial.json"));
+    let tail = p["trials"][0]["details"]["output_tail"].to_string();
+    assert!(tail.contains("daemon: started"), "{tail}");
+    // the cleared daemon ends itself after 20 s (it cannot be told from any other process)
+    let _ = PathBuf::new();
+}
+
+const SIM: &str = "base=1GiB,per-sample=3MiB,capacity=16GiB";
+
+fn sim_plan(out: &Path) {
+    batchfit()
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            SIM,
+            "--global-batch",
+            "8192",
+        ])
+        .args(["--quiet", "--out"])
+        .arg(out)
+        .assert()
+        .success();
+}
+
+/// Issue 6: `--exec --backend sim` used to be accepted (the simulation ran, the command never did).
+#[test]
+fn exec_with_the_simulator_is_refused() {
+    let d = tmp();
+    let out = d.path().join("plan.json");
+    let a = batchfit()
+        .args(["probe", "--backend", "sim", "--sim", SIM, "--out"])
+        .arg(&out)
+        .args(["--exec", "--", "/bin/sh", "-c", "exit 0"])
+        .assert()
+        .code(2);
+    let err = String::from_utf8_lossy(&a.get_output().stderr).into_owned();
+    assert!(err.contains("--backend sim runs nothing"), "{err}");
+    assert!(!out.exists() && !d.path().join("plan.partial.json").exists());
+}
+
+/// Issue 6: a simulated plan merged with a real device's plan used to give a "merged" plan; now
+/// refused (exit 2). Two simulated plans still merge, and `--format env` says the merged plan is
+/// not verified (`BATCHFIT_VERIFIED=0`; `1` for a probe plan).
+#[test]
+fn merge_refuses_sim_with_real_and_env_says_verified() {
+    let d = tmp();
+    let sim = d.path().join("sim.json");
+    sim_plan(&sim);
+    let real = d.path().join("cpu.json");
+    let mut p = read_json(&sim);
+    p["device"]["kind"] = "cpu".into();
+    p["device"]["name"] = "some cpu".into();
+    write_json(&real, &p);
+    let merged = d.path().join("merged.json");
+    let a = batchfit()
+        .args([
+            "merge",
+            "--global-batch",
+            "8192",
+            "--format",
+            "json",
+            "--out",
+        ])
+        .arg(&merged)
+        .arg(&sim)
+        .arg(&real)
+        .assert()
+        .code(2);
+    let err = String::from_utf8_lossy(&a.get_output().stderr).into_owned();
+    assert!(err.contains("is a simulated plan"), "{err}");
+    assert!(!merged.exists());
+    // two simulated plans merge; the result is not verified
+    let sim2 = d.path().join("sim2.json");
+    sim_plan(&sim2);
+    batchfit()
+        .args([
+            "merge",
+            "--global-batch",
+            "8192",
+            "--format",
+            "json",
+            "--out",
+        ])
+        .arg(&merged)
+        .arg(&sim)
+        .arg(&sim2)
+        .assert()
+        .success();
+    let env = |plan: &Path| {
+        let a = batchfit()
+            .arg("show")
+            .arg(plan)
+            .args(["--format", "env"])
+            .assert()
+            .success();
+        String::from_utf8_lossy(&a.get_output().stdout).into_owned()
+    };
+    let m = env(&merged);
+    assert!(m.contains("export BATCHFIT_VERIFIED=0\n"), "{m}");
+    let s = env(&sim);
+    assert!(s.contains("export BATCHFIT_VERIFIED=1\n"), "{s}");
+}
+
+/// A cpu `--exec` probe of `cmd` with `flags`, plan to `out` (RLIMIT_DATA, small caps).
+fn exec_probe(out: &Path, flags: &[&str], cmd: &[&str]) -> assert_cmd::Command {
+    let mut c = batchfit();
+    c.args([
+        "probe",
+        "--backend",
+        "cpu",
+        "--memory-budget",
+        "2GiB",
+        "--quiet",
+    ])
+    .args(["--cpu-limit", "rlimit", "--trial-timeout", "20", "--out"])
+    .arg(out)
+    .args(flags)
+    .args(["--exec", "--"])
+    .args(cmd);
+    c
+}
+
+fn stderr_of(a: &assert_cmd::assert::Assert) -> String {
+    String::from_utf8_lossy(&a.get_output().stderr).into_owned()
+}
+
+/// Issue 7: `--out` naming the command's own script, a `--fingerprint-file` (through a link), or a
+/// trial log's name under `--logs` used to be accepted (the plan replaced the script at the end);
+/// now refused before any trial, and the file is unchanged.
+#[test]
+fn out_is_never_one_of_the_probes_own_inputs() {
+    let d = tmp();
+    let script = d.path().join("train.sh");
+    std::fs::write(&script, "exit 0\n").unwrap();
+    let s = script.display().to_string();
+    let a = exec_probe(&script, &[], &["/bin/sh", &s]).assert().code(2);
+    assert!(
+        stderr_of(&a).contains("is the command's file"),
+        "{}",
+        stderr_of(&a)
+    );
+    assert_eq!(std::fs::read_to_string(&script).unwrap(), "exit 0\n");
+    // the same file through a symbolic link, as a --fingerprint-file
+    let data = d.path().join("data.yaml");
+    std::fs::write(&data, "x: 1\n").unwrap();
+    let link = d.path().join("plan.json");
+    std::os::unix::fs::symlink(&data, &link).unwrap();
+    let a = exec_probe(
+        &link,
+        &["--fingerprint-file", data.to_str().unwrap()],
+        &["/bin/sh", &s],
+    )
+    .assert()
+    .code(2);
+    assert!(
+        stderr_of(&a).contains("is --fingerprint-file"),
+        "{}",
+        stderr_of(&a)
+    );
+    assert_eq!(std::fs::read_to_string(&data).unwrap(), "x: 1\n");
+    // a trial log's name under --logs
+    let logs = d.path().join("logs");
+    let out = logs.join("trial-001-b1-a1.stdout");
+    std::fs::create_dir(&logs).unwrap();
+    let a = exec_probe(&out, &["--logs", logs.to_str().unwrap()], &["/bin/sh", &s])
+        .assert()
+        .code(2);
+    assert!(
+        stderr_of(&a).contains("a trial log's name"),
+        "{}",
+        stderr_of(&a)
+    );
+}
+
+/// Issue 7: a FIFO as `--fingerprint-file` used to hang batchfit (opening it waits for a writer);
+/// now refused at once (exit 2).
+#[test]
+fn a_fifo_fingerprint_file_is_refused_at_once() {
+    let d = tmp();
+    let fifo = d.path().join("weights.fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let a = exec_probe(
+        &d.path().join("plan.json"),
+        &["--fingerprint-file", fifo.to_str().unwrap()],
+        &["/bin/sh", "-c", "exit 0"],
+    )
+    .timeout(Duration::from_secs(10))
+    .assert()
+    .code(2);
+    assert!(
+        stderr_of(&a).contains("a FIFO, not a regular file"),
+        "{}",
+        stderr_of(&a)
+    );
+}
+
+/// Issue 5: a directory or FIFO at the partial plan's path (`plan.partial.json` beside `--out`)
+/// used to be found only when the first partial plan was written, after the first trial, and its
+/// error was printed twice; now refused before any trial, once.
+#[test]
+fn the_partial_plan_path_is_checked_up_front() {
+    let d = tmp();
+    let out = d.path().join("plan.json");
+    let partial = d.path().join("plan.partial.json");
+    let ran = d.path().join("ran");
+    let cmd = format!("touch {}; exit 0", ran.display());
+    std::fs::create_dir(&partial).unwrap();
+    let a = exec_probe(&out, &[], &["/bin/sh", "-c", &cmd])
+        .assert()
+        .code(2);
+    let err = stderr_of(&a);
+    assert!(err.contains("its partial plan"), "{err}");
+    assert_eq!(err.matches("is a directory").count(), 1, "{err}");
+    assert!(!ran.exists(), "a trial ran");
+    std::fs::remove_dir(&partial).unwrap();
+    let c = std::ffi::CString::new(partial.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let a = batchfit()
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            SIM,
+            "--quiet",
+            "--out",
+        ])
+        .arg(&out)
+        .timeout(Duration::from_secs(10))
+        .assert()
+        .code(2);
+    let err = stderr_of(&a);
+    assert_eq!(err.matches("a FIFO").count(), 1, "{err}");
+}
+
+/// Issue 2: `--logs` that cannot be created (under /proc), or is a file, is refused before any
+/// trial (exit 2); a FIFO or a symbolic link at a trial log's name stops the search (exit 4) instead of
+/// blocking on the FIFO (batchfit hung) or writing through the link.
+#[test]
+fn logs_are_checked_up_front_and_never_written_through_links_or_fifos() {
+    let d = tmp();
+    let out = d.path().join("plan.json");
+    let ran = d.path().join("ran");
+    let cmd = format!("echo hello; touch {}; exit 0", ran.display());
+    let sh = ["/bin/sh", "-c", cmd.as_str()];
+    let a = exec_probe(&out, &["--logs", "/proc/batchfit-no-such-dir/logs"], &sh)
+        .assert()
+        .code(2);
+    assert!(
+        stderr_of(&a).contains("cannot create it"),
+        "{}",
+        stderr_of(&a)
+    );
+    let file = d.path().join("afile");
+    std::fs::write(&file, "").unwrap();
+    let a = exec_probe(&out, &["--logs", file.to_str().unwrap()], &sh)
+        .assert()
+        .code(2);
+    assert!(
+        stderr_of(&a).contains("is not a directory"),
+        "{}",
+        stderr_of(&a)
+    );
+    assert!(!ran.exists());
+    // the first trial (--max-batch 1) logs to trial-001-b1-a1.stdout: a FIFO there (the search stops with
+    // trial-errors, exit 4, the reason in the partial plan)
+    let logs = d.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let fifo = logs.join("trial-001-b1-a1.stdout");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let flags = ["--max-batch", "1", "--logs", logs.to_str().unwrap()];
+    let a = exec_probe(&out, &flags, &sh)
+        .timeout(Duration::from_secs(20))
+        .assert()
+        .code(4);
+    let detail = |_: &assert_cmd::assert::Assert| {
+        read_json(&d.path().join("plan.partial.json"))["stop_detail"].to_string()
+    };
+    assert!(
+        detail(&a).contains("a FIFO, not a regular file"),
+        "{}",
+        detail(&a)
+    );
+    // a symbolic link there to a file outside: not followed, not truncated
+    std::fs::remove_file(&fifo).unwrap();
+    let victim = d.path().join("victim");
+    std::fs::write(&victim, "keep me\n").unwrap();
+    std::os::unix::fs::symlink(&victim, &fifo).unwrap();
+    let a = exec_probe(&out, &flags, &sh)
+        .timeout(Duration::from_secs(20))
+        .assert()
+        .code(4);
+    assert!(detail(&a).contains("symbolic link"), "{}", detail(&a));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me\n");
+}
+
+/// The directory of this process's memory cgroup where trial groups can be made (v1 or v2), if any
+/// (root on a machine with the memory controller); batchfit, started from here, uses the same.
+fn memory_cgroup_parent() -> Option<PathBuf> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    for line in own.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, ctrls, path) = (parts.next(), parts.next(), parts.next());
+        if let (Some(ctrls), Some(path)) = (ctrls, path) {
+            if ctrls.split(',').any(|c| c == "memory") {
+                let dir = Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+                if dir.join("memory.limit_in_bytes").exists() {
+                    return Some(dir);
+                }
+            }
+        }
+    }
+    let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+    dir.join("cgroup.controllers").exists().then_some(dir)
+}
+
+fn groups_of(parent: &Path, pid: u32) -> Vec<PathBuf> {
+    std::fs::read_dir(parent)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name().is_some_and(|n| {
+                        n.to_string_lossy().starts_with(&format!("batchfit-{pid}-"))
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn reports_dirs(tmpdir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(tmpdir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("batchfit-reports-")
+        })
+        .collect()
+}
+
+/// Issue 3: SIGHUP (a closed terminal or ssh session) used to end batchfit at once (its default
+/// action), leaving the trial's processes, its memory cgroup and its /tmp/batchfit-reports-*
+/// directory behind; now handled as SIGTERM: exit 129, a partial plan, nothing left.
+#[test]
+fn sighup_leaves_no_process_no_cgroup_and_no_report_dir() {
+    let d = tmp();
+    let tmpdir = d.path().join("tmp");
+    std::fs::create_dir(&tmpdir).unwrap();
+    let out = d.path().join("plan.json");
+    let marker = format!("sighup-{}", std::process::id());
+    let mut c = batchfit_process(&marker);
+    c.env("TMPDIR", &tmpdir)
+        .args(probe_args(&out, "60"))
+        .args(["--exec", "--", PY])
+        .args([fake("hang.py"), "--grandchild-setsid".into()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    let parent = memory_cgroup_parent();
+    let t0 = Instant::now();
+    while processes_with("time.sleep(3600)")
+        .into_iter()
+        .all(|p| !environ_has(p, &marker))
+        && t0.elapsed() < Duration::from_secs(20)
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        reports_dirs(&tmpdir).len(),
+        1,
+        "the trial's report directory"
+    );
+    let in_group = parent
+        .as_ref()
+        .map(|p| groups_of(p, child.id()))
+        .unwrap_or_default();
+    // SAFETY: geteuid has no preconditions.
+    if parent.is_some() && unsafe { libc::geteuid() } == 0 {
+        assert!(
+            !in_group.is_empty(),
+            "as root the trial runs in a memory cgroup"
+        );
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    let (status, _) = wait_within(&mut child, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(300));
+    let left = survivors("hang.py", &marker);
+    let left2 = survivors("time.sleep(3600)", &marker);
+    assert_eq!(status.code(), Some(129), "{status:?}");
+    assert!(left.is_empty() && left2.is_empty(), "{left:?} {left2:?}");
+    assert!(d.path().join("plan.partial.json").exists());
+    assert!(
+        reports_dirs(&tmpdir).is_empty(),
+        "{:?}",
+        reports_dirs(&tmpdir)
+    );
+    for g in in_group {
+        assert!(!g.exists(), "{} was left", g.display());
+    }
+}
+
+/// Issue 3: a trial cgroup left by a batchfit that is gone (killed by SIGKILL) is removed by the
+/// next batchfit that makes trial groups under the same parent. Where no memory cgroup can be made
+/// (not root), there is nothing to test.
+#[test]
+fn stale_trial_cgroups_of_dead_batchfits_are_removed() {
+    let Some(parent) = memory_cgroup_parent() else {
+        eprintln!("no memory cgroup here");
+        return;
+    };
+    let mut dead = Command::new("true").spawn().unwrap();
+    let pid = dead.id();
+    dead.wait().unwrap();
+    let stale = parent.join(format!("batchfit-{pid}-7"));
+    if std::fs::create_dir(&stale).is_err() {
+        eprintln!("cannot make a cgroup under {}", parent.display());
+        return;
+    }
+    let d = tmp();
+    let out = d.path().join("plan.json");
+    batchfit()
+        .args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--memory-budget",
+            "1GiB",
+            "--quiet",
+        ])
+        .args(["--cpu-limit", "cgroup", "--max-trials", "1", "--out"])
+        .arg(&out)
+        .args(["--exec", "--", "/bin/sh", "-c", "exit 1"])
+        .assert()
+        .failure();
+    let gone = !stale.exists();
+    let _ = std::fs::remove_dir(&stale);
+    assert!(gone, "{} was left", stale.display());
+}
+
+/// Issue 8: the cache key of `--exec` used to miss the working directory, the environment the
+/// command sees, its script's content (without --fingerprint-file), the limit mechanism and
+/// `--oom-pattern`: a changed script or environment was answered from the cache. Each change now
+/// misses; the unchanged probe still hits.
+#[test]
+fn the_cache_key_of_a_command_covers_what_it_depends_on() {
+    let d = tmp();
+    let script = d.path().join("train.sh");
+    let fits_to = |n: u32| format!("[ \"$1\" -le {n} ] || {{ echo MemoryError >&2; exit 1; }}\n");
+    std::fs::write(&script, fits_to(5)).unwrap();
+    let other_dir = d.path().join("elsewhere");
+    std::fs::create_dir(&other_dir).unwrap();
+    let cache = fresh_cache_dir();
+    let out = d.path().join("plan.json");
+    // (env, cwd, flags) → answered from the cache?
+    let run = |env: &[(&str, &str)], cwd: &Path, flags: &[&str]| -> bool {
+        let mut c = batchfit();
+        c.env("BATCHFIT_CACHE_DIR", &cache)
+            .current_dir(cwd)
+            .args([
+                "probe",
+                "--backend",
+                "cpu",
+                "--memory-budget",
+                "2GiB",
+                "--quiet",
+            ])
+            .args(["--max-batch", "8", "--out"])
+            .arg(&out)
+            .args(flags)
+            .args(["--exec", "--", "/bin/sh"])
+            .arg(&script)
+            .arg("{batch}");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8_lossy(&o.stderr).contains("plan from cache")
+    };
+    let home = d.path();
+    let rl = ["--cpu-limit", "rlimit"];
+    assert!(!run(&[], home, &rl), "the first probe");
+    assert!(run(&[], home, &rl), "unchanged: a hit");
+    let p = read_json(&out);
+    let auto = &p["model"]["auto_fingerprint_files"];
+    assert_eq!(auto[0]["path"], "/bin/sh", "{auto}");
+    assert_eq!(auto[1]["path"], script.display().to_string(), "{auto}");
+    // the script's content
+    std::fs::write(&script, fits_to(6)).unwrap();
+    assert!(!run(&[], home, &rl), "a changed script");
+    std::fs::write(&script, fits_to(5)).unwrap();
+    assert!(run(&[], home, &rl), "the script as it was");
+    // the working directory
+    assert!(!run(&[], &other_dir, &rl), "another working directory");
+    // the environment the command sees
+    for (k, v) in [
+        ("PYTHONPATH", "/somewhere"),
+        ("CUDA_VISIBLE_DEVICES", "1"),
+        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+        ("OMP_NUM_THREADS", "3"),
+        ("BATCHFIT_MY_SETTING", "x"),
+    ] {
+        assert!(!run(&[(k, v)], home, &rl), "{k}={v}");
+    }
+    let path = format!("/nonexistent:{}", std::env::var("PATH").unwrap_or_default());
+    assert!(!run(&[("PATH", &path)], home, &rl), "another PATH");
+    // --oom-pattern
+    assert!(
+        !run(
+            &[],
+            home,
+            &["--cpu-limit", "rlimit", "--oom-pattern", "OOM!"]
+        ),
+        "--oom-pattern"
+    );
+    // the limit mechanism (where a memory cgroup can be made)
+    if memory_cgroup_parent().is_some() && unsafe { libc::geteuid() } == 0 {
+        assert!(!run(&[], home, &["--cpu-limit", "cgroup"]), "a cgroup");
+    }
+    assert!(run(&[], home, &rl), "all as it was: a hit");
+}
+
+/// Issue 4: a command printing 200 MB made batchfit take 39 s (the capture moved half its
+/// capacity for every 8 KiB read); now the trial costs about what reading the output costs, and
+/// the output's last line is still what the trial's record says.
+#[test]
+fn a_flood_of_output_costs_no_more_than_reading_it() {
+    let d = tmp();
+    let out = d.path().join("plan.json");
+    let cmd = "yes 'a line of training output, step 1234, loss 0.5' | head -c 200000000; \
+               echo 'the last line' >&2; exit 1";
+    let t0 = Instant::now();
+    let o = batchfit()
+        .args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--memory-budget",
+            "2GiB",
+            "--quiet",
+        ])
+        .args(["--cpu-limit", "rlimit", "--max-trials", "1", "--out"])
+        .arg(&out)
+        .args(["--exec", "--", "/bin/sh", "-c", cmd])
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    assert!(!o.status.success(), "{o:?}");
+    assert!(secs < 10.0, "took {secs:.1} s");
+    let p = read_json(&d.path().join("plan.partial.json"));
+    let msg = p["trials"][0]["message"].to_string();
+    assert!(msg.contains("the last line"), "{msg}");
+}
+
+/// Issue 11: with --exec and --global-batch G, the search used to go on to --max-batch's default
+/// (1,000,000) although no micro-batch above G / world size is ever used; now it stops there by
+/// default and says so, and --max-batch still searches further.
+#[test]
+fn a_global_batch_caps_the_search_of_a_command() {
+    let d = tmp();
+    let out = d.path().join("plan.json");
+    let cmd = [
+        "/bin/sh",
+        "-c",
+        "[ \"$1\" -le 100 ] || { echo MemoryError >&2; exit 1; }",
+        "sh",
+        "{batch}",
+    ];
+    let run = |flags: &[&str]| {
+        let a = batchfit()
+            .args(["probe", "--backend", "cpu", "--memory-budget", "2GiB"])
+            .args(["--cpu-limit", "rlimit", "--format", "json", "--out"])
+            .arg(&out)
+            .args(flags)
+            .arg("--exec")
+            .arg("--")
+            .args(cmd)
+            .assert()
+            .success();
+        (read_json(&out), stderr_of(&a))
+    };
+    let (p, err) = run(&["--global-batch", "16", "--world-size", "2"]);
+    assert!(
+        err.contains("the search stops at micro-batch 8 (--global-batch 16 / world size 2"),
+        "{err}"
+    );
+    assert_eq!(p["search"]["max_batch"], 8);
+    assert_eq!(p["recommendation"]["max_fitting_batch"], 8);
+    assert!(p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|t| t["batch"].as_u64().unwrap() <= 8));
+    let (p, err) = run(&[
+        "--global-batch",
+        "16",
+        "--world-size",
+        "2",
+        "--max-batch",
+        "200",
+    ]);
+    assert!(!err.contains("the search stops"), "{err}");
+    assert_eq!(p["recommendation"]["max_fitting_batch"], 100);
+}
+
+/// Issue 10: `{{batch}}` reaches the command as a literal `{batch}` (it used to become `{<size>}`),
+/// and the numbering is the documented one: trial N of the progress lines is logged as
+/// `trial-00N-…` and runs with `BATCHFIT_TRIAL=N-1`.
+#[test]
+fn escaped_placeholders_and_trial_numbers() {
+    let d = tmp();
+    let out = d.path().join("plan.json");
+    let logs = d.path().join("logs");
+    let script = "echo \"got $1 $2 trial=$BATCHFIT_TRIAL\"; [ \"$1\" -le 3 ] || { echo MemoryError >&2; exit 1; }";
+    let a = batchfit()
+        .args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--memory-budget",
+            "2GiB",
+            "--max-batch",
+            "8",
+        ])
+        .args(["--cpu-limit", "rlimit", "--format", "json", "--out"])
+        .arg(&out)
+        .arg("--logs")
+        .arg(&logs)
+        .args([
+            "--exec",
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+            "sh",
+            "{batch}",
+            "{{batch}}",
+        ])
+        .assert()
+        .success();
+    let err = stderr_of(&a);
+    let p = read_json(&out);
+    assert_eq!(p["recommendation"]["max_fitting_batch"], 3);
+    let trials = p["trials"].as_array().unwrap();
+    for (i, t) in trials.iter().enumerate() {
+        let n = i + 1;
+        let b = t["batch"].as_u64().unwrap();
+        assert!(
+            err.contains(&format!("trial {n:>3}: batch {b:>8}")),
+            "trial {n}, batch {b}: {err}"
+        );
+        let acc = t["accumulation"].as_u64().unwrap_or(1);
+        let log = logs.join(format!("trial-{n:03}-b{b}-a{acc}.stdout"));
+        let text =
+            std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+        assert_eq!(text.trim(), format!("got {b} {{batch}} trial={}", n - 1));
+    }
+}

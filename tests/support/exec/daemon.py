@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""Fake training command that leaves a daemon behind: tests that batchfit ends every process of a
+trial, escaped ones included, and that a trial whose output pipe stays open still ends.
+
+  daemon.py [--clear-env] [--exit CODE]
+
+Double-forks a daemon (fork, setsid, fork: it leaves the trial's session and process group, and its
+parent is gone before batchfit can see it in the tree) that ignores SIGTERM and SIGHUP, keeps the
+inherited stdout and stderr open and sleeps forever; prints `daemon: started` and exits with CODE
+(default 1) at once.
+  --clear-env  the daemon re-executes itself with an empty environment (no marker to find it by)
+Standard library only.
+"""
+import os
+import signal
+import sys
+import time
+
+
+def daemon(clear_env):
+    if clear_env:
+        os.execve(sys.executable, [sys.executable, "-c",
+                  "import signal, time\n"
+                  "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                  "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
+                  "time.sleep(20)  # daemon.py-cleared"], {})
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    while True:
+        time.sleep(3600)
+
+
+def main():
+    clear_env = "--clear-env" in sys.argv
+    code = int(sys.argv[sys.argv.index("--exit") + 1]) if "--exit" in sys.argv else 1
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            daemon(clear_env)
+        os._exit(0)
+    print("daemon: started", flush=True)
+    time.sleep(0.2)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
