@@ -1,6 +1,7 @@
 //! `batchfit probe --exec`: process and file hygiene through the real binary — escaped daemons,
 //! `--logs`, leftover state, output floods, paths checked up front, the cache key of a command.
-//! Fake commands are small /usr/bin/python3 or sh scripts (tests/support/exec/).
+//! Fake commands are small /usr/bin/python3 or sh scripts (tests/support/exec/); the ones that fit
+//! sleep 0.1 s, so their memory is sampled (a command that ends before the first sample is an error).
 
 mod common;
 use common::*;
@@ -593,37 +594,46 @@ fn stale_trial_cgroups_of_dead_batchfits_are_removed() {
 fn the_cache_key_of_a_command_covers_what_it_depends_on() {
     let d = tmp();
     let script = d.path().join("train.sh");
-    let fits_to = |n: u32| format!("[ \"$1\" -le {n} ] || {{ echo MemoryError >&2; exit 1; }}\n");
+    let fits_to =
+        |n: u32| format!("[ \"$1\" -le {n} ] || {{ echo MemoryError >&2; exit 1; }}; sleep 0.1\n");
     std::fs::write(&script, fits_to(5)).unwrap();
     let other_dir = d.path().join("elsewhere");
     std::fs::create_dir(&other_dir).unwrap();
     let cache = fresh_cache_dir();
     let out = d.path().join("plan.json");
     // (env, cwd, flags) → answered from the cache?
+    // (the fake's MemoryError comes at a tiny peak: under a memory cgroup that is an error, not an
+    // out-of-memory, so that probe fails; only whether it came from the cache is asked of it)
+    let attempt =
+        |env: &[(&str, &str)], cwd: &Path, flags: &[&str]| -> (std::process::Output, bool) {
+            let mut c = batchfit();
+            c.env("BATCHFIT_CACHE_DIR", &cache)
+                .current_dir(cwd)
+                .args([
+                    "probe",
+                    "--backend",
+                    "cpu",
+                    "--memory-budget",
+                    "2GiB",
+                    "--quiet",
+                ])
+                .args(["--max-batch", "8", "--out"])
+                .arg(&out)
+                .args(flags)
+                .args(["--exec", "--", "/bin/sh"])
+                .arg(&script)
+                .arg("{batch}");
+            for (k, v) in env {
+                c.env(k, v);
+            }
+            let o = c.output().unwrap();
+            let hit = String::from_utf8_lossy(&o.stderr).contains("plan from cache");
+            (o, hit)
+        };
     let run = |env: &[(&str, &str)], cwd: &Path, flags: &[&str]| -> bool {
-        let mut c = batchfit();
-        c.env("BATCHFIT_CACHE_DIR", &cache)
-            .current_dir(cwd)
-            .args([
-                "probe",
-                "--backend",
-                "cpu",
-                "--memory-budget",
-                "2GiB",
-                "--quiet",
-            ])
-            .args(["--max-batch", "8", "--out"])
-            .arg(&out)
-            .args(flags)
-            .args(["--exec", "--", "/bin/sh"])
-            .arg(&script)
-            .arg("{batch}");
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        let o = c.output().unwrap();
+        let (o, hit) = attempt(env, cwd, flags);
         assert!(o.status.success(), "{o:?}");
-        String::from_utf8_lossy(&o.stderr).contains("plan from cache")
+        hit
     };
     let home = d.path();
     let rl = ["--cpu-limit", "rlimit"];
@@ -663,7 +673,10 @@ fn the_cache_key_of_a_command_covers_what_it_depends_on() {
     );
     // the limit mechanism (where a memory cgroup can be made)
     if memory_cgroup_parent().is_some() && unsafe { libc::geteuid() } == 0 {
-        assert!(!run(&[], home, &["--cpu-limit", "cgroup"]), "a cgroup");
+        assert!(
+            !attempt(&[], home, &["--cpu-limit", "cgroup"]).1,
+            "a cgroup"
+        );
     }
     assert!(run(&[], home, &rl), "all as it was: a hit");
 }
@@ -711,7 +724,7 @@ fn a_global_batch_caps_the_search_of_a_command() {
     let cmd = [
         "/bin/sh",
         "-c",
-        "[ \"$1\" -le 100 ] || { echo MemoryError >&2; exit 1; }",
+        "[ \"$1\" -le 100 ] || { echo MemoryError >&2; exit 1; }; sleep 0.1",
         "sh",
         "{batch}",
     ];
@@ -760,7 +773,7 @@ fn escaped_placeholders_and_trial_numbers() {
     let d = tmp();
     let out = d.path().join("plan.json");
     let logs = d.path().join("logs");
-    let script = "echo \"got $1 $2 trial=$BATCHFIT_TRIAL\"; [ \"$1\" -le 3 ] || { echo MemoryError >&2; exit 1; }";
+    let script = "echo \"got $1 $2 trial=$BATCHFIT_TRIAL\"; [ \"$1\" -le 3 ] || { echo MemoryError >&2; exit 1; }; sleep 0.1";
     let a = batchfit()
         .args([
             "probe",

@@ -133,25 +133,33 @@ fn a_plain_pytorch_script_gets_its_true_maximum() {
     {
         assert_eq!(t["details"]["report"]["batch"], t["batch"], "{t}");
     }
-    // The truth, independently: the answer fits and the next size up does not, at the confirmation
-    // length, in fresh processes. Near the limit a run can go either way (reclaim, allocator
-    // timing): the answer must fit in most runs (never above the truth) and the next size up must
-    // fail in most (not below it beyond the grid).
+    // The truth, independently, at the plan's limit (`limit_bytes`, its guard band included): the
+    // answer fits and a size above it does not, at the confirmation length, in fresh processes.
+    // Near the limit a run can go either way (reclaim, allocator timing): the answer must fit in
+    // most runs (never above the truth) and the size above must fail in most. Under RLIMIT_DATA that
+    // size is the next on the grid; under a memory cgroup the largest completing size itself moves
+    // by up to about 2 % from run to run (page cache charged to the group; docs/soundness.md, "The
+    // cgroup boundary is noisy"), so the answer may lie that far below a later run's truth.
     let runs = 3;
     let at = |n: u64| {
         (0..runs)
             .filter(|_| fits(&mlp_args(&n.to_string(), "3", "1"), limit, &mech))
             .count()
     };
-    let (fit_b, fit_up) = (at(b), at(b + GRID));
+    let above = if mech.starts_with("cgroup") {
+        b + (b * 2).div_ceil(100).div_ceil(GRID).max(1) * GRID
+    } else {
+        b + GRID
+    };
+    let (fit_b, fit_up) = (at(b), at(above));
     assert!(
         fit_b * 2 > runs,
         "batchfit's answer {b} fit only {fit_b} of {runs} fresh runs under {mech}: it is above the truth"
     );
     assert!(
         fit_up * 2 < runs,
-        "{} fit {fit_up} of {runs} fresh runs under {mech}: batchfit's answer {b} is below the truth",
-        b + GRID
+        "{above} fit {fit_up} of {runs} fresh runs under {mech}: batchfit's answer {b} is below the truth \
+         by more than the noise band"
     );
     // The split 2048 = micro × accumulation was run with its accumulation; the script reads it.
     let acc = r["accumulation"].as_u64().unwrap();

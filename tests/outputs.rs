@@ -231,6 +231,57 @@ fn show_refuses_unreadable_plans_with_exit_2() {
         .assert()
         .code(2)
         .stderr(predicate::str::contains("newer than this build"));
+    // a partial plan recommends nothing: an error, not an empty config with exit 0
+    let partial_out = path(&d, "stopped.json");
+    probe(&["--max-trials", "2", "--quiet", "--out"])
+        .arg(&partial_out)
+        .assert()
+        .code(5);
+    let partial = path(&d, "stopped.partial.json");
+    batchfit()
+        .arg("show")
+        .arg(&partial)
+        .args(["--format", "deepspeed"])
+        .assert()
+        .code(2)
+        .stdout(predicate::str::is_empty())
+        .stderr(predicate::str::contains("recommends nothing"));
+    // a merged plan nobody verified: refused by merge and by show, nothing on stdout
+    let (a, b, m) = (path(&d, "a.json"), path(&d, "b.json"), path(&d, "m.json"));
+    for (p, cap) in [(&a, "16GiB"), (&b, "24GiB")] {
+        batchfit()
+            .args(["probe", "--backend", "sim", "--quiet", "--sim"])
+            .arg(format!("base=1GiB,per-sample=50MiB,capacity={cap}"))
+            .arg("--out")
+            .arg(p)
+            .assert()
+            .success();
+    }
+    batchfit()
+        .arg("merge")
+        .args([&a, &b])
+        .args(["--global-batch", "1000", "--format", "deepspeed", "--out"])
+        .arg(&m)
+        .assert()
+        .code(2)
+        .stdout(predicate::str::is_empty())
+        .stderr(predicate::str::contains("not verified"));
+    assert!(!m.exists(), "refused before writing");
+    batchfit()
+        .arg("merge")
+        .args([&a, &b])
+        .args(["--global-batch", "1000", "--format", "json", "--out"])
+        .arg(&m)
+        .assert()
+        .success();
+    batchfit()
+        .arg("show")
+        .arg(&m)
+        .args(["--format", "deepspeed"])
+        .assert()
+        .code(2)
+        .stdout(predicate::str::is_empty())
+        .stderr(predicate::str::contains("batchfit verify"));
     // an uneven plan cannot become a DeepSpeed fragment
     let uneven = path(&d, "uneven.json");
     probe(&[

@@ -22,12 +22,17 @@ struct DeepSpeedFragment {
     train_batch_size: u64,
 }
 
-/// A DeepSpeed config fragment (pretty JSON), or "" when the plan has no recommendation.
+/// A DeepSpeed config fragment (pretty JSON). A plan without a recommendation, or a merged one not
+/// verified, is an error: a job script merging the output into its config must not go on with
+/// nothing or with sizes nobody proved on its machine.
 pub fn deepspeed(plan: &Plan) -> Result<String, OutputError> {
     let r = match &plan.recommendation {
         Some(r) if plan.status == Status::Complete => r,
-        _ => return Ok(String::new()),
+        _ => return Err(OutputError::NoRecommendation(plan.status)),
     };
+    if plan.verified == Some(false) {
+        return Err(OutputError::Unverified);
+    }
     if r.uneven || r.micro_batches.iter().any(|&m| m != r.micro_batch) {
         return Err(OutputError::Uneven(r.micro_batches.clone()));
     }

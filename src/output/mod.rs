@@ -36,6 +36,16 @@ pub enum OutputError {
          probe again without --allow-uneven, or use --format json"
     )]
     Uneven(Vec<u64>),
+    #[error(
+        "--format deepspeed: the plan is {0} and recommends nothing, so there is no config to give; \
+         probe again to completion (its exit code and the text say why it stopped)"
+    )]
+    NoRecommendation(crate::plan::Status),
+    #[error(
+        "--format deepspeed: this merged plan is not verified (its sizes were proven on other \
+         machines); run `batchfit verify PLAN` on the machine that trains, then export"
+    )]
+    Unverified,
 }
 
 /// One output format of a plan.
@@ -54,7 +64,7 @@ pub fn exporter(format: Format) -> &'static dyn Exporter {
     }
 }
 
-/// The plan as `format` (empty for `deepspeed` when the plan has no recommendation).
+/// The plan as `format` (`deepspeed` refuses a plan without a recommendation or unverified).
 pub fn render(
     plan: &Plan,
     format: Format,

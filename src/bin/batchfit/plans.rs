@@ -47,6 +47,16 @@ pub fn show(args: &ShowArgs) -> Result<Exit, Fail> {
 
 /// `batchfit merge A B … --global-batch G --out M`.
 pub fn merge(a: &MergeArgs) -> Result<Exit, Fail> {
+    if a.format == Some(FormatArg::Deepspeed) {
+        return Err(Fail(
+            Exit::Usage,
+            anyhow::anyhow!(
+                "--format deepspeed: a merged plan is not verified (its sizes were proven on other \
+                 machines); merge with --format json, run `batchfit verify PLAN` on the machine \
+                 that trains, then `batchfit show PLAN --format deepspeed`"
+            ),
+        ));
+    }
     if a.format == Some(FormatArg::Deepspeed) && a.allow_uneven {
         return Err(Fail(
             Exit::Usage,

@@ -38,6 +38,8 @@ pub fn probe(args: &ProbeArgs) -> Result<Exit, Fail> {
         .filter(|_| report.ending == Ending::Complete);
     match output::render(&report.plan, cfg.format, plan_path) {
         Ok(s) => print_stdout(&s)?,
+        // (no recommendation: the exit code and the summary say why; nothing to add)
+        Err(output::OutputError::NoRecommendation(_)) => {}
         Err(e) => eprintln!("batchfit: error: {e}"),
     }
     if !quiet && cfg.format != Format::Text {

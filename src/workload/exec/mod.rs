@@ -462,7 +462,11 @@ impl Workload for ExecWorkload {
             };
             return (outcome, Some(details));
         }
-        let takes = self.info.argv.iter().any(|a| has_placeholder(a, "{accumulation}"));
+        let takes = self
+            .info
+            .argv
+            .iter()
+            .any(|a| has_placeholder(a, "{accumulation}"));
         let why = report.iter().chain(&others).enumerate().find_map(|(k, r)| {
             mismatch(r, &req, takes).map(|w| if k == 0 { w } else { format!("rank {k}: {w}") })
         });
