@@ -323,6 +323,12 @@ pub struct ProbeArgs {
     /// Fault injection for tests of the trial runner: hang|crash|kill|nan|no-result[@MIN_BATCH].
     #[arg(long, hide = true)]
     pub inject_fault: Option<String>,
+
+    /// Tolerance of the proof, a fraction in [0, 0.1]: the search may stop when b fits (confirmed)
+    /// and a size b' ≤ b + max(1, ⌊F·b⌋) runs out of memory (multiples of --multiple-of: at least
+    /// one step). 0: exact (b + 1 runs out of memory). Sizes below 1/F are always exact.
+    #[arg(long, value_name = "F", default_value_t = crate::search::DEFAULT_TOLERANCE)]
+    pub tolerance: f64,
 }
 
 #[derive(Debug, Args)]

@@ -237,6 +237,12 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             a.throughput_tolerance
         ));
     }
+    if !a.tolerance.is_finite() || !(0.0..=0.1).contains(&a.tolerance) {
+        return err(format!(
+            "--tolerance {} is outside [0, 0.1]; it is a fraction, e.g. 0.005 for 0.5% (0: exact)",
+            a.tolerance
+        ));
+    }
     if a.format == crate::cli::FormatArg::Deepspeed && a.allow_uneven {
         return err(
             "--format deepspeed cannot express micro-batches of unequal size; drop --allow-uneven \
@@ -286,6 +292,8 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             max_trials: a.max_trials,
             time_limit,
             allow_retries: a.allow_retries,
+            tolerance: a.tolerance,
+            prior: None,
         },
         trial_timeout,
         isolation: match a.isolation {

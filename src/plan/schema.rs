@@ -274,6 +274,11 @@ pub struct SearchSettings {
     /// `--allow-retries`: trials that needed allocator retries counted as fits.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_retries: bool,
+    /// `--tolerance`: the proof's relative tolerance (absent in plans written before it existed:
+    /// exact). With it, `recommendation.max_fitting_batch` fits and `first_failing_batch` is at most
+    /// `max(multiple_of, ⌊tolerance × max_fitting_batch⌋)` above it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<f64>,
 }
 
 impl SearchSettings {
@@ -294,6 +299,7 @@ impl SearchSettings {
             trial_timeout_seconds,
             isolation,
             allow_retries: c.allow_retries,
+            tolerance: Some(c.tolerance),
         }
     }
 }
