@@ -76,6 +76,41 @@ pub enum Command {
     /// Run trials read from stdin in one process (hybrid isolation; used internally).
     #[command(name = "__worker", hide = true)]
     Worker { template: String },
+    /// Predict the largest micro-batch for other memory sizes from a plan's capacity model (its
+    /// measured memory line): predicted, not proven, with an error bar, refused where the line cannot
+    /// be extended (a knee or a jump).
+    Predict(PredictArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PredictFormat {
+    /// A table, one line per memory size.
+    Text,
+    /// The predictions as JSON.
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct PredictArgs {
+    /// The plan (written by `batchfit probe --out`).
+    #[arg(value_name = "PLAN")]
+    pub plan: PathBuf,
+    /// Memory budgets to predict for, comma-separated, as --memory-budget takes them (the memory the
+    /// job gets, e.g. 24GiB,40GiB,80GiB,141GiB).
+    #[arg(long, value_name = "SIZE,…", value_delimiter = ',', required = true)]
+    pub memory: Vec<String>,
+    /// Memory kept free (default: the plan's --reserve).
+    #[arg(long, value_name = "SIZE")]
+    pub reserve: Option<String>,
+    /// Safety margin (default: the plan's --margin).
+    #[arg(long, value_name = "F")]
+    pub margin: Option<f64>,
+    /// Also write the predictions as JSON here (atomically).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// What to print on stdout.
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: PredictFormat,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -995,10 +995,10 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
-    /// A real sim probe's plan (base 100 MiB, 1 MiB per sample, 2 GiB; global batch 4096): fits at
-    /// 1, 19 and 1845 (twice: exploration and confirmation) and 1024 (the split, 4 × 1024), out of
-    /// memory at 1846 (no peak measured). Two trials are added by hand: out of memory at 3000 with a
-    /// measured peak, and an error at 2500.
+    /// A real sim probe's plan (base 100 MiB, 1 MiB per sample, 2 GiB; global batch 4096; exact):
+    /// fits at 1, 19 and 1845 (with the confirmation's steps at once) and 1024 (the split, 4 × 1024),
+    /// out of memory at 1846 (no peak measured). Three trials are added by hand: a 3-step fit at
+    /// 1845, out of memory at 3000 with a measured peak, and an error at 2500.
     fn plan() -> Plan {
         use clap::Parser;
         let cli = crate::cli::Cli::try_parse_from([
@@ -1010,6 +1010,8 @@ mod tests {
             "base=100MiB,per-sample=1MiB,capacity=2GiB",
             "--global-batch",
             "4096",
+            "--tolerance",
+            "0",
         ])
         .unwrap();
         let crate::cli::Command::Probe(args) = cli.command else {
@@ -1031,11 +1033,12 @@ mod tests {
                 (19, "fits"),
                 (1845, "fits"),
                 (1846, "oom"),
-                (1845, "fits"),
                 (1024, "fits")
             ]
         );
         let extra: Vec<TrialRecord> = serde_json::from_value(serde_json::json!([
+            {"batch": 1845, "steps": 3, "purpose": "explore", "isolation": "none",
+             "outcome": "fits", "peak_bytes": 1945 * MIB, "step_seconds": 0.002845, "seconds": 0.01},
             {"batch": 3000, "steps": 3, "purpose": "explore", "isolation": "none",
              "outcome": "oom", "message": "oom", "peak_bytes": 2100 * MIB, "seconds": 0.01},
             {"batch": 2500, "steps": 3, "purpose": "explore", "isolation": "none",

@@ -6,6 +6,7 @@
 //! Also here, because they are functions of plans alone: [`merge`] (one plan from several machines'
 //! plans) and [`throughput`] (samples/s advice from the recorded trials).
 
+pub mod capacity;
 pub mod input;
 pub mod merge;
 pub mod model;

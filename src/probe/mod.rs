@@ -96,9 +96,13 @@ fn from_cache(
     let (Some(c), Some(key)) = (cache.filter(|c| c.read), key) else {
         return Ok(None);
     };
-    let Some(plan) = cache::lookup(&c.dir, key) else {
+    let Some(mut plan) = cache::lookup(&c.dir, key) else {
         return Ok(None);
     };
+    // A plan cached by an earlier build has no capacity model: every plan gets one.
+    if plan.capacity_model.is_none() {
+        plan.capacity_model = plan::CapacityModel::fit(&plan.trials, plan.limit_bytes);
+    }
     let notice = format!(
         "batchfit: plan from cache ({}, probed {}; --refresh re-probes, --no-cache ignores the cache)",
         c.dir.join(format!("{key}.json")).display(),

@@ -364,6 +364,8 @@ pub fn skeleton(
         sim_spec,
         gpu,
         reserve_note,
+        capacity_model: None,
+        sweep: None,
     };
     Ok((plan, limit))
 }

@@ -39,7 +39,8 @@ use super::{upper_bound, Prior, Proposal, SearchState, Strategy};
 pub const MIN_RISE: f64 = 0.02;
 /// Reported-peak noise assumed before any prediction was checked (fraction of the peak).
 const NOISE: f64 = 0.01;
-/// A prediction whose observed error is below this many sizes counts as exact.
+/// A prediction whose observed error is below this many sizes (or an eighth of the tolerance's gap)
+/// counts as exact.
 const EXACT: f64 = 0.5;
 
 #[derive(Default)]
@@ -167,7 +168,10 @@ impl Guided {
                 .filter(|c| knee_suspect || !c.2)
                 .map(|c| (c.0, c.1))
                 .collect();
-            let exact = checks.last().is_some_and(|c| c.0 < EXACT);
+            // Exact: within half a sample, or so close that the miss is a small part of the
+            // tolerance's gap (on CPU the data segment moves in pages: 0.7 samples of the default MLP).
+            let exact_within = EXACT.max(st.gap(lb) as f64 / 8.0);
+            let exact = checks.last().is_some_and(|c| c.0 < exact_within);
             // Expected error of this prediction (samples): the errors seen, each scaled down to this
             // distance but not below the noise prior (a single lucky check proves little); before any
             // check, the slope's noise over this distance.
