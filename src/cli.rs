@@ -70,6 +70,10 @@ pub enum Command {
         #[command(subcommand)]
         action: CacheAction,
     },
+    /// Print the optional Python helper for training scripts probed with `--exec` (standard library
+    /// only): `batchfit python-helper > batchfit_trial.py`.
+    #[command(name = "python-helper")]
+    PythonHelper,
     /// Run one trial in this process (used internally by the cpu backend).
     #[command(name = "__trial", hide = true)]
     Trial { spec: String },
@@ -359,11 +363,50 @@ pub struct ProbeArgs {
     #[arg(long, hide = true)]
     pub inject_fault: Option<String>,
 
+    /// Probe your own training command, given after `--`, instead of a built-in model: each trial
+    /// runs it fresh with {batch}, {steps}, {accumulation} in its arguments replaced and
+    /// BATCHFIT_BATCH, BATCHFIT_STEPS, BATCHFIT_ACCUMULATION, BATCHFIT_TRIAL, BATCHFIT_RESULT in its
+    /// environment, e.g. `--exec -- python train.py --batch-size {batch} --max-steps {steps}`.
+    #[arg(long, help_heading = "Your own command")]
+    pub exec: bool,
+    /// A file whose content is part of the command's fingerprint (the training script, its config);
+    /// repeatable. The plan cache and `verify` tell another version of it from this one.
+    #[arg(long, value_name = "FILE", help_heading = "Your own command")]
+    pub fingerprint_file: Vec<PathBuf>,
+    /// Keep each trial's whole output in DIR (trial-NNN-bB-aA.stdout/.stderr); the plan keeps the
+    /// last lines of each.
+    #[arg(long, value_name = "DIR", help_heading = "Your own command")]
+    pub logs: Option<PathBuf>,
+    /// A regular expression that means out of memory in the command's output (beside PyTorch's,
+    /// Python's, the C++ runtime's and XLA's), repeatable.
+    #[arg(long, value_name = "REGEX", help_heading = "Your own command")]
+    pub oom_pattern: Vec<String>,
+    /// cpu, --exec: how a trial's memory is limited: a memory cgroup around its whole process tree
+    /// (as a job's cgroup limits it), RLIMIT_DATA on each of its processes, or auto (cgroup where
+    /// this process may create one, else rlimit; the plan records which).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        help_heading = "Your own command"
+    )]
+    pub cpu_limit: CpuLimitArg,
+    /// The command (after `--`).
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+
     /// Tolerance of the proof, a fraction in [0, 0.1]: the search may stop when b fits (confirmed)
     /// and a size b' ≤ b + max(1, ⌊F·b⌋) runs out of memory (multiples of --multiple-of: at least
     /// one step). 0: exact (b + 1 runs out of memory). Sizes below 1/F are always exact.
     #[arg(long, value_name = "F", default_value_t = crate::search::DEFAULT_TOLERANCE)]
     pub tolerance: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CpuLimitArg {
+    Auto,
+    Cgroup,
+    Rlimit,
 }
 
 #[derive(Debug, Args)]

@@ -2,11 +2,14 @@
 //! Every check that can fail on user input lives here, so a bad flag never costs a trial.
 
 use crate::accumulate;
-use crate::cli::{BackendArg, IsolationArg, OptimizerArg, PrecisionArg, ProbeArgs, StrategyArg};
+use crate::cli::{
+    BackendArg, CpuLimitArg, IsolationArg, OptimizerArg, PrecisionArg, ProbeArgs, StrategyArg,
+};
 use crate::device::sim::SimSpec;
 use crate::device::IsolationMode;
 use crate::output::Format;
 use crate::plan::model::{Architecture, InputSpec, LossSpec, ModelSpec, OptimizerKind, Precision};
+use crate::plan::schema::{exec_fingerprint, ExecInfo, ExecKind, FileHash};
 use crate::platform::files;
 use crate::platform::units::parse_size;
 use crate::search::{Grid, SearchConfig, StrategyKind};
@@ -62,6 +65,23 @@ pub struct ProbeConfig {
     pub throughput_tolerance: f64,
     pub quiet: bool,
     pub fault: Option<FaultAt>,
+    /// `--exec`: the user's command is the workload (`model` is then unused).
+    pub exec: Option<ExecConfig>,
+    /// `--logs DIR`: each trial's whole output.
+    pub logs: Option<PathBuf>,
+    /// Warnings found while validating, for stderr and the plan (e.g. a command without `{batch}`).
+    pub warnings: Vec<String>,
+}
+
+/// `--exec`: the command and how its trials are judged and limited.
+#[derive(Debug, Clone)]
+pub struct ExecConfig {
+    /// The plan's description of it (argv, fingerprint, environment set).
+    pub info: ExecInfo,
+    pub oom_patterns: Vec<regex_lite::Regex>,
+    /// `--threads`, when given: `OMP_NUM_THREADS` of every trial (else the user's environment).
+    pub threads: Option<u32>,
+    pub cpu_limit: CpuLimitArg,
 }
 
 fn size(flag: &str, v: &str) -> Result<u64, ConfigError> {
@@ -88,8 +108,13 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         (BackendArg::Cpu, None) => BackendChoice::Cpu,
         (BackendArg::Cuda, None) => BackendChoice::Cuda,
     };
+    let (exec, mut warnings) = exec(a)?;
     let model = ModelSpec {
-        architecture: architecture(a)?,
+        architecture: if exec.is_some() {
+            ModelSpec::default_mlp().architecture
+        } else {
+            architecture(a)?
+        },
         optimizer: match a.optimizer {
             OptimizerArg::Sgd => OptimizerKind::Sgd,
             OptimizerArg::Momentum => OptimizerKind::Momentum,
@@ -253,6 +278,12 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     if let Some(out) = &a.out {
         files::check_target(out).map_err(|e| ConfigError(format!("--out: {e}")))?;
     }
+    if let Some(d) = a.logs.as_deref().filter(|d| d.exists() && !d.is_dir()) {
+        return err(format!(
+            "--logs {} is not a directory; give a directory (it is created when missing)",
+            d.display()
+        ));
+    }
     if let Some(p) = &a.plot {
         crate::output::plot::check_target(p).map_err(|e| ConfigError(e.to_string()))?;
     }
@@ -308,7 +339,137 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         throughput_tolerance: a.throughput_tolerance,
         quiet: a.quiet,
         fault,
+        exec,
+        logs: a.logs.clone(),
+        warnings: std::mem::take(&mut warnings),
     })
+}
+
+/// `--exec -- CMD ARG…`: the command checked (it can be started), its fingerprint files hashed, its
+/// patterns compiled, the built-in model's flags refused (the command trains its own model).
+fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError> {
+    let err = |m: String| Err(ConfigError(m));
+    if !a.exec {
+        if !a.command.is_empty() {
+            return err(format!(
+                "a command after `--` ({}) is probed only with --exec: batchfit probe --exec -- {}",
+                a.command.join(" "),
+                a.command.join(" ")
+            ));
+        }
+        for (flag, given) in [
+            ("--fingerprint-file", !a.fingerprint_file.is_empty()),
+            ("--oom-pattern", !a.oom_pattern.is_empty()),
+            ("--cpu-limit", a.cpu_limit != CpuLimitArg::Auto),
+        ] {
+            if given {
+                return err(format!(
+                    "{flag} goes with --exec (probing your own command)"
+                ));
+            }
+        }
+        return Ok((None, vec![]));
+    }
+    if a.command.is_empty() {
+        return err(
+            "--exec needs the command after `--`, e.g. batchfit probe --exec -- python train.py \
+             --batch-size {batch}"
+                .into(),
+        );
+    }
+    let model_flags = [
+        ("--model", a.model != "mlp"),
+        ("--input", !a.inputs.is_empty()),
+        ("--loss", a.loss.is_some()),
+        ("--precision", a.precision != PrecisionArg::Fp32),
+        ("--optimizer", a.optimizer != OptimizerArg::Adam),
+        (
+            "--mlp-input/--mlp-hidden/--mlp-classes",
+            a.mlp_input != 1024 || a.mlp_hidden != [2048, 2048] || a.mlp_classes != 10,
+        ),
+        ("--layers", a.layers.is_some()),
+        ("--d-model", a.d_model.is_some()),
+        ("--heads", a.heads.is_some()),
+        ("--seq-len", a.seq_len.is_some()),
+        ("--vocab", a.vocab.is_some()),
+        ("--image-size", a.image_size.is_some()),
+        ("--patch", a.patch.is_some()),
+        ("--isolation hybrid", a.isolation == IsolationArg::Hybrid),
+        ("--inject-fault", a.inject_fault.is_some()),
+    ];
+    if let Some((flag, _)) = model_flags.iter().find(|(_, given)| *given) {
+        return err(format!(
+            "{flag} describes batchfit's own model; with --exec your command trains its own, so drop \
+             {flag}"
+        ));
+    }
+    let program = &a.command[0];
+    let found = if program.contains('/') {
+        std::path::Path::new(program).is_file()
+    } else {
+        std::env::var_os("PATH")
+            .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
+    };
+    if !found {
+        return err(format!(
+            "--exec: cannot find the program {program:?} (not a file{}); give its path or check PATH",
+            if program.contains('/') { "" } else { " in any PATH directory" }
+        ));
+    }
+    let mut files = vec![];
+    for f in &a.fingerprint_file {
+        let sha256 = files::sha256(f)
+            .map_err(|e| ConfigError(format!("--fingerprint-file {}: {e}", f.display())))?;
+        files.push(FileHash {
+            path: f.display().to_string(),
+            sha256,
+        });
+    }
+    let oom_patterns = a
+        .oom_pattern
+        .iter()
+        .map(|p| {
+            regex_lite::Regex::new(p).map_err(|e| {
+                ConfigError(format!(
+                    "--oom-pattern {p:?} is not a regular expression: {e}"
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut warnings = vec![];
+    if !a.command.iter().any(|w| w.contains("{batch}")) {
+        warnings.push(
+            "the command has no {batch} in its arguments: it must read the size from BATCHFIT_BATCH \
+             (or batchfit_trial.batch_size()), or every trial trains the same size"
+                .to_string(),
+        );
+    }
+    let threads = a.threads;
+    let mut environment: Vec<String> = crate::workload::exec::ENVIRONMENT
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    if threads.is_some() {
+        environment.push("OMP_NUM_THREADS".into());
+    }
+    let info = ExecInfo {
+        kind: ExecKind::Exec,
+        fingerprint: exec_fingerprint(&a.command, &files),
+        argv: a.command.clone(),
+        fingerprint_files: files,
+        environment,
+        oom_patterns: a.oom_pattern.clone(),
+        threads,
+    };
+    Ok((
+        Some(ExecConfig {
+            info,
+            oom_patterns,
+            threads,
+            cpu_limit: a.cpu_limit,
+        }),
+        warnings,
+    ))
 }
 
 /// The architecture of `--model` with its knobs: a preset's defaults, overridden by the flags given,

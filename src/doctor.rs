@@ -90,7 +90,7 @@ pub fn diagnose(q: &dyn GpuQuery, plan: Option<&Plan>) -> DoctorReport {
             let headroom = p.limit_bytes.saturating_sub(rec.peak_bytes);
             r.findings.push(format!(
                 "the plan ({} on {}) measured {} at micro-batch {} against a limit of {} ({} headroom, margin {:.0}%)",
-                p.model.name,
+                p.model.name(),
                 p.device.name,
                 format_size(rec.peak_bytes),
                 rec.micro_batch,

@@ -10,26 +10,41 @@
 //! | platform | [`platform`] (sizes, `/proc`, rlimits, signals, the one file writer), [`exit`] (exit codes) |
 //! | protocol | [`protocol`]: trial request and outcome, the workload interface, the OOM classifier |
 //! | GPU | [`gpu`]: NVML, the caching allocator's shim, GPU selection |
-//! | where memory is measured | [`device`]: the `Backend` trait; `sim`, `cpu`, `cuda`; the trial-process runner |
+//! | where memory is measured | [`device`]: the `Backend` trait; `sim`, `cpu`, `cuda`; the trial-process runner, process trees, memory cgroups |
 //! | engine | [`search`] (the proof), [`accumulate`] (the split), [`plan`] (the contract: schema, model spec, merge, advice) |
-//! | what a trial runs | [`workload`]: the tch model (networks, training step, trial child) |
+//! | what a trial runs | [`workload`]: the tch model (networks, training step, trial child), the user's command (`--exec`) |
 //! | outputs | [`output`]: one exporter per `--format`, progress, plot |
 //! | command line | [`cli`] (clap definitions, completions, man pages), [`config`] (arguments → validated config) |
 //! | orchestration | [`probe`] (set-up, single/multi-GPU runs, split, cache, verify), [`doctor`] |
 //!
 //! The binaries (`src/bin/batchfit`, `src/bin/batchfit-train`) sit on top of all of them.
 
-pub mod accumulate;
-pub mod cli;
-pub mod config;
-pub mod device;
-pub mod doctor;
-pub mod exit;
-pub mod gpu;
-pub mod output;
-pub mod plan;
+// (one `mod` per group, so that rustfmt keeps the layer order)
+// platform
 pub mod platform;
-pub mod probe;
+// exit codes
+pub mod exit;
+// protocol
 pub mod protocol;
+// GPU
+pub mod gpu;
+// where memory is measured
+pub mod device;
+// engine
 pub mod search;
+// engine: the split
+pub mod accumulate;
+// engine: the contract
+pub mod plan;
+// what a trial runs
 pub mod workload;
+// outputs
+pub mod output;
+// command line
+pub mod cli;
+// validated configuration
+pub mod config;
+// orchestration
+pub mod probe;
+// orchestration: doctor
+pub mod doctor;

@@ -375,3 +375,85 @@ fn forced_cuda_plan_without_cuda_is_an_environment_error() {
         .code(3)
         .stderr(predicate::str::contains("libtorch sees no CUDA device"));
 }
+
+/// `--exec` over several GPUs is one job (a torchrun/DDP command spanning them), not one probe per
+/// GPU: every trial sees all of them, the budget is the smallest GPU's free memory, the world size is
+/// the number of GPUs, no DDP reserve is guessed (the job's own buckets are in the trial), and each
+/// GPU's entry is in the plan. (On scripted GPUs the trials follow GPU 0's curve; NVML's sums over a
+/// real process tree run on a GPU machine: scripts/gpu-check.sh.)
+#[test]
+fn exec_over_several_gpus_is_one_job() {
+    let d = tmp();
+    let f = fake(&d, &[CURVE, CURVE]);
+    let out = d.path().join("plan.json");
+    probe(&f)
+        .args(["--gpus", "0,1", "--global-batch", "1024", "--out"])
+        .arg(&out)
+        .args(["--exec", "--", "true", "{batch}"])
+        .assert()
+        .success();
+    let p = read_json(&out);
+    assert_eq!(p["model"]["kind"], "exec");
+    assert_eq!(p["recommendation"]["world_size"], 2);
+    assert!(p.get("reserve_note").is_none(), "{}", p["reserve_note"]);
+    let per = p["gpu"]["per_gpu"].as_array().unwrap();
+    assert_eq!(per.len(), 2, "{per:?}");
+    // GPU 0 has another job's 20 GiB: the budget is its free memory, the smaller one
+    let free0 = 141 * GIB - 20 * GIB - GIB / 2;
+    assert_eq!(p["budget_bytes"].as_u64().unwrap(), free0);
+    // one search, not two: no trial is tagged with a GPU of its own
+    assert!(p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|t| t.get("gpu_index").is_none()));
+}
+
+/// Several GPUs go through the plan cache like one (the key covers every GPU), write a partial plan
+/// with every GPU's trials when stopped early, and refuse `--compare-alloc-conf` with a sentence.
+#[test]
+fn several_gpus_use_the_cache_write_partial_plans_and_refuse_compare() {
+    let d = tmp();
+    let f = fake(&d, &[CURVE]);
+    let out = path(&d, "plan.json");
+    let cache = fresh_cache_dir();
+    let run = |extra: &[&str]| {
+        let mut c = probe(&f);
+        c.env("BATCHFIT_CACHE_DIR", &cache)
+            .args(["--gpus", "all", "--global-batch", "1024", "--out"])
+            .arg(&out)
+            .args(extra);
+        c.output().unwrap()
+    };
+    let first = run(&[]);
+    assert!(first.status.success(), "{first:?}");
+    let again = run(&[]);
+    assert!(again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("plan from cache"),
+        "{again:?}"
+    );
+    // a capped search: the partial plan holds both GPUs' trials, each tagged
+    let capped = path(&d, "capped.json");
+    let o = probe(&f)
+        .args(["--gpus", "all", "--max-trials", "2", "--no-cache", "--out"])
+        .arg(&capped)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(5), "{o:?}");
+    let p = read_json(&path(&d, "capped.partial.json"));
+    assert_eq!(p["status"], "partial");
+    let gpus: std::collections::BTreeSet<u64> = p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["gpu_index"].as_u64())
+        .collect();
+    assert_eq!(gpus.len(), 2, "{}", p["trials"]);
+    // --compare-alloc-conf compares one GPU's two probes
+    probe(&f)
+        .args(["--gpus", "all", "--compare-alloc-conf"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("give one GPU"));
+}

@@ -203,6 +203,7 @@ fn engine_path_allowed(path: &str) -> bool {
                 "DeviceInfo",
                 "DeviceKind",
                 "IsolationMode",
+                "LimitMechanism",
             ]
             .contains(&i)
                 || i.starts_with("sim::")

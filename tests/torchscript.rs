@@ -9,22 +9,8 @@ use predicates::prelude::*;
 use std::path::{Path, PathBuf};
 use std::process::Command as Std;
 
-/// The Python of the libtorch environment the binaries were built against.
 fn python() -> PathBuf {
-    let lib = PathBuf::from(env!("BATCHFIT_LIBTORCH_LIB")); // …/venv/lib/python3.X/site-packages/torch/lib
-    let venv = lib.ancestors().nth(5).expect("venv root").to_path_buf();
-    let py = venv.join("bin/python");
-    assert!(
-        py.exists(),
-        "{} not found: these tests export TorchScript with the libtorch venv's Python \
-         (scripts/setup-libtorch.sh creates it)",
-        py.display()
-    );
-    py
-}
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    venv_python()
 }
 
 /// Exports a demo module of scripts/export_torchscript.py.

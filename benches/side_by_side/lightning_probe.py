@@ -27,8 +27,12 @@ import resource
 import sys
 import time
 
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1"}
-EXIT_OOM = 6
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))  # harness
+from harness.files import save_json  # noqa: E402
+from harness.peers import (each_trial, first_line, import_accelerate, lightning_is_oom_error,  # noqa: E402
+                           lightning_trainer)
+from harness.procs import EXIT_OOM, limit_data, proc_status, reexec_with_malloc_env  # noqa: E402
+
 EXIT_OTHER = 7
 
 
@@ -52,19 +56,9 @@ def parse_args():
 
 def setup_process(args):
     """Malloc environment (re-exec once), then the data limit: before torch is imported."""
-    if any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
-        env = dict(os.environ, **MALLOC_ENV)
-        os.execve(sys.executable, [sys.executable] + sys.argv, env)
+    reexec_with_malloc_env()
     if args.limit > 0:
-        resource.setrlimit(resource.RLIMIT_DATA, (args.limit, args.limit))
-
-
-def vm_data():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmData:"):
-                return int(line.split()[1]) * 1024
-    return 0
+        limit_data(args.limit)
 
 
 def build(args):
@@ -73,7 +67,7 @@ def build(args):
     from torch import nn
     from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
     import lightning.pytorch as pl
-    from lightning.pytorch.utilities.memory import is_oom_error
+    from harness.models import adam, build_mlp
 
     torch.set_num_threads(args.threads)
 
@@ -92,17 +86,10 @@ def build(args):
             return torch.randn(n, self.features), torch.randint(self.classes, (n,))
 
     class Mlp(pl.LightningModule):
-        def __init__(self, batch_size, input=1024, hidden=(2048, 2048), classes=10, lr=1e-3):
+        def __init__(self, batch_size, input=1024, hidden=(2048, 2048), classes=10):
             super().__init__()
-            dims = [input, *hidden, classes]
-            layers = []
-            for i in range(len(dims) - 1):
-                layers.append(nn.Linear(dims[i], dims[i + 1]))
-                if i + 2 < len(dims):
-                    layers.append(nn.ReLU())
-            self.net = nn.Sequential(*layers)
+            self.net = build_mlp(input, hidden, classes)
             self.batch_size = batch_size
-            self.lr = lr
             self.input, self.classes = input, classes
             self.steps_run = 0
 
@@ -115,7 +102,7 @@ def build(args):
             return nn.functional.cross_entropy(self(x), y)
 
         def configure_optimizers(self):
-            return torch.optim.Adam(self.parameters(), lr=self.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+            return adam(self.parameters())  # lr 1e-3, betas (0.9, 0.999), eps 1e-8, no weight decay
 
         def train_dataloader(self):
             # longer than max_val so Lightning's "batch size >= dataset length" stop never triggers
@@ -124,21 +111,10 @@ def build(args):
             return DataLoader(ds, sampler=sampler, batch_size=None, num_workers=0)
 
     def trainer(max_steps, root):
-        return pl.Trainer(
-            accelerator="cpu",
-            devices=1,
-            max_steps=max_steps,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            limit_val_batches=0,
-            num_sanity_val_steps=0,
-            default_root_dir=root,
-        )
+        return lightning_trainer(pl, max_steps, root)
 
     torch.manual_seed(args.seed)
-    return Mlp, trainer, is_oom_error
+    return Mlp, trainer, lightning_is_oom_error()
 
 
 def classify(exc, is_oom_error):
@@ -147,19 +123,9 @@ def classify(exc, is_oom_error):
     return "error"
 
 
-def first_line(exc):
-    s = str(exc).strip().splitlines()
-    return (s[0] if s else type(exc).__name__)[:300]
-
-
 def write_json(path, obj):
-    if not path:
-        return
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    if path:
+        save_json(path, obj)
 
 
 def mode_fit(args):
@@ -176,7 +142,7 @@ def mode_fit(args):
             report.update(outcome="fits" if ok else "error", steps_run=model.steps_run)
         except BaseException as e:  # noqa: BLE001 - classify everything, MemoryError included
             report.update(outcome=classify(e, is_oom_error), message=first_line(e), steps_run=model.steps_run)
-    report.update(seconds=round(time.monotonic() - t0, 3), vm_data_end=vm_data(),
+    report.update(seconds=round(time.monotonic() - t0, 3), vm_data_end=proc_status("VmData") or 0,
                   rss_peak=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     write_json(args.report, report)
     print(json.dumps(report), flush=True)
@@ -194,22 +160,21 @@ def mode_finder(args):
     trials = []
     details = []
     state = {}
-    original = bss._try_loop_run
 
-    def recording_try_loop_run(tr, params):
+    def begin(tr, params):
         model = tr.lightning_module
-        b = int(model.batch_size)
-        before = model.steps_run
-        t0 = time.monotonic()
-        try:
-            original(tr, params)
-        except BaseException as e:
-            kind = classify(e, is_oom_error)
-            trials.append({"batch": b, "fits": False})
-            details.append({"batch": b, "outcome": kind, "seconds": round(time.monotonic() - t0, 3),
-                            "steps_run": model.steps_run - before, "message": first_line(e)})
-            flush(None)
-            raise
+        return int(model.batch_size), model, model.steps_run, time.monotonic()
+
+    def failed(token, e):
+        b, model, before, t0 = token
+        kind = classify(e, is_oom_error)
+        trials.append({"batch": b, "fits": False})
+        details.append({"batch": b, "outcome": kind, "seconds": round(time.monotonic() - t0, 3),
+                        "steps_run": model.steps_run - before, "message": first_line(e)})
+        flush(None)
+
+    def fitted(token):
+        b, model, before, t0 = token
         trials.append({"batch": b, "fits": True})
         details.append({"batch": b, "outcome": "fits", "seconds": round(time.monotonic() - t0, 3),
                         "steps_run": model.steps_run - before})
@@ -226,7 +191,7 @@ def mode_finder(args):
                "setup_seconds": state.get("setup_seconds"), "search_seconds": state.get("search_seconds")}
         write_json(args.report, rep)
 
-    bss._try_loop_run = recording_try_loop_run
+    bss._try_loop_run = each_trial(bss._try_loop_run, begin, fitted, failed)
     with tempfile.TemporaryDirectory() as root:
         model = Mlp(args.init_val)
         tr = trainer(1, root)
@@ -250,7 +215,7 @@ def mode_finder(args):
 
 def mode_accelerate(args):
     import tempfile
-    from accelerate.utils import find_executable_batch_size
+    find_executable_batch_size, _ = import_accelerate()
 
     t_start = time.monotonic()
     Mlp, trainer, is_oom_error = build(args)
@@ -266,23 +231,33 @@ def mode_accelerate(args):
                                  "seconds": round(time.monotonic() - t_start, 3)})
 
     with tempfile.TemporaryDirectory() as root:
-        @find_executable_batch_size(starting_batch_size=args.starting_batch_size)
-        def train(batch_size):
+        cur = {}  # the trial running now: batch, model, start time
+
+        def begin(batch_size):
+            cur.clear()  # frees the last trial's model before this one's is built
             model = Mlp(batch_size)
-            t0 = time.monotonic()
-            try:
-                trainer(args.steps, root).fit(model)
-            except BaseException as e:
-                trials.append({"batch": batch_size, "fits": False})
-                details.append({"batch": batch_size, "outcome": classify(e, is_oom_error),
-                                "seconds": round(time.monotonic() - t0, 3), "message": first_line(e)})
-                flush(None)
-                raise
-            trials.append({"batch": batch_size, "fits": True})
-            details.append({"batch": batch_size, "outcome": "fits", "seconds": round(time.monotonic() - t0, 3),
-                            "steps_run": model.steps_run})
-            flush(None)
+            cur.update(batch=batch_size, model=model, t0=time.monotonic())
+            return cur
+
+        def fit_steps(batch_size):
+            trainer(args.steps, root).fit(cur["model"])
             return batch_size
+
+        def failed(token, e):
+            trials.append({"batch": token["batch"], "fits": False})
+            details.append({"batch": token["batch"], "outcome": classify(e, is_oom_error),
+                            "seconds": round(time.monotonic() - token["t0"], 3), "message": first_line(e)})
+            flush(None)
+
+        def fitted(token):
+            trials.append({"batch": token["batch"], "fits": True})
+            details.append({"batch": token["batch"], "outcome": "fits",
+                            "seconds": round(time.monotonic() - token["t0"], 3),
+                            "steps_run": token["model"].steps_run})
+            flush(None)
+
+        train = find_executable_batch_size(each_trial(fit_steps, begin, fitted, failed),
+                                           starting_batch_size=args.starting_batch_size)
 
         try:
             answer = train()

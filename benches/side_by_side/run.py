@@ -27,7 +27,6 @@ import datetime
 import json
 import os
 import platform
-import re
 import shlex
 import subprocess
 import sys
@@ -35,25 +34,22 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))  # the harnesses' shared package
+from harness.files import load_json as load, save_json as save, replace_section, sha256_of, log  # noqa: E402
+from harness.procs import run_cmd, outcome_of  # noqa: E402
+from harness.scan import true_max_scan  # noqa: E402
+from harness.units import mib, gib, seconds_then_minutes as fmt_s  # noqa: E402
+from harness import units  # noqa: E402
+
 STAGES = ["floor", "batchfit", "lightning", "accelerate", "truth-batchfit", "truth-lightning", "doc"]
 BEGIN, END = "<!-- side-by-side:begin -->", "<!-- side-by-side:end -->"
-UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30,
-         "KB": 10**3, "MB": 10**6, "GB": 10**9}
 
 
 def parse_size(s):
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", s)
-    if not m or m.group(2) not in UNITS:
+    n = units.parse_size(s)
+    if n is None:
         raise argparse.ArgumentTypeError(f"bad size {s!r} (e.g. 1342177280, 1.25GiB, 1280MiB)")
-    return int(float(m.group(1)) * UNITS[m.group(2)])
-
-
-def mib(b):
-    return f"{b / 2**20:.1f} MiB"
-
-
-def gib(b):
-    return f"{b / 2**30:.3g} GiB"
+    return n
 
 
 def parse_args():
@@ -83,32 +79,11 @@ def parse_args():
 
 
 # ------------------------------------------------------------------------------------------------------
-# results file
+# the run's context
 # ------------------------------------------------------------------------------------------------------
-
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-
-
-def save(path, obj):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
-
 
 def sh(cmd, **kw):
     return subprocess.run(cmd, capture_output=True, text=True, **kw).stdout.strip()
-
-
-def log(msg):
-    print(f"[{datetime.datetime.now().strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def machine(args):
@@ -265,6 +240,15 @@ def lightning_cmd(args, *rest):
     return [args.python, os.path.join(HERE, "lightning_probe.py"), *rest]
 
 
+def run_logged(args, what, cmd, logname):
+    """Runs cmd (niced) with its output to WORK/logname; returns (exit status, wall seconds)."""
+    log(f"{what}: " + " ".join(map(shlex.quote, cmd)))
+    t0 = time.monotonic()
+    with open(os.path.join(args.work, logname), "w") as lf:
+        p = subprocess.run(niced(args, cmd), stdout=lf, stderr=subprocess.STDOUT)
+    return p.returncode, time.monotonic() - t0
+
+
 def stage_lightning(args, res):
     seq = os.path.join(args.data_dir, "lightning_real_sequence.json")
     rep = os.path.join(args.work, "lightning_finder.json")
@@ -274,11 +258,7 @@ def stage_lightning(args, res):
     for f in (rep,):
         if os.path.exists(f):
             os.remove(f)
-    log("lightning: " + " ".join(map(shlex.quote, cmd)))
-    t0 = time.monotonic()
-    with open(os.path.join(args.work, "lightning_finder.log"), "w") as lf:
-        p = subprocess.run(niced(args, cmd), stdout=lf, stderr=subprocess.STDOUT)
-    wall = time.monotonic() - t0
+    rc, wall = run_logged(args, "lightning", cmd, "lightning_finder.log")
     r = load(rep)
     trials = r.get("trials", [])
     fits = [t["batch"] for t in trials if t["outcome"] == "fits"]
@@ -288,7 +268,7 @@ def stage_lightning(args, res):
         "command": show(niced(args, cmd)),
         "call": 'Tuner(trainer).scale_batch_size(model, mode="binsearch", steps_per_trial=3, max_trials=25, '
                 'init_val=2, max_val=1048576)  # margin: default 0.05',
-        "exit_code": p.returncode, "wall_seconds": round(wall, 1),
+        "exit_code": rc, "wall_seconds": round(wall, 1),
         "answer": r.get("answer"), "error": r.get("error"), "n_trials": len(trials),
         "n_fits": len(fits), "largest_fit_seen": best,
         "smallest_failure_above": min(fails_above) if fails_above else None,
@@ -297,7 +277,7 @@ def stage_lightning(args, res):
         "trials": trials, "sequence_file": rel(seq),
     }
     res["lightning"] = out
-    log(f"lightning: answer {out['answer']} after {len(trials)} trials, {wall:.0f} s (exit {p.returncode})")
+    log(f"lightning: answer {out['answer']} after {len(trials)} trials, {wall:.0f} s (exit {rc})")
 
 
 def stage_accelerate(args, res):
@@ -306,98 +286,50 @@ def stage_accelerate(args, res):
     cmd = lightning_cmd(args, "accelerate", "--limit", str(args.budget), "--threads", str(args.threads),
                         "--starting-batch-size", str(args.accelerate_start), "--steps", "3", "--out", seq,
                         "--report", rep)
-    log("accelerate: " + " ".join(map(shlex.quote, cmd)))
-    t0 = time.monotonic()
-    with open(os.path.join(args.work, "accelerate.log"), "w") as lf:
-        p = subprocess.run(niced(args, cmd), stdout=lf, stderr=subprocess.STDOUT)
-    wall = time.monotonic() - t0
+    rc, wall = run_logged(args, "accelerate", cmd, "accelerate.log")
     r = load(rep)
     res["accelerate"] = {
         "command": show(niced(args, cmd)),
         "call": f"find_executable_batch_size(starting_batch_size={args.accelerate_start}) around a 3-step Lightning fit",
-        "exit_code": p.returncode, "wall_seconds": round(wall, 1), "answer": r.get("answer"),
+        "exit_code": rc, "wall_seconds": round(wall, 1), "answer": r.get("answer"),
         "error": r.get("error"), "n_trials": len(r.get("trials", [])), "trials": r.get("trials", []),
         "sequence_file": rel(seq),
     }
     log(f"accelerate: answer {r.get('answer')} after {len(r.get('trials', []))} trials, {wall:.0f} s")
 
 
-def scan(probe, lo_hint, hi_hint, recheck, on_probe):
-    """Largest b with probe(b) == 'fits' (fresh process each), assuming monotonicity; exact to ±0.
+def truth_scan(args, res, key, cmd_for, lo, hi, what, log_lines=None):
+    """A true-maximum scan (harness.scan.true_max_scan) of the command cmd_for(b): one fresh process per
+    probe, under --probe-timeout; each probe's output goes to WORK/<key>.log (only its last log_lines lines
+    when given), and res[key] is saved after every probe."""
+    stage = key.replace("_", "-")
+    logf = open(os.path.join(args.work, f"{key}.log"), "a")
 
-    Returns a dict with max, first_fail, probes [(b, outcome, seconds)], recheck results."""
-    probes = []
-    cache = {}
+    def probe(b):
+        c = niced(args, cmd_for(b))
+        r = run_cmd(c, args.probe_timeout)
+        text = r["stdout"] + r["stderr"]
+        if log_lines:
+            text = "\n".join(text.strip().splitlines()[-log_lines:])
+        logf.write(f"$ {' '.join(c)}\nexit {r['rc']}{' (timed out)' if r['timed_out'] else ''}\n{text}\n")
+        logf.flush()
+        o = outcome_of(r, "exit {rc}")
+        log(f"{stage}: b={b}: {o}")
+        return o
 
-    def fits(b, again=False):
-        if again or b not in cache:
-            t0 = time.monotonic()
-            o = probe(b)
-            dt = round(time.monotonic() - t0, 1)
-            probes.append({"batch": b, "outcome": o, "seconds": dt, "recheck": again})
-            on_probe(probes)
-            if not again:
-                cache[b] = o
-            return o == "fits"
-        return cache[b] == "fits"
+    out = {"command": show(niced(args, cmd_for("B_PLACEHOLDER"))).replace("B_PLACEHOLDER", "b"),
+           "steps": args.steps}
 
-    lo_hint = max(1, int(lo_hint or 1))
-    if fits(lo_hint):
-        lo = lo_hint
-        hi = hi_hint if hi_hint and hi_hint > lo else lo + 1
-        step = hi - lo
-        while fits(hi):
-            lo, step = hi, step * 2
-            hi = lo + step
-    else:
-        hi, step = lo_hint, 1
-        lo = None
-        while True:
-            cand = max(1, hi - step)
-            if fits(cand):
-                lo = cand
-                break
-            hi = cand
-            if cand == 1:
-                break
-            step *= 2
-        if lo is None:
-            return {"max": 0, "first_fail": 1, "probes": probes, "stable": None}
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    out = {"max": lo, "first_fail": hi, "probes": probes, "stable": None}
-    if recheck:
-        a = fits(lo, again=True)
-        b = fits(hi, again=True)
-        out["stable"] = a and not b
-        if not out["stable"]:
-            out["band"] = noise_band(fits, lo, hi, a, b)
-    on_probe(probes)
-    return out
+    def on_probe(pr):
+        out["probes"] = pr
+        res[key] = out
+        save(args.results, res)
 
-
-def noise_band(fits, lo, hi, lo_again, hi_again):
-    """When the boundary is not reproducible: the largest size at or below lo that completed in two fresh runs
-    out of two, and the smallest at or above hi that failed in two out of two (stepping 1, 2, 4, ... away)."""
-    sure_fit = lo if lo_again else None
-    step, b = 1, lo
-    while sure_fit is None and b > 1:
-        b = max(1, lo - step)
-        if fits(b) and fits(b, again=True):
-            sure_fit = b
-        step *= 2
-    sure_fail = hi if not hi_again else None
-    step, b = 1, hi
-    while sure_fail is None:
-        b = hi + step
-        if not fits(b) and not fits(b, again=True):
-            sure_fail = b
-        step *= 2
-    return {"fits_twice": sure_fit, "fails_twice": sure_fail}
+    t0 = time.monotonic()
+    r = true_max_scan(probe, lo, hi, args.recheck, on_probe)
+    out.update(r, wall_seconds=round(time.monotonic() - t0, 1))
+    res[key] = out
+    log(f"{stage}: largest completing {what} {r['max']} ({r['first_fail']} does not), stable={r['stable']}")
 
 
 def truth_batchfit(args, res):
@@ -407,80 +339,30 @@ def truth_batchfit(args, res):
         res["truth_batchfit"] = {"error": "needs the batchfit stage's plan (run --stages batchfit first)"}
         return
     train = os.path.join(args.bin_dir, "batchfit-train")
-    logf = open(os.path.join(args.work, "truth_batchfit.log"), "a")
 
     def cmd_for(b):
         return [train, "--plan", plan, "--steps", str(args.steps), "--micro-batch", str(b), "--accumulation", "1",
                 "--memory-limit", "plan", "--force", "-q"]
 
-    def probe(b):
-        c = niced(args, ["timeout", str(args.probe_timeout)] + cmd_for(b))
-        p = subprocess.run(c, capture_output=True, text=True)
-        logf.write(f"$ {' '.join(c)}\nexit {p.returncode}\n{p.stdout}{p.stderr}\n")
-        logf.flush()
-        o = {0: "fits", 6: "oom", 124: "timeout"}.get(p.returncode, f"exit {p.returncode}")
-        log(f"truth-batchfit: b={b}: {o}")
-        return o
-
-    out = {"command": show(niced(args, cmd_for("B_PLACEHOLDER"))).replace("B_PLACEHOLDER", "b"),
-           "steps": args.steps}
-
-    def on_probe(pr):
-        out["probes"] = pr
-        res["truth_batchfit"] = out
-        save(args.results, res)
-
-    t0 = time.monotonic()
-    r = scan(probe, bf.get("answer"), bf.get("first_failing_batch"), args.recheck, on_probe)
-    out.update(r, wall_seconds=round(time.monotonic() - t0, 1))
-    res["truth_batchfit"] = out
-    log(f"truth-batchfit: largest completing micro-batch {r['max']} ({r['first_fail']} does not), stable={r['stable']}")
+    truth_scan(args, res, "truth_batchfit", cmd_for, bf.get("answer"), bf.get("first_failing_batch"),
+               "micro-batch")
 
 
 def truth_lightning(args, res):
     li = res.get("lightning") or {}
     lo = li.get("largest_fit_seen") or li.get("answer") or 1024
     hi = li.get("smallest_failure_above")
-    logf = open(os.path.join(args.work, "truth_lightning.log"), "a")
 
     def cmd_for(b):
         return lightning_cmd(args, "fit", "--limit", str(args.budget), "--threads", str(args.threads), "--batch", str(b),
                              "--steps", str(args.steps))
 
-    def probe(b):
-        c = niced(args, ["timeout", str(args.probe_timeout)] + cmd_for(b))
-        p = subprocess.run(c, capture_output=True, text=True)
-        tail = "\n".join((p.stdout + p.stderr).strip().splitlines()[-3:])
-        logf.write(f"$ {' '.join(c)}\nexit {p.returncode}\n{tail}\n")
-        logf.flush()
-        o = {0: "fits", 6: "oom", 124: "timeout"}.get(p.returncode, f"exit {p.returncode}")
-        log(f"truth-lightning: b={b}: {o}")
-        return o
-
-    out = {"command": show(niced(args, cmd_for("B_PLACEHOLDER"))).replace("B_PLACEHOLDER", "b"),
-           "steps": args.steps}
-
-    def on_probe(pr):
-        out["probes"] = pr
-        res["truth_lightning"] = out
-        save(args.results, res)
-
-    t0 = time.monotonic()
-    r = scan(probe, lo, hi, args.recheck, on_probe)
-    out.update(r, wall_seconds=round(time.monotonic() - t0, 1))
-    res["truth_lightning"] = out
-    log(f"truth-lightning: largest completing batch {r['max']} ({r['first_fail']} does not), stable={r['stable']}")
+    truth_scan(args, res, "truth_lightning", cmd_for, lo, hi, "batch", log_lines=3)
 
 
 # ------------------------------------------------------------------------------------------------------
 # the doc section
 # ------------------------------------------------------------------------------------------------------
-
-def fmt_s(s):
-    if s is None:
-        return "—"
-    return f"{s:.0f} s" if s < 120 else f"{s:.0f} s ({s / 60:.1f} min)"
-
 
 def seq_text(trials, key_ok="fits"):
     parts = []
@@ -750,23 +632,6 @@ def _last_fit(li):
     return fits[-1] if fits else "?"
 
 
-def write_doc(path, section):
-    try:
-        text = open(path).read()
-    except FileNotFoundError:
-        text = "# Benchmarks\n"
-    block = f"{BEGIN}\n{section}{END}"
-    if BEGIN in text and END in text and text.index(BEGIN) < text.index(END):
-        a, b = text.index(BEGIN), text.index(END) + len(END)
-        text = text[:a] + block + text[b:]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 # ------------------------------------------------------------------------------------------------------
 
 def main():
@@ -782,12 +647,9 @@ def main():
                          "recheck": bool(args.recheck), "accelerate_start": args.accelerate_start,
                          "bin_dir_rel": rel(args.bin_dir) if os.path.abspath(args.bin_dir).startswith(ROOT)
                          else args.bin_dir}
-        try:
-            import hashlib
-            res["config"]["batchfit_sha256"] = hashlib.sha256(
-                open(os.path.join(args.bin_dir, "batchfit"), "rb").read()).hexdigest()[:16]
-        except OSError:
-            pass
+        sha = sha256_of(os.path.join(args.bin_dir, "batchfit"))
+        if sha:
+            res["config"]["batchfit_sha256"] = sha[:16]
         save(args.results, res)
     t_all = time.monotonic()
     table = {"floor": stage_floor, "batchfit": stage_batchfit, "lightning": stage_lightning, "accelerate": stage_accelerate,
@@ -811,7 +673,7 @@ def main():
         res.setdefault("stage_seconds", {})["last_run_total"] = round(time.monotonic() - t_all, 1)
         save(args.results, res)
     if "doc" in args.stages:
-        write_doc(args.doc, render(res))
+        replace_section(args.doc, BEGIN, END, render(res))
         log(f"doc: rewrote the side-by-side section of {rel(args.doc)}")
     return 0
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Orchestrator of scripts/gpu-check.sh (Python standard library only; it never imports torch).
+"""Orchestrator of scripts/gpu-check.sh (Python standard library and scripts/harness only; it never imports torch).
 
   check.py init   --out DIR --mode gpu|cpu --bin DIR --python PY --root ROOT --time-budget S
                   --stamp-device LINE --commit C [--set KEY=VALUE ...] [--redo]
@@ -23,7 +23,6 @@ left for lack of time.
 """
 import argparse
 import datetime
-import hashlib
 import json
 import math
 import os
@@ -34,7 +33,12 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MiB, GiB = 1 << 20, 1 << 30
+sys.path.insert(0, os.path.dirname(HERE))  # scripts/: the harnesses' shared package
+from harness import procs  # noqa: E402
+from harness.files import load_json as load, save_json as save, write_text, sha256_of, log as _log  # noqa: E402
+from harness.procs import run_cmd, outcome_of  # noqa: E402
+from harness.scan import gallop_bisect, growing_steps  # noqa: E402
+from harness.units import MiB, parse_size, fmt_bytes, minutes_and_seconds as fmt_s  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------------
 # the models of each mode
@@ -140,58 +144,7 @@ def now_utc():
 
 
 def log(msg):
-    print(f"[gpu-check {datetime.datetime.now().strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def load(path, default=None):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {} if default is None else default
-
-
-def save(path, obj):
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
-def write_text(path, text):
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def sha256_of(path):
-    try:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest()
-    except OSError:
-        return None
-
-
-def fmt_bytes(b):
-    if b is None:
-        return "—"
-    if b >= GiB:
-        return f"{b / GiB:.2f} GiB"
-    return f"{b / MiB:.1f} MiB"
-
-
-def fmt_s(s):
-    if s is None:
-        return "—"
-    s = float(s)
-    if s < 60:
-        return f"{s:.1f} s"
-    return f"{int(s // 60)} min {int(round(s % 60)):02d} s"
+    _log(msg, "gpu-check")
 
 
 def pow2_floor(n):
@@ -201,15 +154,6 @@ def pow2_floor(n):
 def pow2_ceil(n):
     n = max(1, int(math.ceil(n)))
     return 1 << (n - 1).bit_length()
-
-
-def parse_size(text):
-    """'12.34 GiB' / '512.00 MiB' / '100 B' (batchfit's format_size) -> bytes."""
-    m = re.match(r"\s*([\d.]+)\s*(B|KiB|MiB|GiB|TiB)", text or "")
-    if not m:
-        return None
-    mult = {"B": 1, "KiB": 1 << 10, "MiB": MiB, "GiB": GiB, "TiB": 1 << 40}[m.group(2)]
-    return int(float(m.group(1)) * mult)
 
 
 def tail(path, n=3000):
@@ -229,66 +173,6 @@ def first_meaningful_line(text):
         if line:
             return line[:400]
     return ""
-
-
-# ------------------------------------------------------------------------------------------------------
-# running commands: own session (so a timeout ends the whole tree: batchfit's trial children too), and a
-# parent-death signal, so nothing outlives this orchestrator if it is killed
-# ------------------------------------------------------------------------------------------------------
-
-CURRENT = {"pgid": None}
-
-
-def _child_setup():
-    os.setsid()
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001
-        pass
-
-
-def _kill_group(pgid, sig):
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _on_term(signum, frame):
-    pg = CURRENT.get("pgid")
-    if pg:
-        _kill_group(pg, signal.SIGTERM)
-        time.sleep(2)
-        _kill_group(pg, signal.SIGKILL)
-    sys.exit(128 + signum)
-
-
-def run_cmd(cmd, timeout, stdout_path, stderr_path, cwd=None, env=None):
-    """Runs cmd with stdout/stderr to files; on timeout SIGTERM to its process group (batchfit writes its
-    partial plan and stops its trial), SIGKILL 15 s later. Returns rc, timed_out, seconds."""
-    t0 = time.monotonic()
-    timed_out = False
-    with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se:
-        try:
-            p = subprocess.Popen(cmd, stdout=so, stderr=se, cwd=cwd, env=env, preexec_fn=_child_setup)
-        except OSError as e:
-            se.write(f"cannot start {cmd[0]}: {e}\n".encode())
-            return {"rc": 127, "timed_out": False, "seconds": 0.0}
-        CURRENT["pgid"] = p.pid
-        try:
-            rc = p.wait(timeout=max(1.0, timeout))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(p.pid, signal.SIGTERM)
-            try:
-                rc = p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                _kill_group(p.pid, signal.SIGKILL)
-                rc = p.wait()
-        _kill_group(p.pid, signal.SIGKILL)  # anything of that run still alive (a trial child)
-        CURRENT["pgid"] = None
-    return {"rc": rc, "timed_out": timed_out, "seconds": round(time.monotonic() - t0, 2)}
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -658,7 +542,7 @@ def scan(run, items, s1, slot):
                str(b), "--accumulation", "1", "--force", "--quiet", *limit_args]
         out, err = os.path.join(run.logs, f"scan-{key}-{b}.txt"), os.path.join(run.logs, f"scan-{key}-{b}.err")
         r = run_cmd(cmd, to, out, err)
-        outcome = "fits" if r["rc"] == 0 else "oom" if r["rc"] == 6 else "timeout" if r["timed_out"] else "error"
+        outcome = outcome_of(r)
         entry = {"batch": b, "outcome": outcome, "rc": r["rc"], "seconds": r["seconds"]}
         if outcome == "error" and (r["rc"] < 0 or r["rc"] >= 128) and OOM_TEXT.search(tail(err)):
             # killed by a signal (an abort) after an allocation failed: the C++ runtime's way of running out
@@ -710,30 +594,24 @@ def scan(run, items, s1, slot):
         cand = pred if pred is not None else ratio_guess
         cand = max(lo + 1, min(cand, int(answer * 1.5) + 1))
         item["prediction"] = cand
-    grow = float(run.k["scan_grow"])
     bound_by_error = False
-    while True:
-        if hi is not None:
-            width = hi - lo
-            if width <= max(1, int(lo * tol)):
-                break
-            b = (lo + hi) // 2
-        else:
-            b = cand
+
+    def fits(b):
+        nonlocal bound_by_error
         o = attempt(b)
         if o is None:
-            break
-        if o == "fits":
-            lo = b
-            if hi is None:
-                cand = lo + max(1, int(math.ceil(lo * grow)))
-                grow *= 2
-        else:
-            hi = b
-            if o != "oom":
-                bound_by_error = True
-                if sum(1 for r_ in item["runs"] if r_["outcome"] not in ("fits", "oom")) >= 2:
-                    break  # errors, not out-of-memory: stop and report them
+            return None  # out of time
+        if o not in ("fits", "oom"):
+            bound_by_error = True
+        return o == "fits"
+
+    def errors_twice():
+        # errors, not out-of-memory: stop and report them
+        return sum(1 for r_ in item["runs"] if r_["outcome"] not in ("fits", "oom")) >= 2
+
+    # up from the prediction by growing steps until a size fails, then bisection to the tolerance
+    lo, hi = gallop_bisect(fits, lo, hi, first=cand, next_up=growing_steps(float(run.k["scan_grow"])),
+                           narrow=lambda lo, hi: hi - lo <= max(1, int(lo * tol)), stop=errors_twice)
     exact = hi is not None and hi - lo <= 1
     converged = hi is not None and hi - lo <= max(1, int(lo * tol))
     item.update(true_max=lo if lo else None, first_fail=hi, exact=exact, converged=converged,
@@ -1249,15 +1127,14 @@ def cmd_init(a):
 
 
 def versions():
-    sys.path.insert(0, HERE)
-    from pkgversions import package_versions
+    from harness.pkgversions import package_versions
     return package_versions()
 
 
 def cmd_stage(a):
     run = Run(a.out)
-    signal.signal(signal.SIGTERM, _on_term)
-    signal.signal(signal.SIGINT, _on_term)
+    signal.signal(signal.SIGTERM, procs.on_term)
+    signal.signal(signal.SIGINT, procs.on_term)
     {"1": stage1, "2": stage2, "3": stage3}[a.n](run)
     st, why = stage_status(run, a.n)
     for line in why:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Python peers of scripts/gpu-check.sh (stage 3): the batch-size finders of Lightning and Accelerate on the
-model batchfit probed (see models.py for how the models match batchfit's).
+model batchfit probed (see scripts/harness/models.py for how the models match batchfit's).
 
 Modes (one search per process, so each starts with a fresh CUDA caching allocator):
 
@@ -35,7 +35,11 @@ import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1"}
+sys.path.insert(0, os.path.dirname(HERE))  # scripts/: the harnesses' shared package
+from harness.files import save_json as write_json  # noqa: E402
+from harness.peers import (each_trial, first_line, import_accelerate, import_lightning,  # noqa: E402
+                           lightning_is_oom_error, lightning_trainer)
+from harness.procs import limit_data, proc_status, reexec_with_malloc_env, reset_rss_peak  # noqa: E402
 
 
 def parse_args():
@@ -58,38 +62,6 @@ def parse_args():
     p.add_argument("--tmp", default=None, help="scratch directory (Lightning's checkpoint of the search)")
     p.add_argument("--out", required=True, help="the result JSON")
     return p.parse_args()
-
-
-def write_json(path, obj):
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
-def first_line(exc):
-    s = str(exc).strip().splitlines()
-    return (s[0] if s else type(exc).__name__)[:300]
-
-
-def proc_status(key):
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def reset_rss_peak():
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM
-    except OSError:
-        pass
 
 
 class Recorder:
@@ -179,14 +151,13 @@ def limit_cpu(args, rec):
     """cpu: RLIMIT_DATA = the data segment in use now + headroom (soft and hard)."""
     used = proc_status("VmData") or 0
     limit = used + args.cpu_headroom
-    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    limit_data(limit)
     rec.update(cpu_limit={"vm_data_loaded_bytes": used, "headroom_bytes": args.cpu_headroom,
                           "rlimit_data_bytes": limit})
 
 
 def versions(torch):
-    sys.path.insert(0, HERE)
-    from pkgversions import package_versions
+    from harness.pkgversions import package_versions
     v = package_versions(("lightning", "pytorch-lightning", "accelerate", "torchvision"))
     v.update(torch=torch.__version__, cuda=getattr(torch.version, "cuda", None))
     return v
@@ -215,22 +186,6 @@ def autocast_ctx(torch, device, precision):
 # Lightning
 # ------------------------------------------------------------------------------------------------------
 
-def import_lightning():
-    try:
-        import lightning.pytorch as pl
-        from lightning.pytorch.tuner import Tuner
-        import lightning.pytorch.tuner.batch_size_scaling as bss
-        return pl, Tuner, bss, "lightning"
-    except ImportError as e1:
-        try:
-            import pytorch_lightning as pl
-            from pytorch_lightning.tuner import Tuner
-            import pytorch_lightning.tuner.batch_size_scaling as bss
-            return pl, Tuner, bss, "pytorch_lightning"
-        except ImportError:
-            raise e1
-
-
 def mode_lightning(args, rec, torch, M, device):
     import inspect
     import tempfile
@@ -241,14 +196,7 @@ def mode_lightning(args, rec, torch, M, device):
     except Exception as e:  # noqa: BLE001
         rec.update(skipped=f"Lightning cannot be imported: {type(e).__name__}: {first_line(e)}")
         return 4
-    try:
-        from lightning.pytorch.utilities.memory import is_oom_error
-    except ImportError:
-        try:
-            from pytorch_lightning.utilities.memory import is_oom_error
-        except ImportError:
-            def is_oom_error(e):
-                return "out of memory" in str(e) or "can't allocate memory" in str(e)
+    is_oom_error = lightning_is_oom_error()
     warnings.filterwarnings("ignore")
     from torch.utils.data import DataLoader, Dataset
 
@@ -304,39 +252,34 @@ def mode_lightning(args, rec, torch, M, device):
                 rec.flush()
 
     def trainer(root):
-        kw = dict(max_steps=args.steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                  enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=root,
-                  precision=M.LIGHTNING_PRECISION[args.precision], devices=1,
-                  accelerator="gpu" if device.kind == "cuda" else "cpu")
-        return pl.Trainer(**kw)
+        return lightning_trainer(pl, args.steps, root, accelerator="gpu" if device.kind == "cuda" else "cpu",
+                                 precision=M.LIGHTNING_PRECISION[args.precision])
 
     if wrapped:
-        original = bss._try_loop_run
-
-        def recording(tr, params):
+        def begin(tr, params):
             model = tr.lightning_module
             b, before, t0 = int(model.batch_size), model.steps_run, time.monotonic()
             state.pop("fit_peaks", None)
             trial = {"batch": b, "outcome": "running"}
             trials.append(trial)
             rec.flush()
-            try:
-                original(tr, params)
-            except BaseException as e:
-                failure = cpu_memory_error(device, e)
-                trial.update(outcome="oom" if is_oom_error(failure) else "error", message=first_line(failure),
-                             seconds=round(time.monotonic() - t0, 3), steps_run=model.steps_run - before)
-                rec.flush()
-                if failure is e:
-                    raise
-            else:
-                trial.update(outcome="fits", seconds=round(time.monotonic() - t0, 3),
-                             steps_run=model.steps_run - before, **(state.get("fit_peaks") or device.peaks()))
-                rec.flush()
-                return
-            raise failure  # outside the except block, so the original exception's frames are freed
+            return trial, model, before, t0
 
-        bss._try_loop_run = recording
+        def failed(token, e):
+            trial, model, before, t0 = token
+            failure = cpu_memory_error(device, e)
+            trial.update(outcome="oom" if is_oom_error(failure) else "error", message=first_line(failure),
+                         seconds=round(time.monotonic() - t0, 3), steps_run=model.steps_run - before)
+            rec.flush()
+            return failure
+
+        def fitted(token):
+            trial, model, before, t0 = token
+            trial.update(outcome="fits", seconds=round(time.monotonic() - t0, 3),
+                         steps_run=model.steps_run - before, **(state.get("fit_peaks") or device.peaks()))
+            rec.flush()
+
+        bss._try_loop_run = each_trial(bss._try_loop_run, begin, fitted, failed)
 
     tmp = args.tmp or None
     if tmp:
@@ -385,12 +328,7 @@ def mode_lightning(args, rec, torch, M, device):
 
 def mode_accelerate(args, rec, torch, M, device):
     try:
-        from accelerate.utils import find_executable_batch_size
-        try:
-            from accelerate.utils.memory import should_reduce_batch_size
-        except ImportError:
-            def should_reduce_batch_size(e):
-                return "out of memory" in str(e) or "can't allocate memory" in str(e)
+        find_executable_batch_size, should_reduce_batch_size = import_accelerate()
     except Exception as e:  # noqa: BLE001
         rec.update(skipped=f"Accelerate cannot be imported: {type(e).__name__}: {first_line(e)}")
         return 4
@@ -432,27 +370,33 @@ def mode_accelerate(args, rec, torch, M, device):
         if not torch.isfinite(loss).item():
             raise FloatingPointError(f"non-finite loss {loss.item()}")
 
-    @find_executable_batch_size(starting_batch_size=args.start)
-    def train(batch_size):
+    def begin(batch_size):
         trial = {"batch": int(batch_size), "outcome": "running"}
         trials.append(trial)
         rec.flush()
         t0 = time.monotonic()
         device.reset()
-        try:
-            steps(batch_size)
-        except BaseException as e:
-            failure = cpu_memory_error(device, e)
-            trial.update(outcome="oom" if should_reduce_batch_size(failure) else "error",
-                         message=first_line(failure), seconds=round(time.monotonic() - t0, 3))
-            rec.flush()
-            if failure is e:
-                raise
-        else:
-            trial.update(outcome="fits", seconds=round(time.monotonic() - t0, 3), **device.peaks())
-            rec.flush()
-            return int(batch_size)
-        raise failure  # outside the except block: the original exception and its frames are gone
+        return trial, t0
+
+    def failed(token, e):
+        trial, t0 = token
+        failure = cpu_memory_error(device, e)
+        trial.update(outcome="oom" if should_reduce_batch_size(failure) else "error",
+                     message=first_line(failure), seconds=round(time.monotonic() - t0, 3))
+        rec.flush()
+        return failure
+
+    def fitted(token):
+        trial, t0 = token
+        trial.update(outcome="fits", seconds=round(time.monotonic() - t0, 3), **device.peaks())
+        rec.flush()
+
+    def run_steps(batch_size):
+        steps(batch_size)
+        return int(batch_size)
+
+    train = find_executable_batch_size(each_trial(run_steps, begin, fitted, failed),
+                                       starting_batch_size=args.start)
 
     rec.update(call={"starting_batch_size": args.start, "steps": args.steps})
     t0 = time.monotonic()
@@ -528,9 +472,8 @@ def mode_modelcheck(args, rec, torch, M, device):
 
 def main():
     args = parse_args()
-    if args.device == "cpu" and args.mode != "modelcheck" and \
-            any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
-        os.execve(sys.executable, [sys.executable] + sys.argv, dict(os.environ, **MALLOC_ENV))
+    if args.device == "cpu" and args.mode != "modelcheck":
+        reexec_with_malloc_env()
     rec = Recorder(args.out, {"tool": args.mode, "device_kind": args.device, "precision": args.precision,
                               "steps_per_trial": args.steps, "pid": os.getpid()})
     try:
@@ -538,8 +481,7 @@ def main():
     except Exception as e:  # noqa: BLE001
         rec.update(skipped=f"torch cannot be imported: {type(e).__name__}: {first_line(e)}")
         return 4
-    sys.path.insert(0, HERE)
-    import models as M
+    from harness import models as M
 
     if args.threads:
         torch.set_num_threads(args.threads)

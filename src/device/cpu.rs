@@ -1,13 +1,23 @@
-//! The CPU device: a fresh child process per trial under a real `RLIMIT_DATA` equal to the limit, so
-//! an over-limit step fails inside the allocator exactly as a memory-capped training job would.
+//! The CPU device: a fresh child process per trial under a real memory limit, so an over-limit step
+//! fails exactly as a memory-capped training job would:
+//!
+//! * `RLIMIT_DATA` = the limit on the trial process (and every process it starts, each on its own):
+//!   batchfit's own tch child, with its malloc set up so that peaks are clean;
+//! * or, for a user's command where this process may create one, a memory cgroup per trial
+//!   ([`super::cgroup`]) limiting the whole process tree together, as a job's cgroup will.
+//!
+//! A user's command's tree is followed and measured ([`super::tree`]): the largest data segment of
+//! any of its processes, the summed resident memory, the cgroup's peak.
 //!
 //! Default budget: [`DEFAULT_BUDGET_FRACTION`] of the lower of `MemAvailable` and the cgroup memory limit,
 //! leaving room for the page cache and whatever else runs on the machine.
 
+use super::cgroup::{self, Group};
 use super::process::{self, Ran, Worker, WorkerRan};
-use super::{Backend, BackendError, DeviceInfo, DeviceKind, IsolationMode};
+use super::{Backend, BackendError, DeviceInfo, DeviceKind, IsolationMode, LimitMechanism};
 use crate::platform::sysmem;
-use crate::protocol::{Isolation, Placement, TrialOutcome, TrialRequest, Workload};
+use crate::protocol::{Isolation, Placement, TrialDetails, TrialOutcome, TrialRequest, Workload};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +32,12 @@ pub struct CpuBackend {
     available: u64,
     mode: IsolationMode,
     worker: Option<Worker>,
+    /// Where trials' memory cgroups are made (`None`: `RLIMIT_DATA`).
+    cgroup: Option<cgroup::Parent>,
+    /// `--logs DIR`: each trial's whole output.
+    logs: Option<PathBuf>,
+    trials: u32,
+    details: Option<TrialDetails>,
 }
 
 impl CpuBackend {
@@ -56,6 +72,70 @@ impl CpuBackend {
             available,
             mode,
             worker: None,
+            cgroup: None,
+            logs: None,
+            trials: 0,
+            details: None,
+        })
+    }
+
+    /// Trials in memory cgroups under `parent` instead of under `RLIMIT_DATA`.
+    pub fn with_cgroup(mut self, parent: cgroup::Parent) -> Self {
+        self.cgroup = Some(parent);
+        self
+    }
+
+    /// Each trial's whole output into `dir` (`trial-NNN-bB.stdout` / `.stderr`).
+    pub fn with_logs(mut self, dir: PathBuf) -> Self {
+        self.logs = Some(dir);
+        self
+    }
+
+    /// How trials' memory is limited.
+    fn mechanism(&self) -> LimitMechanism {
+        match &self.cgroup {
+            Some(p) if p.version == cgroup::Version::V2 => LimitMechanism::CgroupV2,
+            Some(_) => LimitMechanism::CgroupV1,
+            None => LimitMechanism::RlimitData,
+        }
+    }
+
+    fn run_fresh(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
+        self.trials += 1;
+        let tree = self.workload.measured_by_device();
+        let group = match &self.cgroup {
+            Some(parent) => Some(
+                Group::create(
+                    parent,
+                    &format!("batchfit-{}-{}", std::process::id(), self.trials),
+                    self.limit,
+                )
+                .map_err(BackendError::Environment)?,
+            ),
+            None => None,
+        };
+        let opts = process::Options {
+            data_limit: group.is_none().then_some(self.limit),
+            cgroup: group.as_ref(),
+            tree,
+            log: self.logs.as_ref().map(|d| {
+                d.join(format!(
+                    "trial-{:03}-b{}-a{}",
+                    self.trials, req.batch, req.accumulation
+                ))
+            }),
+            own_child: !tree,
+        };
+        let cmd = self.workload.command(&req, &Placement::Cpu);
+        let ran = process::run(cmd, &opts, self.timeout, &mut |_| {})?;
+        drop(group);
+        Ok(match ran {
+            Ran::Finished(f) => {
+                let (o, d) = self.workload.outcome(&f);
+                self.details = d;
+                o
+            }
+            Ran::TimedOut { seconds } => TrialOutcome::Timeout { seconds },
         })
     }
 
@@ -77,7 +157,7 @@ impl CpuBackend {
             WorkerRan::Result(o) => o,
             WorkerRan::Died(f) => {
                 self.worker = None;
-                self.workload.outcome(&f)
+                self.workload.outcome(&f).0
             }
             WorkerRan::TimedOut { seconds } => {
                 self.worker = None;
@@ -105,15 +185,18 @@ impl Backend for CpuBackend {
             Isolation::Process
         }
     }
+    fn limit_mechanism(&self) -> LimitMechanism {
+        self.mechanism()
+    }
+    fn take_details(&mut self) -> Option<TrialDetails> {
+        self.details.take()
+    }
     fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
+        self.details = None;
         let out = if self.isolation(&req) == Isolation::Worker {
             self.run_in_worker(req)?
         } else {
-            let cmd = self.workload.command(&req, &Placement::Cpu);
-            match process::run(cmd, Some(self.limit), self.timeout, &mut |_| {})? {
-                Ran::Finished(f) => self.workload.outcome(&f),
-                Ran::TimedOut { seconds } => TrialOutcome::Timeout { seconds },
-            }
+            self.run_fresh(req)?
         };
         // A fit whose measured footprint is 0 means the measurement failed: fail loudly rather than
         // record it.

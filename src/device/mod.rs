@@ -13,12 +13,14 @@
 //! captured output). `sim` is pure arithmetic and part of the engine: the search, the plan and the
 //! whole-binary tests run on it in milliseconds.
 
+pub mod cgroup;
 pub mod cpu;
 pub mod cuda;
 pub mod process;
 pub mod sim;
+pub mod tree;
 
-use crate::protocol::{Isolation, TrialOutcome, TrialRequest};
+use crate::protocol::{Isolation, TrialDetails, TrialOutcome, TrialRequest};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -66,6 +68,34 @@ pub enum IsolationMode {
     Hybrid,
 }
 
+/// How a trial's memory is limited (recorded in the plan).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LimitMechanism {
+    /// `RLIMIT_DATA` on the trial process, inherited by each process it starts (each on its own).
+    RlimitData,
+    /// A memory cgroup (v1 `memory.limit_in_bytes`) around the whole process tree.
+    CgroupV1,
+    /// A memory cgroup (v2 `memory.max`) around the whole process tree.
+    CgroupV2,
+    /// `PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction` per process, NVML's footprint checked.
+    CudaFraction,
+    /// A formula (sim).
+    Simulated,
+}
+
+impl LimitMechanism {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitMechanism::RlimitData => "RLIMIT_DATA per process",
+            LimitMechanism::CgroupV1 => "a memory cgroup (v1) around the process tree",
+            LimitMechanism::CgroupV2 => "a memory cgroup (v2) around the process tree",
+            LimitMechanism::CudaFraction => "the CUDA allocator's memory fraction, NVML checked",
+            LimitMechanism::Simulated => "a formula",
+        }
+    }
+}
+
 /// Failures that stop the whole probe (as opposed to one trial's outcome).
 #[derive(Debug, Error)]
 pub enum BackendError {
@@ -89,4 +119,14 @@ pub trait Backend {
     fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError>;
     /// Where a request like `req` runs on this backend.
     fn isolation(&self, req: &TrialRequest) -> Isolation;
+    /// How this device limits a trial's memory (for the plan). Default: a formula, as the sim
+    /// device and the test devices of the search.
+    fn limit_mechanism(&self) -> LimitMechanism {
+        LimitMechanism::Simulated
+    }
+    /// More about the trial that just ran, for its record (a user command's output tail, report,
+    /// tree measurements); `None` when there is nothing more.
+    fn take_details(&mut self) -> Option<TrialDetails> {
+        None
+    }
 }

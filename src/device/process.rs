@@ -6,7 +6,7 @@
 
 use super::BackendError;
 use crate::platform::interrupt;
-use crate::protocol::{Finished, TrialOutcome, RESULT_PREFIX};
+use crate::protocol::{Finished, TreeMeasure, TrialOutcome, RESULT_PREFIX};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
@@ -40,7 +40,11 @@ fn push_capped(buf: &mut Vec<u8>, data: &[u8], cap: usize) {
     }
 }
 
-fn read_all(mut r: impl Read + Send + 'static, cap: usize) -> std::thread::JoinHandle<String> {
+fn read_all(
+    mut r: impl Read + Send + 'static,
+    cap: usize,
+    mut log: Option<std::fs::File>,
+) -> std::thread::JoinHandle<String> {
     std::thread::spawn(move || {
         let mut buf = Vec::new();
         let mut chunk = [0u8; 8192];
@@ -48,27 +52,51 @@ fn read_all(mut r: impl Read + Send + 'static, cap: usize) -> std::thread::JoinH
             if n == 0 {
                 break;
             }
+            if let Some(f) = log.as_mut() {
+                // a log that cannot be written must not stop the trial: drop it
+                if f.write_all(&chunk[..n]).is_err() {
+                    log = None;
+                }
+            }
             push_capped(&mut buf, &chunk[..n], cap);
         }
         String::from_utf8_lossy(&buf).into_owned()
     })
 }
 
-/// Spawns `cmd` in its own process group, without core dumps, under `RLIMIT_DATA = data_limit`.
-fn spawn_limited(
-    mut cmd: Command,
-    data_limit: Option<u64>,
-    stdin: Stdio,
-) -> Result<Child, BackendError> {
+/// How a trial process is started and watched.
+#[derive(Debug, Default)]
+pub struct Options<'a> {
+    /// `RLIMIT_DATA` of the process (inherited by every process it starts).
+    pub data_limit: Option<u64>,
+    /// The memory cgroup the process joins before exec (and with it all it starts).
+    pub cgroup: Option<&'a super::cgroup::Group>,
+    /// Follow and measure the whole process tree (a user's command; a tch child measures itself).
+    pub tree: bool,
+    /// Keep the whole output in this file (stdout and stderr as they come).
+    pub log: Option<std::path::PathBuf>,
+    /// batchfit's own child: Rust backtraces off (a backtrace printed at an OOM can deadlock).
+    pub own_child: bool,
+}
+
+/// Spawns `cmd` in its own session (and process group), stdin as given, without core dumps, under
+/// the limits of `opts`.
+fn spawn_limited(mut cmd: Command, opts: &Options, stdin: Stdio) -> Result<Child, BackendError> {
     cmd.stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    cmd.env("RUST_BACKTRACE", "0")
-        .env("RUST_LIB_BACKTRACE", "0");
+    if opts.own_child {
+        cmd.env("RUST_BACKTRACE", "0")
+            .env("RUST_LIB_BACKTRACE", "0");
+    }
+    let data_limit = opts.data_limit;
+    let procs = opts.cgroup.map(|g| g.procs_path().clone());
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
-            libc::setpgid(0, 0);
+            if libc::setsid() < 0 {
+                libc::setpgid(0, 0);
+            }
             let core = libc::rlimit {
                 rlim_cur: 0,
                 rlim_max: 0,
@@ -83,6 +111,9 @@ fn spawn_limited(
                     return Err(std::io::Error::last_os_error());
                 }
             }
+            if let Some(p) = &procs {
+                super::cgroup::join(p)?;
+            }
             Ok(())
         });
     }
@@ -96,6 +127,32 @@ fn killed_by_kernel(status: ExitStatus, before: Option<u64>, after: Option<u64>)
     status.signal() == Some(libc::SIGKILL) && matches!((before, after), (Some(b), Some(a)) if a > b)
 }
 
+/// Waits for `pid` (without blocking unless `block`): its exit status and the kernel's high-water
+/// mark of its resident memory (`ru_maxrss`, which includes the children it waited for).
+fn reap(pid: u32, block: bool) -> std::io::Result<Option<(ExitStatus, u64)>> {
+    let mut status = 0;
+    // SAFETY: wait4 with valid pointers on our own child.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    let flags = if block { 0 } else { libc::WNOHANG };
+    loop {
+        let r = unsafe { libc::wait4(pid as i32, &mut status, flags, &mut ru) };
+        if r == 0 {
+            return Ok(None);
+        }
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(Some((
+            ExitStatus::from_raw(status),
+            (ru.ru_maxrss.max(0) as u64) * 1024,
+        )));
+    }
+}
+
 /// How a trial process ended.
 #[derive(Debug)]
 pub enum Ran {
@@ -106,38 +163,66 @@ pub enum Ran {
     },
 }
 
-/// Runs `cmd` as a fresh trial process under `RLIMIT_DATA = data_limit`, calling `sample(pid)` about
-/// every 5 ms while it runs (the cuda device samples NVML there).
+/// Runs `cmd` as a fresh trial process as `opts` say, calling `sample(pids)` about every 5 ms while
+/// it runs with the PIDs of the trial (its tree when `opts.tree`; the cuda device sums NVML over them).
 pub fn run(
     cmd: Command,
-    data_limit: Option<u64>,
+    opts: &Options,
     timeout: Duration,
-    sample: &mut dyn FnMut(u32),
+    sample: &mut dyn FnMut(&[u32]),
 ) -> Result<Ran, BackendError> {
     let kills_before = oom_kills();
     let t0 = Instant::now();
-    let mut child = spawn_limited(cmd, data_limit, Stdio::null())?;
+    let log = |suffix: &str| {
+        opts.log.as_ref().and_then(|p| {
+            let mut name = p.clone().into_os_string();
+            name.push(suffix);
+            std::fs::File::create(name).ok()
+        })
+    };
+    let mut child = spawn_limited(cmd, opts, Stdio::null())?;
     let pid = child.id();
-    let out = read_all(child.stdout.take().expect("piped"), 1 << 20);
-    let err = read_all(child.stderr.take().expect("piped"), 64 << 10);
+    let mut tree = opts.tree.then(|| super::tree::Tree::new(pid));
+    let out = read_all(child.stdout.take().expect("piped"), 1 << 20, log(".stdout"));
+    let err = read_all(
+        child.stderr.take().expect("piped"),
+        64 << 10,
+        log(".stderr"),
+    );
+    // Everything the trial started goes, whatever happens: its group, its tree, its cgroup.
+    let kill_everything = |tree: &Option<super::tree::Tree>| {
+        kill_group(pid);
+        if let Some(t) = tree {
+            t.kill_all();
+        }
+        if let Some(g) = opts.cgroup {
+            g.kill_all();
+        }
+    };
     let status = loop {
         if let Some(sig) = interrupt::pending() {
-            kill_group(pid);
+            kill_everything(&tree);
             let _ = child.wait();
             return Err(BackendError::Interrupted(sig));
         }
         if t0.elapsed() >= timeout {
-            kill_group(pid);
+            kill_everything(&tree);
             let _ = child.wait();
             let _ = (out.join(), err.join());
             return Ok(Ran::TimedOut {
                 seconds: t0.elapsed().as_secs_f64(),
             });
         }
-        match child.try_wait() {
+        match reap(pid, false) {
             Ok(Some(s)) => break s,
             Ok(None) => {
-                sample(pid);
+                match tree.as_mut() {
+                    Some(t) => {
+                        t.sample();
+                        sample(&t.live_pids());
+                    }
+                    None => sample(&[pid]),
+                }
                 std::thread::sleep(Duration::from_millis(5))
             }
             Err(e) => {
@@ -147,13 +232,30 @@ pub fn run(
             }
         }
     };
-    // Anything the child left in its group goes too.
-    kill_group(pid);
+    let (status, root_maxrss) = status;
+    let seconds = t0.elapsed().as_secs_f64();
+    kill_everything(&tree);
+    let cgroup_oom = opts.cgroup.is_some_and(|g| g.oom_kills() > 0);
+    let measure = TreeMeasure {
+        data_peak: tree.as_ref().map(|t| t.data_peak).filter(|&b| b > 0),
+        data_limit: opts.data_limit,
+        // the kernel's own high-water mark of the root (and its reaped children) covers a process
+        // that ended before the first sample
+        rss_peak: tree
+            .as_ref()
+            .map(|t| t.rss_peak.max(root_maxrss))
+            .filter(|&b| b > 0),
+        cgroup_peak: opts.cgroup.and_then(|g| g.peak()),
+        processes: tree.as_ref().map_or(1, |t| t.seen()),
+        seconds,
+        log: opts.log.clone(),
+    };
     Ok(Ran::Finished(Finished {
         status,
         stdout: out.join().unwrap_or_default(),
         stderr: err.join().unwrap_or_default(),
-        kernel_oom_kill: killed_by_kernel(status, kills_before, oom_kills()),
+        kernel_oom_kill: cgroup_oom || killed_by_kernel(status, kills_before, oom_kills()),
+        measure,
     }))
 }
 
@@ -182,7 +284,12 @@ pub enum WorkerRan {
 
 impl Worker {
     pub fn start(cmd: Command, data_limit: Option<u64>) -> Result<Worker, BackendError> {
-        let mut child = spawn_limited(cmd, data_limit, Stdio::piped())?;
+        let opts = Options {
+            data_limit,
+            own_child: true,
+            ..Default::default()
+        };
+        let mut child = spawn_limited(cmd, &opts, Stdio::piped())?;
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
         let mut err_pipe = child.stderr.take().expect("piped");
@@ -283,6 +390,7 @@ impl Worker {
             stdout: self.stdout.replace(RESULT_PREFIX, ""),
             stderr,
             kernel_oom_kill: killed_by_kernel(status, kills_before, oom_kills()),
+            measure: TreeMeasure::default(),
         }
     }
 }

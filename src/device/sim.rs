@@ -22,7 +22,7 @@
 //! peak(b) = base + per-sample × max(b, knee) + Σ jumps with N ≤ b (+ late × b when steps > 3).
 //! Step time is modeled as 1 ms + 1 µs × b.
 
-use super::{Backend, BackendError, DeviceInfo, DeviceKind};
+use super::{Backend, BackendError, DeviceInfo, DeviceKind, LimitMechanism};
 use crate::platform::units::{format_size, parse_size};
 use crate::protocol::{Isolation, TrialOutcome, TrialRequest};
 use serde::{Deserialize, Serialize};
@@ -266,6 +266,9 @@ impl Backend for SimBackend {
     }
     fn isolation(&self, _req: &TrialRequest) -> Isolation {
         Isolation::None
+    }
+    fn limit_mechanism(&self) -> LimitMechanism {
+        LimitMechanism::Simulated
     }
     fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
         self.trials_run += 1;

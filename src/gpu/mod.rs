@@ -92,6 +92,17 @@ pub trait GpuQuery {
     fn used_bytes(&self, index: u32) -> Result<u64, GpuError> {
         Ok(self.device(index)?.used_bytes)
     }
+    /// Memory NVML attributes to the processes `pids` on `index`, summed (`None`: NVML attributes
+    /// nothing to any of them, e.g. another PID namespace). One query for a whole process tree.
+    fn processes_used(&self, index: u32, pids: &[u32]) -> Result<Option<u64>, GpuError> {
+        let mut sum = None;
+        for &pid in pids {
+            if let Some(b) = self.process_used(index, pid)? {
+                sum = Some(sum.unwrap_or(0) + b);
+            }
+        }
+        Ok(sum)
+    }
     /// Memory NVML attributes to `pid` on `index` (`None`: unavailable, e.g. another PID namespace).
     fn process_used(&self, index: u32, pid: u32) -> Result<Option<u64>, GpuError> {
         Ok(self

@@ -130,15 +130,19 @@ impl GpuQuery for RealNvml {
         Ok(d.memory_info().map_err(q)?.used)
     }
     fn process_used(&self, index: u32, pid: u32) -> Result<Option<u64>, GpuError> {
+        self.processes_used(index, &[pid])
+    }
+    fn processes_used(&self, index: u32, pids: &[u32]) -> Result<Option<u64>, GpuError> {
         let d = self.nvml.device_by_index(index).map_err(q)?;
-        Ok(d.running_compute_processes()
-            .map_err(q)?
-            .into_iter()
-            .find(|p| p.pid == pid)
-            .and_then(|p| match p.used_gpu_memory {
-                UsedGpuMemory::Used(b) => Some(b),
-                UsedGpuMemory::Unavailable => None,
-            }))
+        let mut sum = None;
+        for p in d.running_compute_processes().map_err(q)? {
+            if pids.contains(&p.pid) {
+                if let UsedGpuMemory::Used(b) = p.used_gpu_memory {
+                    sum = Some(sum.unwrap_or(0) + b);
+                }
+            }
+        }
+        Ok(sum)
     }
 }
 

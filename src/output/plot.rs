@@ -334,7 +334,7 @@ impl View {
         } else {
             format!("{} ({})", plan.device.kind, plan.device.name)
         };
-        let mut title = format!("batchfit: {} on {device}", plan.model.name);
+        let mut title = format!("batchfit: {} on {device}", plan.model.name());
         match plan.status {
             Status::Complete => {}
             Status::Partial => title += " — PARTIAL plan",

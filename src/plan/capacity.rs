@@ -577,7 +577,7 @@ pub fn report(
         .collect();
     Ok(PredictReport {
         plan: plan_path.into(),
-        model: plan.model.name.clone(),
+        model: plan.model.name(),
         device_kind: plan.device.kind,
         device_name: plan.device.name.clone(),
         plan_budget_bytes: plan.budget_bytes,
@@ -713,6 +713,7 @@ mod tests {
             },
             seconds: 1.0,
             gpu_index: None,
+            details: None,
         }
     }
 

@@ -10,6 +10,10 @@ use crate::platform::now_unix;
 use std::path::PathBuf;
 use thiserror::Error;
 
+fn short(fingerprint: &str) -> &str {
+    fingerprint.get(..12).unwrap_or(fingerprint)
+}
+
 #[derive(Debug, Error)]
 pub enum MergeError {
     /// Plans that cannot be combined, or a bad split (exit 2).
@@ -52,7 +56,7 @@ pub fn merge(opts: &MergeOptions) -> Result<Plan, MergeError> {
             )))
             }
         };
-        if plan.model.config.fingerprint() != plan.model.fingerprint {
+        if !plan.model.fingerprint_matches() {
             return Err(MergeError::Usage(format!(
                 "{}: its model fingerprint does not match its model config; the plan was edited",
                 p.display()
@@ -62,15 +66,15 @@ pub fn merge(opts: &MergeOptions) -> Result<Plan, MergeError> {
     }
     let (first_path, first, _) = &plans[0];
     for (p, plan, _) in &plans[1..] {
-        if plan.model.fingerprint != first.model.fingerprint {
+        if plan.model.fingerprint() != first.model.fingerprint() {
             return Err(MergeError::Usage(format!(
                 "{} and {} were made for different models ({} {} vs {} {}); merge plans of one model only",
                 first_path.display(),
                 p.display(),
-                first.model.name,
-                &first.model.fingerprint.get(..12).unwrap_or(&first.model.fingerprint),
-                plan.model.name,
-                &plan.model.fingerprint.get(..12).unwrap_or(&plan.model.fingerprint),
+                first.model.name(),
+                short(first.model.fingerprint()),
+                plan.model.name(),
+                short(plan.model.fingerprint()),
             )));
         }
     }

@@ -13,9 +13,10 @@
 
 pub use super::capacity::{AccumulationOffset, CapacityModel, CapacityPoint};
 pub use super::model::ModelSpec;
-pub use crate::device::{sim::SimSpec, DeviceInfo, DeviceKind, IsolationMode};
+pub use crate::device::{sim::SimSpec, DeviceInfo, DeviceKind, IsolationMode, LimitMechanism};
 pub use crate::protocol::{
-    AllocatorReport, FootprintMethod, GpuMeasure, GpuProcess, Isolation, TrialOutcome,
+    AllocatorReport, FootprintMethod, GpuMeasure, GpuProcess, Isolation, ReportedCuda, StepTime,
+    TrialDetails, TrialOutcome, TrialReport,
 };
 pub use crate::search::{Purpose, StopReason, StrategyKind, TrialRecord};
 
@@ -80,6 +81,134 @@ impl ModelInfo {
             fingerprint: spec.fingerprint(),
         }
     }
+}
+
+/// What a plan's trials ran (the JSON `model` section): batchfit's own tch model ([`ModelInfo`]), or
+/// the user's command ([`ExecInfo`], marked `"kind": "exec"`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum WorkloadInfo {
+    Model(ModelInfo),
+    Exec(ExecInfo),
+}
+
+impl<'de> Deserialize<'de> for WorkloadInfo {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let v = serde_json::Value::deserialize(d)?;
+        if v.get("kind").and_then(|k| k.as_str()) == Some("exec") {
+            serde_json::from_value(v)
+                .map(WorkloadInfo::Exec)
+                .map_err(D::Error::custom)
+        } else {
+            serde_json::from_value(v)
+                .map(WorkloadInfo::Model)
+                .map_err(D::Error::custom)
+        }
+    }
+}
+
+impl WorkloadInfo {
+    /// A short name for people (`mlp`, `gpt2-small`, `exec: python train.py`).
+    pub fn name(&self) -> String {
+        match self {
+            WorkloadInfo::Model(m) => m.name.clone(),
+            WorkloadInfo::Exec(e) => e.name(),
+        }
+    }
+    /// What a plan is for: another fingerprint is another job.
+    pub fn fingerprint(&self) -> &str {
+        match self {
+            WorkloadInfo::Model(m) => &m.fingerprint,
+            WorkloadInfo::Exec(e) => &e.fingerprint,
+        }
+    }
+    /// Whether the fingerprint is that of the rest of the section (an edited plan's is not).
+    pub fn fingerprint_matches(&self) -> bool {
+        match self {
+            WorkloadInfo::Model(m) => m.config.fingerprint() == m.fingerprint,
+            WorkloadInfo::Exec(e) => {
+                exec_fingerprint(&e.argv, &e.fingerprint_files) == e.fingerprint
+            }
+        }
+    }
+    /// The tch model, when the trials ran one.
+    pub fn model(&self) -> Option<&ModelInfo> {
+        match self {
+            WorkloadInfo::Model(m) => Some(m),
+            WorkloadInfo::Exec(_) => None,
+        }
+    }
+    /// The user's command, when the trials ran one.
+    pub fn exec(&self) -> Option<&ExecInfo> {
+        match self {
+            WorkloadInfo::Exec(e) => Some(e),
+            WorkloadInfo::Model(_) => None,
+        }
+    }
+    /// Parameters, where batchfit knows them (its own models).
+    pub fn parameter_count(&self) -> Option<u64> {
+        self.model().map(|m| m.parameter_count)
+    }
+}
+
+/// `"kind": "exec"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExecKind {
+    Exec,
+}
+
+/// A file whose content is part of a command's fingerprint (`--fingerprint-file`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileHash {
+    /// As given on the command line.
+    pub path: String,
+    pub sha256: String,
+}
+
+/// The user's training command (`batchfit probe --exec -- CMD ARG…`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecInfo {
+    pub kind: ExecKind,
+    /// The command as given, placeholders (`{batch}`, `{steps}`, `{accumulation}`) included.
+    pub argv: Vec<String>,
+    /// SHA-256 of the argv and of each fingerprint file's path and content.
+    pub fingerprint: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fingerprint_files: Vec<FileHash>,
+    /// The environment variables batchfit sets in every trial (nothing else of the user's
+    /// environment is changed); the memory limit is in `limit_mechanism`.
+    pub environment: Vec<String>,
+    /// `--oom-pattern`: extra out-of-memory signatures.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub oom_patterns: Vec<String>,
+    /// `--threads`: `OMP_NUM_THREADS` of every trial (absent: the user's environment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
+}
+
+impl ExecInfo {
+    pub fn name(&self) -> String {
+        let base = |a: &String| {
+            std::path::Path::new(a)
+                .file_name()
+                .map_or(a.clone(), |n| n.to_string_lossy().into_owned())
+        };
+        let words: Vec<String> = self.argv.iter().take(2).map(base).collect();
+        let more = if self.argv.len() > 2 { " …" } else { "" };
+        format!("exec: {}{more}", words.join(" "))
+    }
+}
+
+/// The fingerprint of a command: SHA-256 of the canonical JSON of its argv and its files' hashes.
+pub fn exec_fingerprint(argv: &[String], files: &[FileHash]) -> String {
+    use sha2::{Digest, Sha256};
+    let json = serde_json::to_string(&(argv, files)).expect("serialises");
+    Sha256::digest(json.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Process set-up the trainer must reproduce.
@@ -161,7 +290,7 @@ pub struct Plan {
     pub created_unix: u64,
     pub tool: Tool,
     pub device: DeviceInfo,
-    pub model: ModelInfo,
+    pub model: WorkloadInfo,
     pub runtime: Runtime,
     pub budget_bytes: u64,
     pub reserve_bytes: u64,
@@ -190,6 +319,11 @@ pub struct Plan {
     /// Why `reserve_bytes` is what it is when batchfit chose it (DDP's gradient buckets).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserve_note: Option<String>,
+    /// How each trial's memory was limited: `rlimit-data` (per process), `cgroup-v1`/`cgroup-v2`
+    /// (the whole process tree), `cuda-fraction`, `simulated`. Absent in plans made before it was
+    /// recorded (those used `rlimit-data` on cpu).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_mechanism: Option<LimitMechanism>,
     /// The memory curve the trials measured, as a line (`batchfit predict`); absent in plans written
     /// before it existed and when no trial fit.
     #[serde(default, skip_serializing_if = "Option::is_none")]

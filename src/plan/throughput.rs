@@ -136,6 +136,7 @@ mod tests {
             },
             seconds: 0.1,
             gpu_index: None,
+            details: None,
         }
     }
 

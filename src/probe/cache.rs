@@ -101,7 +101,7 @@ pub fn key(skeleton: &Plan, cfg: &ProbeConfig) -> String {
         device_total_bytes: d.total_bytes,
         free_bucket: d.free_bytes_at_start / (d.total_bytes / 16).max(1),
         sim_spec: sim,
-        model_fingerprint: &skeleton.model.fingerprint,
+        model_fingerprint: skeleton.model.fingerprint(),
         budget_bytes: skeleton.budget_bytes,
         reserve_bytes: skeleton.reserve_bytes,
         margin: skeleton.margin,
@@ -175,10 +175,10 @@ pub fn list(dir: &Path) -> Result<Vec<Entry>, CacheError> {
             .unwrap_or_default();
         v.push(Entry {
             key,
-            model: format!(
-                "{} ({} params)",
-                plan.model.name, plan.model.parameter_count
-            ),
+            model: match plan.model.parameter_count() {
+                Some(n) => format!("{} ({n} params)", plan.model.name()),
+                None => plan.model.name(),
+            },
             device: format!("{} {}", plan.device.kind, plan.device.name),
             micro_batch: plan.recommendation.as_ref().map_or(0, |r| r.micro_batch),
             created_unix: plan.created_unix,

@@ -60,9 +60,12 @@ pub fn run_cached(
 ) -> Result<ProbeReport, ProbeError> {
     let mut notices = vec![];
     let devices = setup::resolve(cfg, &mut notices)?;
-    // The device choice is news before the search, not after it.
+    // The device choice and the config's warnings are news before the search, not after it.
     for n in notices.drain(..) {
         progress.line(&n);
+    }
+    for w in &cfg.warnings {
+        progress.line(&format!("batchfit: warning: {w}"));
     }
     // Fault injection is a test of the trial runner: never answered from, nor stored in, the cache.
     let cache = cache.filter(|_| cfg.fault.is_none());
@@ -72,11 +75,17 @@ pub fn run_cached(
             one_device(cfg, &mut b, None, None, exe, progress, cache)
         }
         Devices::Cpu => {
-            let mut b = setup::cpu_backend(cfg, exe)?;
+            let mut b = setup::cpu_backend(cfg, exe, &mut notices)?;
+            for n in notices.drain(..) {
+                progress.line(&n);
+            }
             one_device(cfg, &mut b, None, None, exe, progress, cache)
         }
         Devices::Cuda(gpus) => {
             let (c, note) = setup::cuda_effective(cfg, &gpus)?;
+            if gpus.indices.len() > 1 && c.exec.is_some() {
+                return one_job_on_several_gpus(&c, &gpus, note, exe, progress, cache);
+            }
             if gpus.indices.len() > 1 {
                 return several_gpus(&c, &gpus, note, exe, progress, cache);
             }
@@ -155,13 +164,21 @@ fn one_device(
         return Ok(hit);
     }
     progress.line(&format!(
-        "batchfit: {} on {} ({}): budget {}, limit {} ({} params)",
-        skeleton.model.name,
+        "batchfit: {} on {} ({}): budget {}, limit {} ({})",
+        skeleton.model.name(),
         skeleton.device.kind,
         skeleton.device.name,
         format_size(skeleton.budget_bytes),
         format_size(limit),
-        skeleton.model.parameter_count
+        match skeleton.model.parameter_count() {
+            Some(n) => format!("{n} params"),
+            None => format!(
+                "limited by {}",
+                skeleton
+                    .limit_mechanism
+                    .map_or("the device", |m| m.as_str())
+            ),
+        }
     ));
     let (mut plan, ending) = single::run(cfg, backend, &skeleton, limit, progress)?;
     if cfg.compare_alloc_conf && plan.status == Status::Complete && plan.gpu.is_some() {
@@ -171,6 +188,72 @@ fn one_device(
         }
     }
     finish(cfg, plan, ending, cache, key.as_ref())
+}
+
+/// A user's command over several GPUs (`--exec -- torchrun --nproc-per-node N …`): one job, each
+/// trial on all of them, each GPU held to the limit; every GPU's peak of the recommended size in
+/// `gpu.per_gpu`.
+fn one_job_on_several_gpus(
+    cfg: &ProbeConfig,
+    gpus: &setup::CudaSetup,
+    reserve_note: Option<String>,
+    exe: &Path,
+    progress: &mut dyn Progress,
+    cache: Option<&CacheOptions>,
+) -> Result<ProbeReport, ProbeError> {
+    let (first, rest) = gpus.indices.split_first().expect("several GPUs");
+    let mut b = gpus
+        .backend(*first, cfg, exe)?
+        .with_group(rest)
+        .map_err(|e| ProbeError::Environment(e.to_string()))?;
+    let section = gpus.section(&b, cfg);
+    progress.line(&format!(
+        "batchfit: one job on GPUs {} (CUDA_VISIBLE_DEVICES holds all of them in every trial)",
+        gpus.list()
+    ));
+    let mut report = one_device(
+        cfg,
+        &mut b,
+        Some(section),
+        reserve_note,
+        exe,
+        progress,
+        cache,
+    )?;
+    let plan = &mut report.plan;
+    let peaks: Vec<(u32, u64)> = plan
+        .recommendation
+        .as_ref()
+        .and_then(|r| single::best_fit(&plan.trials, r.micro_batch))
+        .and_then(|t| t.details.as_ref())
+        .map(|d| d.gpu_peaks.clone())
+        .unwrap_or_default();
+    let per_gpu = gpus
+        .indices
+        .iter()
+        .filter_map(|&i| gpus.gpus.device(i).ok())
+        .map(|g| plan::PerGpu {
+            index: g.index,
+            name: g.name.clone(),
+            uuid: g.uuid.clone(),
+            free_bytes_at_start: g.free_bytes,
+            max_fitting_batch: plan.recommendation.as_ref().map(|r| r.max_fitting_batch),
+            first_failing_batch: plan
+                .recommendation
+                .as_ref()
+                .and_then(|r| r.first_failing_batch),
+            trials: plan.trials.len(),
+            confirmed: plan.status == Status::Complete,
+            peak_bytes: peaks.iter().find(|(j, _)| *j == g.index).map(|(_, p)| *p),
+        })
+        .collect();
+    if let Some(g) = plan.gpu.as_mut() {
+        g.per_gpu = per_gpu;
+    }
+    if let Some(w) = &report.written {
+        plan.write_atomic(w)?;
+    }
+    Ok(report)
 }
 
 fn several_gpus(

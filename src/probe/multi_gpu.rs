@@ -157,6 +157,8 @@ pub fn run(
         .find(|(_, o)| !o.stop_reason.is_complete())
     {
         let (mut plan, ending) = single::assemble(cfg, &gpus[i].skeleton, o, None);
+        // what every GPU measured, each trial tagged with its GPU
+        plan.trials = gpus.iter().flat_map(|g| g.trials.clone()).collect();
         if let Some(g) = plan.gpu.as_mut() {
             g.per_gpu = per_gpu;
         }

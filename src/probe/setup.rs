@@ -4,18 +4,22 @@
 
 use super::report::ProbeError;
 use crate::accumulate;
+use crate::cli::CpuLimitArg;
 use crate::config::{self, BackendChoice, ProbeConfig};
+use crate::device::cgroup;
 use crate::device::cpu::CpuBackend;
 use crate::device::cuda::{fake, CudaBackend, Executor};
 use crate::device::sim::{SimBackend, SimSpec};
-use crate::device::{Backend, DeviceKind, IsolationMode};
+use crate::device::{Backend, DeviceKind, IsolationMode, LimitMechanism};
 use crate::gpu::{GpuError, GpuProcess, GpuQuery};
 use crate::plan::model::{ModelSpec, Precision};
+use crate::plan::schema::{ExecInfo, WorkloadInfo};
 use crate::plan::{GpuSection, ModelInfo, Plan, Runtime, SearchSettings, Status, StopReason, Tool};
 use crate::platform::units::format_size;
 use crate::platform::{now_unix, sysmem};
 use crate::protocol::Workload;
 use crate::workload::child::TrialSpec;
+use crate::workload::exec::ExecWorkload;
 use crate::workload::{ModelWorkload, LIBTORCH_MIN_DATA};
 use std::path::Path;
 use std::sync::Arc;
@@ -44,8 +48,39 @@ pub fn model_workload(
     })
 }
 
-fn workload(cfg: &ProbeConfig, exe: &Path) -> Arc<dyn Workload> {
-    model_workload(exe, &cfg.model, cfg.threads, cfg.seed, cfg.fault)
+/// The user's command of `info` (`batchfit probe --exec`, and `verify` of its plans).
+pub fn exec_workload(
+    info: &ExecInfo,
+    oom_patterns: Vec<regex_lite::Regex>,
+) -> Result<Arc<dyn Workload>, ProbeError> {
+    ExecWorkload::new(info.clone(), oom_patterns, info.threads)
+        .map(|w| Arc::new(w) as Arc<dyn Workload>)
+        .map_err(|e| {
+            ProbeError::Environment(format!("cannot make a folder for the trials' reports: {e}"))
+        })
+}
+
+/// What `cfg`'s trials run: the user's command (`--exec`), else batchfit's tch model.
+fn workload(cfg: &ProbeConfig, exe: &Path) -> Result<Arc<dyn Workload>, ProbeError> {
+    match &cfg.exec {
+        Some(e) => exec_workload(&e.info, e.oom_patterns.clone()),
+        None => Ok(model_workload(
+            exe,
+            &cfg.model,
+            cfg.threads,
+            cfg.seed,
+            cfg.fault,
+        )),
+    }
+}
+
+/// `--logs DIR`, created when missing.
+fn logs_dir(cfg: &ProbeConfig) -> Result<Option<std::path::PathBuf>, ProbeError> {
+    let Some(d) = &cfg.logs else { return Ok(None) };
+    std::fs::create_dir_all(d).map_err(|e| {
+        ProbeError::Environment(format!("cannot create --logs {}: {e}", d.display()))
+    })?;
+    Ok(Some(d.clone()))
 }
 
 /// The resolved cuda set-up: NVML (or the scripted GPUs of tests), the GPUs to probe.
@@ -141,16 +176,20 @@ impl CudaSetup {
             Some(f) => Executor::Fake(SimBackend::new(f.sim(index).ok_or_else(|| {
                 ProbeError::Environment(format!("{}: no sim curve for GPU {index}", fake::ENV))
             })?)),
-            None => Executor::Real(workload(cfg, exe)),
+            None => Executor::Real(workload(cfg, exe)?),
         };
-        CudaBackend::new(
+        let b = CudaBackend::new(
             self.gpus.clone(),
             index,
             exec,
             cfg.alloc_conf.clone(),
             cfg.trial_timeout,
         )
-        .map_err(|e| ProbeError::Environment(e.to_string()))
+        .map_err(|e| ProbeError::Environment(e.to_string()))?;
+        Ok(match logs_dir(cfg)? {
+            Some(d) => b.with_logs(d),
+            None => b,
+        })
     }
 
     /// The plan's `gpu` section for the GPU of `b` (as NVML saw it at the start).
@@ -240,10 +279,34 @@ pub fn resolve(cfg: &ProbeConfig, notices: &mut Vec<String>) -> Result<Devices, 
     }
 }
 
-/// The cpu device running `cfg`'s workload.
-pub fn cpu_backend(cfg: &ProbeConfig, exe: &Path) -> Result<CpuBackend, ProbeError> {
-    CpuBackend::new(workload(cfg, exe), cfg.trial_timeout, cfg.isolation)
-        .map_err(|e| ProbeError::Environment(e.to_string()))
+/// The cpu device running `cfg`'s workload; a user's command in a memory cgroup per trial where
+/// `--cpu-limit` asks for one or `auto` finds one (`notices` says which and why).
+pub fn cpu_backend(
+    cfg: &ProbeConfig,
+    exe: &Path,
+    notices: &mut Vec<String>,
+) -> Result<CpuBackend, ProbeError> {
+    let mut b = CpuBackend::new(workload(cfg, exe)?, cfg.trial_timeout, cfg.isolation)
+        .map_err(|e| ProbeError::Environment(e.to_string()))?;
+    if let Some(e) = &cfg.exec {
+        match (e.cpu_limit, cgroup::parent()) {
+            (CpuLimitArg::Rlimit, _) => {}
+            (_, Ok(parent)) => b = b.with_cgroup(parent),
+            (CpuLimitArg::Cgroup, Err(why)) => {
+                return Err(ProbeError::Environment(format!(
+                "--cpu-limit cgroup: {why}; use --cpu-limit rlimit (RLIMIT_DATA on each process)"
+            )))
+            }
+            (CpuLimitArg::Auto, Err(why)) => notices.push(format!(
+                "batchfit: --cpu-limit auto: no memory cgroup for trials ({why}); each process of \
+                 the command runs under RLIMIT_DATA instead"
+            )),
+        }
+    }
+    Ok(match logs_dir(cfg)? {
+        Some(d) => b.with_logs(d),
+        None => b,
+    })
 }
 
 /// Gradient bytes per parameter (DDP's buckets hold one copy of the gradients).
@@ -274,7 +337,8 @@ pub fn cuda_effective(
         }
     }
     let mut note = None;
-    if c.world_size > 1 && !c.reserve_given {
+    // (a user's command is measured as the whole DDP job: its buckets are in the trial already)
+    if c.world_size > 1 && !c.reserve_given && c.exec.is_none() {
         let bytes = c.model.parameter_count() * gradient_bytes(&c);
         c.reserve = bytes;
         note = Some(format!(
@@ -317,7 +381,7 @@ pub fn skeleton(
         )));
     }
     let limit = config::limit(budget, cfg.reserve, cfg.margin);
-    if device.kind == DeviceKind::Cpu && limit < LIBTORCH_MIN_DATA {
+    if device.kind == DeviceKind::Cpu && cfg.exec.is_none() && limit < LIBTORCH_MIN_DATA {
         return Err(ProbeError::Usage(format!(
             "the limit {} (budget {} − reserve {}, less the {:.0}% margin) is below the {} a libtorch process \
              needs to start on CPU; raise --memory-budget",
@@ -337,7 +401,10 @@ pub fn skeleton(
         status: Status::Partial,
         created_unix: now_unix(),
         tool: Tool::current(),
-        model: ModelInfo::of(&cfg.model),
+        model: match &cfg.exec {
+            Some(e) => WorkloadInfo::Exec(e.info.clone()),
+            None => WorkloadInfo::Model(ModelInfo::of(&cfg.model)),
+        },
         runtime: Runtime {
             threads: cfg.threads,
             seed: cfg.seed,
@@ -358,12 +425,13 @@ pub fn skeleton(
         stop_reason: StopReason::Interrupted,
         stop_detail: "search in progress".into(),
         trials: vec![],
-        warnings: vec![],
+        warnings: cfg.warnings.clone(),
         verified: None,
         sources: vec![],
         sim_spec,
         gpu,
         reserve_note,
+        limit_mechanism: Some(backend.limit_mechanism()),
         capacity_model: None,
         sweep: None,
     };
@@ -378,14 +446,40 @@ pub fn plan_backend(
     sim: Option<SimSpec>,
 ) -> Result<Box<dyn Backend>, ProbeError> {
     let timeout = Duration::from_secs_f64(plan.search.trial_timeout_seconds.max(1.0));
-    let workload = || {
-        model_workload(
-            exe,
-            &plan.model.config,
-            plan.runtime.threads,
-            plan.runtime.seed,
-            None,
-        )
+    let workload = || -> Result<Arc<dyn Workload>, ProbeError> {
+        match &plan.model {
+            WorkloadInfo::Model(m) => Ok(model_workload(
+                exe,
+                &m.config,
+                plan.runtime.threads,
+                plan.runtime.seed,
+                None,
+            )),
+            WorkloadInfo::Exec(e) => {
+                for f in &e.fingerprint_files {
+                    let now = crate::platform::files::sha256(Path::new(&f.path)).map_err(|err| {
+                        ProbeError::Usage(format!(
+                            "the plan's command file {} cannot be read here ({err}); run verify where \
+                             the job's files are",
+                            f.path
+                        ))
+                    })?;
+                    if now != f.sha256 {
+                        return Err(ProbeError::Usage(format!(
+                            "{} changed since the plan was made; probe the command again",
+                            f.path
+                        )));
+                    }
+                }
+                let patterns = e
+                    .oom_patterns
+                    .iter()
+                    .map(|p| regex_lite::Regex::new(p))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|err| ProbeError::Usage(format!("a plan's --oom-pattern: {err}")))?;
+                exec_workload(e, patterns)
+            }
+        }
     };
     let env = |e: String| ProbeError::Environment(e);
     Ok(match plan.device.kind {
@@ -398,10 +492,21 @@ pub fn plan_backend(
             })?;
             Box::new(SimBackend::new(spec))
         }
-        DeviceKind::Cpu => Box::new(
-            CpuBackend::new(workload(), timeout, IsolationMode::Process)
-                .map_err(|e| env(e.to_string()))?,
-        ),
+        DeviceKind::Cpu => {
+            let b = CpuBackend::new(workload()?, timeout, IsolationMode::Process)
+                .map_err(|e| env(e.to_string()))?;
+            Box::new(match plan.limit_mechanism {
+                Some(LimitMechanism::CgroupV1 | LimitMechanism::CgroupV2) => {
+                    b.with_cgroup(cgroup::parent().map_err(|why| {
+                        env(format!(
+                            "the plan was proven with a memory cgroup per trial, and none can be \
+                             made here: {why}"
+                        ))
+                    })?)
+                }
+                _ => b,
+            })
+        }
         DeviceKind::Cuda => {
             let index = plan.gpu.as_ref().map_or(0, |g| g.index);
             let fake = fake::Fake::from_env()
@@ -416,7 +521,7 @@ pub fn plan_backend(
                 }
                 None => (
                     Arc::new(crate::gpu::nvml::RealNvml::get().map_err(|e| env(e.to_string()))?),
-                    Executor::Real(workload()),
+                    Executor::Real(workload()?),
                 ),
             };
             let alloc_conf = plan.gpu.as_ref().and_then(|g| g.alloc_conf.clone());

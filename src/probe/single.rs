@@ -123,6 +123,9 @@ pub fn assemble(
                         r.fastest_micro_batch = Some(a.fastest.batch);
                         r.fastest_samples_per_second = Some(a.fastest.samples_per_second);
                     }
+                    if let Some(w) = unproven_accumulation(cfg, &outcome.trials, &r) {
+                        plan.warnings.push(w);
+                    }
                     plan.recommendation = Some(r);
                     if let Some(w) = &s.warning {
                         plan.warnings.push(w.clone());
@@ -181,4 +184,41 @@ pub fn best_fit(trials: &[TrialRecord], batch: u64) -> Option<&TrialRecord> {
         .iter()
         .filter(|t| t.batch == batch && t.outcome.fits())
         .max_by_key(|t| (t.accumulation, t.steps))
+}
+
+/// A user's command proves a split only when it ran the accumulation it was given: the warning for
+/// a recommended accumulation > 1 whose trials say (by their report) the command did not read it, or
+/// cannot say (no report, no `{accumulation}` in its arguments).
+fn unproven_accumulation(
+    cfg: &ProbeConfig,
+    trials: &[TrialRecord],
+    r: &Recommendation,
+) -> Option<String> {
+    let exec = cfg.exec.as_ref()?;
+    if r.accumulation <= 1 {
+        return None;
+    }
+    let placeholder = exec.info.argv.iter().any(|a| a.contains("{accumulation}"));
+    if placeholder {
+        return None;
+    }
+    let reads = trials
+        .iter()
+        .filter(|t| t.batch == r.micro_batch && u64::from(t.accumulation) == r.accumulation)
+        .filter_map(|t| t.details.as_ref()?.report.as_ref())
+        .map(|rep| rep.reads_accumulation && rep.accumulation == r.accumulation)
+        .next();
+    match reads {
+        Some(true) => None,
+        Some(false) => Some(format!(
+            "the command's report says it did not read the accumulation (BATCHFIT_ACCUMULATION, \
+             {{accumulation}}): the split {} × {} was proven at accumulation 1 only",
+            r.micro_batch, r.accumulation
+        )),
+        None => Some(format!(
+            "the command takes no {{accumulation}} and wrote no report, so nothing shows it ran {} \
+             micro-batches per step: the split {} × {} may be proven at accumulation 1 only",
+            r.accumulation, r.micro_batch, r.accumulation
+        )),
+    }
 }

@@ -64,13 +64,15 @@ pub fn confirmed(
             };
             match first {
                 Confirmation::Fits => continue,
-                Confirmation::Failed(why) => return SplitOutcome {
-                    split: Err(Stop::Fatal(format!(
+                Confirmation::Failed(why) => {
+                    return SplitOutcome {
+                        split: Err(Stop::Fatal(format!(
                         "the confirmation of micro-batch {b} × accumulation {acc} failed ({why}); \
                              the split is not proven"
                     ))),
-                    warnings,
-                },
+                        warnings,
+                    }
+                }
                 Confirmation::OutOfMemory if acc > 1 => {
                     warnings.push(format!(
                         "micro-batch {b} fits alone but ran out of memory with {acc} accumulated \

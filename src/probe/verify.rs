@@ -48,7 +48,7 @@ pub fn verify(
             )))
         }
     };
-    if plan.model.config.fingerprint() != plan.model.fingerprint {
+    if !plan.model.fingerprint_matches() {
         return Err(ProbeError::Usage(
             "the plan's model fingerprint does not match its model config; the plan was edited"
                 .into(),
@@ -86,7 +86,7 @@ pub fn verify(
     progress.line(&format!(
         "batchfit: verifying micro-batches {:?} of {} on {} ({}): limit {}",
         rec.micro_batches,
-        plan.model.name,
+        plan.model.name(),
         device.kind,
         device.name,
         format_size(limit)

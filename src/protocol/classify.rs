@@ -113,7 +113,22 @@ fn oom_line(msg: &str, extra: &[regex_lite::Regex]) -> Option<String> {
 }
 
 fn matching_line(msg: &str, pred: impl Fn(&str) -> bool) -> Option<String> {
-    msg.lines().map(str::trim).find(|l| pred(l)).map(clip)
+    msg.lines().map(unprefixed).find(|l| pred(l)).map(clip)
+}
+
+/// A line without its indentation and without the `[rank1]: ` / `[default0]: ` prefix torchrun puts
+/// before each line of a worker's output (so a rank's `MemoryError` is seen as one).
+fn unprefixed(line: &str) -> &str {
+    let l = line.trim();
+    if let Some(rest) = l.strip_prefix('[') {
+        if let Some((tag, after)) = rest.split_once("]:") {
+            let name = tag.trim_end_matches(|c: char| c.is_ascii_digit());
+            if (name == "rank" || name == "default") && name.len() < tag.len() {
+                return after.trim();
+            }
+        }
+    }
+    l
 }
 
 /// The data segment's share of its limit in percent, when it had reached 95% of it.
@@ -191,6 +206,15 @@ mod tests {
         ] {
             assert!(text(m).is_oom(), "{m}");
         }
+        // a torchrun worker's lines carry its rank
+        assert_eq!(
+            text("[rank1]: Traceback (most recent call last):\n[rank1]: MemoryError").message(),
+            "MemoryError"
+        );
+        assert!(!text(
+            "[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:547] Connection closed by peer"
+        )
+        .is_oom());
         // the line that says so is recorded, not whatever came first
         assert_eq!(
             text("warning: slow\nMemoryError: cannot grow").message(),

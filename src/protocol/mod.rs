@@ -259,6 +259,26 @@ pub enum Placement {
     },
 }
 
+/// What the device measured of a trial's process tree (user commands; a tch child measures itself).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TreeMeasure {
+    /// The largest data segment of any process of the tree (what `RLIMIT_DATA` acts on, per process).
+    pub data_peak: Option<u64>,
+    /// The `RLIMIT_DATA` the tree ran under, if any.
+    pub data_limit: Option<u64>,
+    /// Peak of the tree's summed resident memory.
+    pub rss_peak: Option<u64>,
+    /// Peak usage of the memory cgroup the tree ran in, if any (what `memory.max` acts on).
+    pub cgroup_peak: Option<u64>,
+    /// Processes seen in the tree.
+    pub processes: u32,
+    /// Wall seconds from start to exit.
+    pub seconds: f64,
+    /// Where the whole output was written (`--logs`).
+    pub log: Option<std::path::PathBuf>,
+}
+
+/// A trial process that ended, as the process runner saw it.
 /// A trial process that ended, as the process runner saw it.
 #[derive(Debug, Clone)]
 pub struct Finished {
@@ -267,8 +287,89 @@ pub struct Finished {
     pub stdout: String,
     pub stderr: String,
     /// The kernel's OOM killer killed a process of the trial (its `oom_kill` counter rose and the
-    /// process died by SIGKILL).
+    /// process died by SIGKILL, or the trial's memory cgroup counted an OOM kill).
     pub kernel_oom_kill: bool,
+    /// The device's measurements of the tree (empty for a self-measuring tch child).
+    pub measure: TreeMeasure,
+}
+
+/// The report a user's command may write to `BATCHFIT_RESULT` (`batchfit python-helper` writes it):
+/// what it really trained, so a trial that exits 0 can be checked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrialReport {
+    /// `batchfit-trial-report/1`.
+    pub schema: String,
+    pub batch: u64,
+    pub steps: u64,
+    pub accumulation: u64,
+    /// The command asked for the accumulation (so a split's accumulation reached it).
+    pub reads_accumulation: bool,
+    pub step_seconds: Vec<f64>,
+    #[serde(default)]
+    pub rank: u32,
+    #[serde(default = "one_u32")]
+    pub world_size: u32,
+    /// torch's CUDA allocator statistics of the rank's device, when it used CUDA.
+    #[serde(default)]
+    pub cuda: Option<ReportedCuda>,
+    #[serde(default)]
+    pub python: Option<String>,
+    #[serde(default)]
+    pub torch: Option<String>,
+}
+
+fn one_u32() -> u32 {
+    1
+}
+
+/// The `cuda` block of a [`TrialReport`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReportedCuda {
+    pub device: String,
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    pub reserved_bytes: u64,
+    pub alloc_retries: u64,
+    pub ooms: u64,
+}
+
+/// The schema of [`TrialReport`] this build reads.
+pub const REPORT_SCHEMA: &str = "batchfit-trial-report/1";
+
+/// Where a fitting trial's seconds per step came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StepTime {
+    /// The command's report (its own step times).
+    Report,
+    /// The trial's wall time over its steps (start-up included: slower than the real step).
+    WallClock,
+}
+
+/// More about a trial of a user's command, kept in its record.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrialDetails {
+    /// The last lines of its output (stderr, then stdout).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub output_tail: Vec<String>,
+    /// Where its whole output is (`--logs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
+    /// The report it wrote, as read (rank 0's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report: Option<TrialReport>,
+    /// Peak of the summed resident memory of its process tree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_rss_peak_bytes: Option<u64>,
+    /// Processes seen in its tree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<u32>,
+    /// Where `step_seconds` came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_time: Option<StepTime>,
+    /// Peak of NVML's used memory summed over the tree's processes, per GPU (NVML index, bytes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_peaks: Vec<(u32, u64)>,
 }
 
 /// What a trial runs, as a device sees it: the command of one trial and what its end means. The
@@ -282,6 +383,11 @@ pub trait Workload: Send + Sync {
     fn worker_command(&self, _at: &Placement) -> Option<std::process::Command> {
         None
     }
-    /// What a finished trial process means.
-    fn outcome(&self, finished: &Finished) -> TrialOutcome;
+    /// What a finished trial process means, and what to keep of it in the trial's record.
+    fn outcome(&self, finished: &Finished) -> (TrialOutcome, Option<TrialDetails>);
+    /// Whether the device measures the trial's process tree (a user's command) rather than the
+    /// trial measuring itself (batchfit's tch child).
+    fn measured_by_device(&self) -> bool {
+        false
+    }
 }

@@ -36,7 +36,7 @@ pub mod bisect;
 pub mod guided;
 
 use crate::device::{Backend, BackendError};
-use crate::protocol::{Isolation, TrialOutcome, TrialRequest};
+use crate::protocol::{Isolation, TrialDetails, TrialOutcome, TrialRequest};
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
@@ -180,6 +180,9 @@ pub struct TrialRecord {
     /// outcome's measurement.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_index: Option<u32>,
+    /// More about a trial of a user's command (its output's tail, its report, its process tree).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<TrialDetails>,
 }
 
 fn one() -> u32 {
@@ -514,6 +517,7 @@ impl<'b> Prober<'b> {
             outcome: outcome.clone(),
             seconds: t0.elapsed().as_secs_f64(),
             gpu_index: self.gpu,
+            details: self.backend.take_details(),
         };
         self.trials.push(rec);
         (self.on_trial)(self.trials.last().unwrap(), &self.trials);

@@ -2,22 +2,24 @@
 //!
 //! A workload knows how to start one trial of itself at a [`TrialRequest`] and what the trial's end
 //! means ([`crate::protocol::Workload`]); it knows nothing of limits or measurement, which are the
-//! device's ([`crate::device`]). One kind today:
+//! device's ([`crate::device`]). Two kinds:
 //!
 //! * [`ModelWorkload`]: a tch model (a zoo model or a TorchScript file, described by
 //!   [`crate::plan::model::ModelSpec`]) trained by this very executable's hidden `__trial`
-//!   subcommand ([`child`]), with the step code `batchfit-train` also runs ([`model`]).
+//!   subcommand ([`child`]), with the step code `batchfit-train` also runs ([`model`]);
+//! * [`exec::ExecWorkload`]: the user's own training command, unchanged (`--exec`).
 //!
 //! Adding a workload: implement [`crate::protocol::Workload`] (the command of one trial at
 //! `(batch, steps, accumulation)` on a [`Placement`], and the outcome of a finished process, using
 //! [`crate::protocol::classify`]), give it a plan `model` section, and let `probe::setup` build it.
 
 pub mod child;
+pub mod exec;
 pub mod model;
 
 use crate::platform::units::format_size;
 use crate::protocol::classify::{classify, first_line, Evidence, Verdict};
-use crate::protocol::{Finished, Placement, TrialOutcome, TrialRequest, Workload};
+use crate::protocol::{Finished, Placement, TrialDetails, TrialOutcome, TrialRequest, Workload};
 use child::TrialSpec;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
@@ -75,7 +77,13 @@ impl Workload for ModelWorkload {
     /// The child's own result line when it exited cleanly; otherwise the evidence of its death (its
     /// stderr, the kernel's OOM killer) through the classifier. Out of memory before the child
     /// started is not a measurement of the trial: an error saying the limit is too small.
-    fn outcome(&self, f: &Finished) -> TrialOutcome {
+    fn outcome(&self, f: &Finished) -> (TrialOutcome, Option<TrialDetails>) {
+        (self.judge(f), None)
+    }
+}
+
+impl ModelWorkload {
+    fn judge(&self, f: &Finished) -> TrialOutcome {
         if f.status.success() {
             return crate::protocol::parse_result(&f.stdout).unwrap_or_else(|| {
                 TrialOutcome::Error {

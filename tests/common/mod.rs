@@ -85,3 +85,22 @@ pub fn processes_with(needle: &str) -> Vec<u32> {
     }
     v
 }
+
+/// The Python of the libtorch environment the binaries were built against (torch 2.11.0).
+pub fn venv_python() -> PathBuf {
+    let lib = PathBuf::from(env!("BATCHFIT_LIBTORCH_LIB")); // …/venv/lib/python3.X/site-packages/torch/lib
+    let venv = lib.ancestors().nth(5).expect("venv root").to_path_buf();
+    let py = venv.join("bin/python");
+    assert!(
+        py.exists(),
+        "{} not found: these tests run Python with the libtorch venv's interpreter \
+         (scripts/setup-libtorch.sh creates it)",
+        py.display()
+    );
+    py
+}
+
+/// This repository's root.
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}

@@ -106,13 +106,15 @@ fn refusals(plan: &Plan) -> Vec<String> {
             )
         });
     }
-    let rebuilt = plan.model.config.fingerprint();
-    if rebuilt != plan.model.fingerprint {
-        r.push(format!(
-            "the plan was made for another model: its fingerprint is {} but its model config builds {}",
-            &plan.model.fingerprint.get(..12).unwrap_or(&plan.model.fingerprint),
-            &rebuilt[..12]
-        ));
+    if let Some(m) = plan.model.model() {
+        let rebuilt = m.config.fingerprint();
+        if rebuilt != m.fingerprint {
+            r.push(format!(
+                "the plan was made for another model: its fingerprint is {} but its model config builds {}",
+                m.fingerprint.get(..12).unwrap_or(&m.fingerprint),
+                &rebuilt[..12]
+            ));
+        }
     }
     match plan.device.kind {
         DeviceKind::Cpu => {
@@ -194,6 +196,19 @@ fn cuda_environment(plan: &Plan, memory_limit: &str) -> Result<(), Fail> {
 
 fn run(a: &Args) -> Result<(), Fail> {
     let plan = Plan::read(&a.plan).map_err(fail(Exit::Usage))?;
+    let Some(model) = plan.model.model() else {
+        return Err(Fail(
+            Exit::Usage,
+            anyhow!(
+                "{} was proven for your own command ({}), which batchfit-train cannot run: in the job \
+                 script, run that command with the plan's numbers, e.g. eval \"$(batchfit show {} \
+                 --format env)\" and pass $BATCHFIT_MICRO_BATCH and $BATCHFIT_ACCUMULATION to it",
+                a.plan.display(),
+                plan.model.name(),
+                a.plan.display()
+            ),
+        ));
+    };
     if plan.device.kind == DeviceKind::Cuda {
         cuda_environment(&plan, &a.memory_limit)?;
     }
@@ -293,7 +308,7 @@ fn run(a: &Args) -> Result<(), Fail> {
                 .map_err(fail(Exit::Environment))?;
         }
     }
-    let mut spec: ModelSpec = plan.model.config.clone();
+    let mut spec: ModelSpec = model.config.clone();
     if let Architecture::Torchscript { file, sha256, .. } = &mut spec.architecture {
         let path = a
             .model_file
@@ -324,7 +339,7 @@ fn run(a: &Args) -> Result<(), Fail> {
             Exit::Usage,
             anyhow!(
                 "--model-file is for TorchScript plans; this plan's model is the built-in {}",
-                plan.model.name
+                plan.model.name()
             ),
         ));
     }
@@ -346,8 +361,8 @@ fn run(a: &Args) -> Result<(), Fail> {
     if !a.quiet {
         eprintln!(
             "batchfit-train: {} ({} params), {} optimizer steps of {} samples ({} micro-batch{} of {})",
-            plan.model.name,
-            plan.model.parameter_count,
+            model.name,
+            model.parameter_count,
             a.steps,
             per_step,
             micro_batches.len(),

@@ -99,3 +99,9 @@ pub fn man(subcommand: Option<&str>) -> Result<Exit, Fail> {
     print_stdout(&String::from_utf8_lossy(&buf))?;
     Ok(Exit::Success)
 }
+
+/// `batchfit python-helper`: the helper for training scripts probed with `--exec`.
+pub fn python_helper() -> Result<Exit, Fail> {
+    print_stdout(batchfit::workload::exec::PYTHON_HELPER)?;
+    Ok(Exit::Success)
+}

@@ -23,11 +23,12 @@ pub mod fake;
 
 use super::process::{self, Ran};
 use super::sim::SimBackend;
-use super::{Backend, BackendError, DeviceInfo, DeviceKind};
+use super::{Backend, BackendError, DeviceInfo, DeviceKind, LimitMechanism};
 use crate::gpu::{GpuInfo, GpuQuery};
 use crate::platform::units::format_size;
 use crate::protocol::{
-    FootprintMethod, GpuMeasure, Isolation, Placement, TrialOutcome, TrialRequest, Workload,
+    FootprintMethod, GpuMeasure, Isolation, Placement, TrialDetails, TrialOutcome, TrialRequest,
+    Workload,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,6 +50,12 @@ pub struct CudaBackend {
     exec: Executor,
     alloc_conf: Option<String>,
     timeout: Duration,
+    /// The other GPUs a trial runs on (a user's command over several GPUs, [`Self::with_group`]).
+    group: Vec<GpuInfo>,
+    /// `--logs DIR`: each trial's whole output.
+    logs: Option<std::path::PathBuf>,
+    trials: u32,
+    details: Option<TrialDetails>,
 }
 
 /// The GPUs as this process sees them: NVML, or in tests the scripted GPUs of `BATCHFIT_FAKE_GPUS`
@@ -111,7 +118,17 @@ impl CudaBackend {
             exec,
             alloc_conf,
             timeout,
+            group: vec![],
+            logs: None,
+            trials: 0,
+            details: None,
         })
+    }
+
+    /// Each trial's whole output into `dir`.
+    pub fn with_logs(mut self, dir: std::path::PathBuf) -> Self {
+        self.logs = Some(dir);
+        self
     }
 
     /// The GPU as NVML saw it at the start (other processes included).
@@ -123,59 +140,124 @@ impl CudaBackend {
         self.index
     }
 
+    /// Every GPU a trial runs on: this one, then the others of the group.
+    fn all_gpus(&self) -> Vec<&GpuInfo> {
+        std::iter::once(&self.info).chain(&self.group).collect()
+    }
+
+    /// A trial on this GPU and on the GPUs `others` together (a user's torchrun/DDP command
+    /// spanning them): each of its processes sees all of them, each GPU is held to the limit, and
+    /// the budget is the smallest free memory among them.
+    pub fn with_group(mut self, others: &[u32]) -> Result<Self, BackendError> {
+        for &i in others {
+            let g = self
+                .gpus
+                .device(i)
+                .map_err(|e| BackendError::Environment(e.to_string()))?;
+            self.device.free_bytes_at_start = self.device.free_bytes_at_start.min(g.free_bytes);
+            self.device.total_bytes = self.device.total_bytes.min(g.total_bytes);
+            self.limit = self.limit.min(g.free_bytes);
+            self.group.push(g);
+        }
+        Ok(self)
+    }
+
+    /// The used memory of GPU `g` before a trial: wait (up to 2 s) for the previous trial's memory
+    /// to be released, and never take a baseline above the one at the start (an inflated baseline
+    /// would under-count this trial: the unsafe direction).
+    fn baseline(&self, g: &GpuInfo) -> Result<u64, BackendError> {
+        let t0 = std::time::Instant::now();
+        loop {
+            let now = self
+                .gpus
+                .used_bytes(g.index)
+                .map_err(|e| BackendError::Environment(e.to_string()))?;
+            if now <= g.used_bytes + (256 << 20) || t0.elapsed() > Duration::from_secs(2) {
+                return Ok(now.min(g.used_bytes));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn run_real(
-        &self,
+        &mut self,
         workload: &dyn Workload,
         req: TrialRequest,
     ) -> Result<TrialOutcome, BackendError> {
+        self.trials += 1;
+        let uuids: Vec<String> = self.all_gpus().iter().map(|g| g.uuid.clone()).collect();
         let at = Placement::Cuda {
             nvml_index: self.index,
-            uuid: self.info.uuid.clone(),
+            uuid: uuids.join(","),
         };
         let mut cmd = workload.command(&req, &at);
-        // The trial sees exactly this GPU, as cuda:0, whatever CUDA_VISIBLE_DEVICES the user had
-        // (NVML's index and CUDA's ordinal differ when it is set or CUDA orders fastest-first).
-        cmd.env("CUDA_VISIBLE_DEVICES", &self.info.uuid)
+        // The trial sees exactly these GPUs (this one as cuda:0), whatever CUDA_VISIBLE_DEVICES the
+        // user had (NVML's index and CUDA's ordinal differ when it is set or CUDA orders
+        // fastest-first). The fraction is of the smallest card's CUDA total: no process of the trial
+        // takes more than the limit of any of them.
+        let cuda_total = self
+            .all_gpus()
+            .iter()
+            .map(|g| g.cuda_total_bytes())
+            .min()
+            .unwrap_or(0);
+        cmd.env("CUDA_VISIBLE_DEVICES", uuids.join(","))
             .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
             .env(
                 "PYTORCH_CUDA_ALLOC_CONF",
-                trial_alloc_conf(
-                    self.alloc_conf.as_deref(),
-                    self.limit,
-                    self.info.cuda_total_bytes(),
-                ),
+                trial_alloc_conf(self.alloc_conf.as_deref(), self.limit, cuda_total),
             );
-        // The device-delta fallback needs a clean baseline: wait (up to 2 s) for the previous trial's
-        // memory to be released, and never take a baseline above the one at the start (an inflated
-        // baseline would under-count this trial: the unsafe direction).
-        let initial = self.info.used_bytes;
-        let t0 = std::time::Instant::now();
-        let baseline = loop {
-            let now = self
-                .gpus
-                .used_bytes(self.index)
-                .map_err(|e| BackendError::Environment(e.to_string()))?;
-            if now <= initial + (256 << 20) || t0.elapsed() > Duration::from_secs(2) {
-                break now.min(initial);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let (mut pid_peak, mut device_peak) = (None::<u64>, None::<u64>);
+        let indices: Vec<u32> = self.all_gpus().iter().map(|g| g.index).collect();
+        let baselines = self
+            .all_gpus()
+            .iter()
+            .map(|g| self.baseline(g))
+            .collect::<Result<Vec<_>, _>>()?;
+        // per GPU: NVML's figure summed over the trial's process tree, and the device's used memory
+        let mut pid_peaks: Vec<Option<u64>> = vec![None; indices.len()];
+        let mut device_peaks: Vec<Option<u64>> = vec![None; indices.len()];
         let gpus = &self.gpus;
-        let index = self.index;
-        let ran = process::run(cmd, None, self.timeout, &mut |pid| {
-            if let Ok(Some(b)) = gpus.process_used(index, pid) {
-                pid_peak = Some(pid_peak.map_or(b, |p| p.max(b)));
-            }
-            if let Ok(u) = gpus.used_bytes(index) {
-                device_peak = Some(device_peak.map_or(u, |p| p.max(u)));
+        let tree = workload.measured_by_device();
+        let opts = process::Options {
+            tree,
+            own_child: !tree,
+            log: self.logs.as_ref().map(|d| {
+                d.join(format!(
+                    "trial-{:03}-b{}-a{}",
+                    self.trials, req.batch, req.accumulation
+                ))
+            }),
+            ..Default::default()
+        };
+        let ran = process::run(cmd, &opts, self.timeout, &mut |pids| {
+            for (k, &index) in indices.iter().enumerate() {
+                if let Ok(Some(b)) = gpus.processes_used(index, pids) {
+                    pid_peaks[k] = Some(pid_peaks[k].map_or(b, |p| p.max(b)));
+                }
+                if let Ok(u) = gpus.used_bytes(index) {
+                    device_peaks[k] = Some(device_peaks[k].map_or(u, |p| p.max(u)));
+                }
             }
         })?;
-        let out = match ran {
+        let (out, details) = match ran {
             Ran::Finished(f) => workload.outcome(&f),
-            Ran::TimedOut { seconds } => TrialOutcome::Timeout { seconds },
+            Ran::TimedOut { seconds } => (TrialOutcome::Timeout { seconds }, None),
         };
-        let delta = device_peak.map(|d| d.saturating_sub(baseline));
+        // The trial's footprint is its largest on any of its GPUs.
+        let pid_peak = pid_peaks.iter().flatten().copied().max();
+        let delta = device_peaks
+            .iter()
+            .zip(&baselines)
+            .filter_map(|(p, b)| p.map(|p| p.saturating_sub(*b)))
+            .max();
+        self.details = details.map(|mut d| {
+            d.gpu_peaks = indices
+                .iter()
+                .zip(&pid_peaks)
+                .filter_map(|(i, p)| p.map(|p| (*i, p)))
+                .collect();
+            d
+        });
         Ok(self.decide(out, pid_peak, delta))
     }
 
@@ -263,7 +345,7 @@ impl Backend for CudaBackend {
     }
     /// NVML's free memory at the start: what other processes hold is not available to this job.
     fn default_budget(&self) -> u64 {
-        self.info.free_bytes
+        self.device.free_bytes_at_start
     }
     fn set_limit(&mut self, limit_bytes: u64) {
         self.limit = limit_bytes;
@@ -277,7 +359,17 @@ impl Backend for CudaBackend {
             Executor::Fake(_) => Isolation::None,
         }
     }
+    fn limit_mechanism(&self) -> LimitMechanism {
+        match self.exec {
+            Executor::Real(_) => LimitMechanism::CudaFraction,
+            Executor::Fake(_) => LimitMechanism::Simulated,
+        }
+    }
+    fn take_details(&mut self) -> Option<TrialDetails> {
+        self.details.take()
+    }
     fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
+        self.details = None;
         match &mut self.exec {
             Executor::Fake(sim) => {
                 let out = sim.run_trial(req)?;

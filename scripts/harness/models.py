@@ -1,4 +1,6 @@
-"""The models of scripts/gpu-check.sh's Python peers (Lightning, Accelerate), written to match batchfit's.
+"""The models the harnesses' Python peers (Lightning, Accelerate) train, written to match batchfit's:
+every model of scripts/gpu-check.sh's peers (scripts/gpu_check/peers.py), and the MLP and Adam of the
+side-by-side benchmark's Lightning module (benches/side_by_side/lightning_probe.py).
 
 A model is described by a plain dict, the same one batchfit records as ``model.config.architecture`` in its
 plan (``{"name": "resnet50", "image_size": 224, "classes": 1000}``, ``{"name": "gpt", "layers": 12,
@@ -22,7 +24,8 @@ Precisions: ``fp32``; ``amp-bf16`` = ``torch.autocast(device, bfloat16)`` around
 weights (Lightning: ``precision="bf16-mixed"``); ``bf16`` = bf16 weights, inputs, gradients and Adam state
 (Lightning: ``"bf16-true"``).
 
-Only this module imports torch; the orchestrator (check.py) does not.
+The one module of the package that imports torch when imported: only the Python children import it (peers.py;
+lightning_probe.py once its data limit is set); the orchestrators (check.py, run.py) never do.
 """
 import math
 

@@ -1,4 +1,5 @@
-"""Installed versions of the Python packages gpu-check's table is stamped with (check.py and peers.py)."""
+"""Installed versions of the Python packages a harness's results are stamped with (gpu-check's check.py and
+peers.py), read from the package metadata without importing the packages."""
 import sys
 
 PACKAGES = ("torch", "lightning", "pytorch-lightning", "accelerate", "torchvision")

@@ -1,0 +1,694 @@
+//! `batchfit probe --exec -- CMD…`: the user's own command as the workload, through the real binary.
+//! Fast: small fake commands of tests/support/exec/ (standard-library Python) with exactly known
+//! answers, errors, hangs, lies and interruptions. The real PyTorch script and torchrun are in
+//! tests/exec_torch.rs.
+
+mod common;
+use common::*;
+use predicates::prelude::*;
+use std::path::PathBuf;
+
+fn fake(name: &str) -> String {
+    repo()
+        .join("tests/support/exec")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn helper_dir() -> String {
+    repo().join("src/workload/exec").display().to_string()
+}
+
+fn py() -> String {
+    venv_python().display().to_string()
+}
+
+/// `batchfit probe --backend cpu` of a command, plan to `out` (RLIMIT_DATA unless `cgroup`).
+fn probe(out: &std::path::Path, flags: &[&str], cmd: &[String]) -> assert_cmd::Command {
+    let mut c = batchfit();
+    c.args([
+        "probe",
+        "--backend",
+        "cpu",
+        "--memory-budget",
+        "4GiB",
+        "--quiet",
+    ])
+    .args(["--trial-timeout", "60", "--out"])
+    .arg(out)
+    .args(flags)
+    .arg("--exec")
+    .arg("--")
+    .args(cmd);
+    c
+}
+
+/// hog.py raising MemoryError above `capacity` MiB: fits exactly while 8 + b ≤ capacity.
+fn hog(capacity: u32, extra: &[&str]) -> Vec<String> {
+    let mut v = vec![
+        py(),
+        fake("hog.py"),
+        "--batch".into(),
+        "{batch}".into(),
+        "--steps".into(),
+        "{steps}".into(),
+        "--base-mib".into(),
+        "8".into(),
+        "--mib-per-sample".into(),
+        "1".into(),
+        "--capacity-mib".into(),
+        capacity.to_string(),
+        "--report".into(),
+        "--helper".into(),
+        helper_dir(),
+    ];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+#[test]
+fn a_command_is_probed_to_its_exact_answer_with_its_report_checked() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    probe(
+        &out,
+        &["--cpu-limit", "rlimit", "--global-batch", "600"],
+        &hog(200, &[]),
+    )
+    .assert()
+    .success();
+    let p = read_json(&out);
+    let r = &p["recommendation"];
+    assert_eq!(r["max_fitting_batch"], 192, "{r}");
+    assert_eq!(r["first_failing_batch"], 193, "{r}");
+    assert_eq!(p["status"], "complete");
+    assert_eq!(p["model"]["kind"], "exec");
+    assert_eq!(p["model"]["argv"][3], "{batch}");
+    assert_eq!(p["limit_mechanism"], "rlimit-data");
+    // MemoryError above the capacity is proof; the report of every fit was read and matched
+    let trials = p["trials"].as_array().unwrap();
+    let oom = trials.iter().find(|t| t["batch"] == 193).unwrap();
+    assert_eq!(oom["outcome"], "oom");
+    assert!(
+        oom["message"].as_str().unwrap().contains("MemoryError"),
+        "{oom}"
+    );
+    for t in trials.iter().filter(|t| t["outcome"] == "fits") {
+        assert_eq!(t["details"]["report"]["batch"], t["batch"], "{t}");
+        assert_eq!(t["details"]["step_time"], "report", "{t}");
+        assert!(t["peak_bytes"].as_u64().unwrap() > 0);
+    }
+    // the split 600 = 150 × 4 was run with accumulation 4; hog does not read it: the plan says so
+    assert_eq!(r["micro_batch"], 150);
+    assert_eq!(r["accumulation"], 4);
+    assert!(trials
+        .iter()
+        .any(|t| t["batch"] == 150 && t["accumulation"] == 4 && t["outcome"] == "fits"));
+    let warnings = p["warnings"].to_string();
+    assert!(
+        warnings.contains("proven at accumulation 1 only"),
+        "{warnings}"
+    );
+}
+
+#[test]
+fn placeholders_and_environment_reach_the_command() {
+    // a shell command that records what it got, and fits up to 7
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let seen = path(&d, "seen.txt");
+    let script = format!(
+        "echo \"$1 $2 $3 $BATCHFIT_BATCH $BATCHFIT_STEPS $BATCHFIT_ACCUMULATION $BATCHFIT_TRIAL ${{BATCHFIT_RESULT:+result}}\" >> {}; \
+         [ \"$1\" -le 7 ] || {{ echo 'MemoryError' >&2; exit 1; }}",
+        seen.display()
+    );
+    let cmd: Vec<String> = [
+        "sh",
+        "-c",
+        &script,
+        "sh",
+        "{batch}",
+        "{steps}",
+        "{accumulation}",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    probe(&out, &["--cpu-limit", "rlimit", "--max-batch", "64"], &cmd)
+        .assert()
+        .success();
+    assert_eq!(read_json(&out)["recommendation"]["max_fitting_batch"], 7);
+    let lines = std::fs::read_to_string(&seen).unwrap();
+    for (i, l) in lines.lines().enumerate() {
+        let w: Vec<&str> = l.split(' ').collect();
+        assert_eq!(w[0], w[3], "argv and BATCHFIT_BATCH agree: {l}");
+        assert_eq!(w[1], w[4], "{l}");
+        assert_eq!(w[2], w[5], "{l}");
+        assert_eq!(w[6], i.to_string(), "BATCHFIT_TRIAL counts trials: {l}");
+        assert_eq!(w[7], "result", "{l}");
+    }
+}
+
+#[test]
+fn a_cuda_out_of_memory_text_is_an_oom() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let cmd = vec![
+        py(),
+        fake("cuda_oom.py"),
+        "--batch".into(),
+        "{batch}".into(),
+    ];
+    probe(&out, &["--cpu-limit", "rlimit"], &cmd)
+        .assert()
+        .success();
+    let p = read_json(&out);
+    assert_eq!(p["recommendation"]["max_fitting_batch"], 32);
+    let oom = p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["batch"] == 33)
+        .unwrap()
+        .clone();
+    assert!(
+        oom["message"]
+            .as_str()
+            .unwrap()
+            .contains("CUDA out of memory"),
+        "{oom}"
+    );
+    // without a report the step time is the wall clock, and the plan says so
+    assert_eq!(oom["outcome"], "oom");
+    let fit = p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["outcome"] == "fits")
+        .unwrap()
+        .clone();
+    assert_eq!(fit["details"]["step_time"], "wall-clock", "{fit}");
+}
+
+#[test]
+fn errors_are_never_proof_and_say_what_went_wrong() {
+    for (mode, want) in [
+        ("error", "mat1 and mat2 shapes cannot be multiplied"),
+        ("segv", "signal 11"),
+    ] {
+        let d = tmp();
+        let out = path(&d, "plan.json");
+        let cmd = vec![py(), fake("crash.py"), "--mode".into(), mode.into()];
+        let o = probe(&out, &["--cpu-limit", "rlimit"], &cmd)
+            .assert()
+            .code(4)
+            .get_output()
+            .clone();
+        let p = read_json(&path(&d, "plan.partial.json"));
+        assert_eq!(p["status"], "partial", "{mode}");
+        assert!(p["recommendation"].is_null());
+        let t = &p["trials"][0];
+        assert_eq!(t["outcome"], "error", "{mode}: {t}");
+        assert!(t["message"].as_str().unwrap().contains(want), "{mode}: {t}");
+        assert!(!t["details"]["output_tail"].as_array().unwrap().is_empty() || mode == "segv");
+        assert!(!out.exists(), "{o:?}");
+    }
+}
+
+#[test]
+fn a_command_that_trains_another_size_is_an_error() {
+    for lie in ["batch", "steps", "schema", "garbage"] {
+        let d = tmp();
+        let out = path(&d, "plan.json");
+        let cmd = vec![
+            py(),
+            fake("liar.py"),
+            "--lie".into(),
+            lie.into(),
+            "--helper".into(),
+            helper_dir(),
+        ];
+        probe(
+            &out,
+            &[
+                "--cpu-limit",
+                "rlimit",
+                "--max-trials",
+                "2",
+                "--min-batch",
+                "4",
+            ],
+            &cmd,
+        )
+        .assert()
+        .code(predicate::in_iter([4, 5]));
+        let p = read_json(&path(&d, "plan.partial.json"));
+        let t = &p["trials"][0];
+        assert_eq!(t["outcome"], "error", "{lie}: {t}");
+        let m = t["message"].as_str().unwrap();
+        match lie {
+            "batch" | "steps" => assert!(m.contains("did not train the size it was given"), "{m}"),
+            _ => assert!(m.contains("report"), "{lie}: {m}"),
+        }
+    }
+}
+
+#[test]
+fn oom_patterns_add_signatures() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let cmd = vec![py(), fake("crash.py"), "--mode".into(), "error".into()];
+    probe(
+        &out,
+        &[
+            "--cpu-limit",
+            "rlimit",
+            "--oom-pattern",
+            "shapes cannot be multiplied",
+        ],
+        &cmd,
+    )
+    .assert()
+    .code(1);
+    let p = read_json(&path(&d, "plan.partial.json"));
+    assert_eq!(p["status"], "nothing-fits");
+    assert_eq!(p["model"]["oom_patterns"][0], "shapes cannot be multiplied");
+}
+
+/// PIDs of live processes running `hang.py` (or its grandchild, `time.sleep(3600)`), among them
+/// those started by this test (`marker` in their command line).
+fn leftovers(marker: &str) -> Vec<u32> {
+    processes_with(marker)
+}
+
+#[test]
+fn a_hang_is_a_timeout_and_its_whole_tree_goes() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let marker = format!("hang-{}", std::process::id());
+    // the trial's processes inherit the marker in their environment
+    let cmd = vec![
+        py(),
+        fake("hang.py"),
+        "--grandchild-setsid".into(),
+        "--ignore-sigterm".into(),
+    ];
+    let mut c = batchfit();
+    c.env("BATCHFIT_TEST_MARKER", &marker)
+        .args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--memory-budget",
+            "2GiB",
+            "--quiet",
+            "--cpu-limit",
+            "rlimit",
+        ])
+        .args(["--trial-timeout", "2", "--max-trials", "2", "--out"])
+        .arg(&out)
+        .arg("--exec")
+        .arg("--")
+        .args(&cmd);
+    let o = c.output().unwrap();
+    assert!(matches!(o.status.code(), Some(4) | Some(5)), "{o:?}");
+    let p = read_json(&path(&d, "plan.partial.json"));
+    assert_eq!(p["trials"][0]["outcome"], "timeout");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let left = leftovers("time.sleep(3600)")
+        .into_iter()
+        .filter(|pid| environ_has(*pid, &marker))
+        .collect::<Vec<_>>();
+    assert!(left.is_empty(), "processes of the trial survived: {left:?}");
+}
+
+/// Whether process `pid`'s environment holds `needle`.
+fn environ_has(pid: u32, needle: &str) -> bool {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .map(|e| String::from_utf8_lossy(&e).contains(needle))
+        .unwrap_or(false)
+}
+
+#[test]
+fn sigint_leaves_a_partial_plan_and_no_process() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let marker = format!("sigint-{}", std::process::id());
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_batchfit"));
+    c.env("BATCHFIT_CACHE_DIR", fresh_cache_dir())
+        .env("BATCHFIT_TEST_MARKER", &marker)
+        .args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--memory-budget",
+            "2GiB",
+            "--quiet",
+        ])
+        .args(["--trial-timeout", "60", "--out"])
+        .arg(&out)
+        .args([
+            "--exec",
+            "--",
+            &py(),
+            &fake("hang.py"),
+            "--grandchild-setsid",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut child = c.spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    assert!(path(&d, "plan.partial.json").exists());
+    assert!(!out.exists());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let left: Vec<u32> = leftovers("hang.py")
+        .into_iter()
+        .chain(leftovers("time.sleep(3600)"))
+        .filter(|pid| environ_has(*pid, &marker))
+        .collect();
+    assert!(left.is_empty(), "processes of the trial survived: {left:?}");
+}
+
+#[test]
+fn a_memory_cgroup_limits_the_whole_tree_where_one_can_be_made() {
+    // hog.py without a capacity: the kernel's limit decides. Under a cgroup the plan says so and an
+    // over-limit trial is the kernel's OOM kill; where no cgroup can be made (not root), auto falls
+    // back to RLIMIT_DATA and says why on stderr.
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let cmd: Vec<String> = [
+        py(),
+        fake("hog.py"),
+        "--batch".into(),
+        "{batch}".into(),
+        "--mib-per-sample".into(),
+        "4".into(),
+    ]
+    .to_vec();
+    let o = batchfit()
+        .args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--memory-budget",
+            "400MiB",
+            "--margin",
+            "0",
+        ])
+        .args(["--multiple-of", "4", "--max-batch", "400", "--out"])
+        .arg(&out)
+        .arg("--exec")
+        .arg("--")
+        .args(&cmd)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let p = read_json(&out);
+    let max = p["recommendation"]["max_fitting_batch"].as_u64().unwrap();
+    let mech = p["limit_mechanism"].as_str().unwrap().to_string();
+    // 4 MiB a sample under 400 MiB, less the interpreter: well inside (40, 100)
+    assert!((40..100).contains(&max), "{max} under {mech}");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 && std::path::Path::new("/sys/fs/cgroup").exists() {
+        assert!(
+            mech.starts_with("cgroup"),
+            "root with cgroups got {mech}: {o:?}"
+        );
+        let oom = p["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["outcome"] == "oom")
+            .unwrap()
+            .clone();
+        assert!(
+            oom["message"].as_str().unwrap().contains("OOM killer"),
+            "{oom}"
+        );
+    } else {
+        assert_eq!(mech, "rlimit-data");
+        assert!(String::from_utf8_lossy(&o.stderr).contains("no memory cgroup for trials"));
+    }
+}
+
+#[test]
+fn usage_errors_cost_nothing() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["--exec".into()], "needs the command after `--`"),
+        (
+            vec!["--".into(), "python3".into(), "x.py".into()],
+            "only with --exec",
+        ),
+        (
+            vec!["--exec".into(), "--".into(), "no-such-program-xyz".into()],
+            "cannot find the program",
+        ),
+        (
+            vec![
+                "--model".into(),
+                "gpt".into(),
+                "--exec".into(),
+                "--".into(),
+                "sh".into(),
+            ],
+            "--model describes batchfit's own model",
+        ),
+        (
+            vec![
+                "--oom-pattern".into(),
+                "(".into(),
+                "--exec".into(),
+                "--".into(),
+                "sh".into(),
+            ],
+            "not a regular expression",
+        ),
+        (
+            vec![
+                "--fingerprint-file".into(),
+                "/no/such/file".into(),
+                "--exec".into(),
+                "--".into(),
+                "sh".into(),
+            ],
+            "--fingerprint-file /no/such/file",
+        ),
+        (
+            vec!["--cpu-limit".into(), "cgroup".into()],
+            "--cpu-limit goes with --exec",
+        ),
+    ];
+    for (args, want) in cases {
+        batchfit()
+            .args(["probe", "--backend", "cpu", "--out"])
+            .arg(&out)
+            .args(&args)
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(want));
+        assert!(!out.exists() && !path(&d, "plan.partial.json").exists());
+    }
+}
+
+#[test]
+fn a_command_without_batch_is_warned() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    // reads BATCHFIT_BATCH itself
+    let cmd: Vec<String> = vec![
+        "sh".into(),
+        "-c".into(),
+        "[ \"$BATCHFIT_BATCH\" -le 3 ] || { echo MemoryError >&2; exit 1; }".into(),
+    ];
+    let o = batchfit()
+        .args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--memory-budget",
+            "2GiB",
+            "--cpu-limit",
+            "rlimit",
+        ])
+        .args(["--max-batch", "16", "--out"])
+        .arg(&out)
+        .arg("--exec")
+        .arg("--")
+        .args(&cmd)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("must read the size from BATCHFIT_BATCH"),
+        "{err}"
+    );
+    let p = read_json(&out);
+    assert_eq!(p["recommendation"]["max_fitting_batch"], 3);
+    assert!(p["warnings"].to_string().contains("BATCHFIT_BATCH"));
+}
+
+#[test]
+fn the_python_helper_ships_inside_the_binary() {
+    let o = batchfit().arg("python-helper").output().unwrap();
+    assert!(o.status.success());
+    let shipped = std::fs::read(repo().join("src/workload/exec/batchfit_trial.py")).unwrap();
+    assert_eq!(o.stdout, shipped);
+}
+
+#[test]
+fn the_trainer_refuses_verify_reruns_and_the_cache_knows_the_files() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let script = path(&d, "train.sh");
+    std::fs::write(
+        &script,
+        "[ \"$1\" -le 5 ] || { echo MemoryError >&2; exit 1; }\n",
+    )
+    .unwrap();
+    let cache = fresh_cache_dir();
+    let run = |extra: &[&str]| {
+        let mut c = batchfit();
+        c.env("BATCHFIT_CACHE_DIR", &cache)
+            .args([
+                "probe",
+                "--backend",
+                "cpu",
+                "--memory-budget",
+                "2GiB",
+                "--cpu-limit",
+                "rlimit",
+            ])
+            .args(["--max-batch", "16", "--fingerprint-file"])
+            .arg(&script)
+            .arg("--out")
+            .arg(&out)
+            .args(extra)
+            .args(["--exec", "--", "sh"])
+            .arg(&script)
+            .arg("{batch}");
+        c.output().unwrap()
+    };
+    let first = run(&[]);
+    assert!(first.status.success(), "{first:?}");
+    let p = read_json(&out);
+    assert_eq!(p["recommendation"]["max_fitting_batch"], 5);
+    assert_eq!(
+        p["model"]["fingerprint_files"][0]["path"],
+        script.display().to_string()
+    );
+    // the same command and file: answered from the cache
+    let again = run(&[]);
+    assert!(String::from_utf8_lossy(&again.stderr).contains("plan from cache"));
+    // the trainer cannot run a command: one sentence, usage
+    trainer()
+        .args(["--plan"])
+        .arg(&out)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--format env"));
+    // verify re-runs the command's sizes here
+    batchfit()
+        .args(["verify", "--quiet"])
+        .arg(&out)
+        .assert()
+        .success();
+    assert_eq!(read_json(&out)["verified"], true);
+    // another version of the script: verify refuses, and the cache does not answer for it
+    std::fs::write(
+        &script,
+        "[ \"$1\" -le 9 ] || { echo MemoryError >&2; exit 1; }\n",
+    )
+    .unwrap();
+    batchfit()
+        .args(["verify", "--quiet"])
+        .arg(&out)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("changed since the plan was made"));
+    let third = run(&[]);
+    assert!(third.status.success(), "{third:?}");
+    assert!(!String::from_utf8_lossy(&third.stderr).contains("plan from cache"));
+    assert_eq!(read_json(&out)["recommendation"]["max_fitting_batch"], 9);
+}
+
+#[test]
+fn logs_keep_every_trials_output() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let logs = path(&d, "logs");
+    let cmd = vec![
+        py(),
+        fake("cuda_oom.py"),
+        "--batch".into(),
+        "{batch}".into(),
+        "--threshold".into(),
+        "4".into(),
+    ];
+    batchfit()
+        .args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--memory-budget",
+            "2GiB",
+            "--cpu-limit",
+            "rlimit",
+            "--quiet",
+        ])
+        .args(["--max-batch", "16", "--out"])
+        .arg(&out)
+        .arg("--logs")
+        .arg(&logs)
+        .arg("--exec")
+        .arg("--")
+        .args(&cmd)
+        .assert()
+        .success();
+    let p = read_json(&out);
+    let n = p["trials"].as_array().unwrap().len();
+    let files: Vec<PathBuf> = std::fs::read_dir(&logs)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(files.len(), 2 * n, "{files:?}");
+    let oom_log = files
+        .iter()
+        .find(|f| f.to_string_lossy().contains("-b5-") && f.to_string_lossy().ends_with(".stderr"))
+        .expect("the log of the trial at 5");
+    assert!(std::fs::read_to_string(oom_log)
+        .unwrap()
+        .contains("torch.OutOfMemoryError"));
+    let t5 = p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["batch"] == 5)
+        .unwrap()
+        .clone();
+    assert!(
+        t5["details"]["log"].as_str().unwrap().contains("-b5-"),
+        "{t5}"
+    );
+}
+
+#[test]
+fn torchruns_failure_report_is_classified_by_its_root_cause() {
+    use batchfit::protocol::classify::{classify, Evidence};
+    let sample =
+        std::fs::read_to_string(repo().join("tests/support/exec/torchrun_failure_sample.txt"))
+            .unwrap();
+    let v = classify(&Evidence {
+        message: &sample,
+        ..Default::default()
+    });
+    assert!(v.is_oom(), "{v:?}");
+}

@@ -1,0 +1,245 @@
+//! `batchfit probe --exec` on real PyTorch jobs (the libtorch venv's Python, CPU):
+//!
+//! * a plain training script (tests/support/exec/train_mlp.py: an MLP, AdamW with its defaults): the
+//!   test itself re-runs the answer and the next size up in fresh processes under the plan's limit
+//!   (the same mechanism, built here from the library's cgroup or RLIMIT_DATA, not by the search), so
+//!   batchfit's answer is the script's true maximum at the grid's resolution — never above it;
+//! * a 2-process torchrun job (gloo): the whole tree probed as one job, every rank's report read.
+//!
+//! The model is wide in its input and narrow inside (65536 → 16 → 10), so a sample costs 256 KiB of
+//! memory and little compute: a probe takes about a minute and a half on 2 cores.
+
+mod common;
+use batchfit::device::cgroup;
+use common::*;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+
+const GRID: u64 = 16;
+
+fn script(name: &str) -> String {
+    repo()
+        .join("tests/support/exec")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// The job's environment: the helper importable, one thread per process (two cores).
+fn env(c: &mut Command) {
+    c.env("PYTHONPATH", repo().join("src/workload/exec"))
+        .env("OMP_NUM_THREADS", "1");
+}
+
+fn mlp_args(batch: &str, steps: &str, acc: &str) -> Vec<String> {
+    [
+        venv_python().display().to_string(),
+        script("train_mlp.py"),
+        "--batch-size".into(),
+        batch.into(),
+        "--steps".into(),
+        steps.into(),
+        "--accumulation".into(),
+        acc.into(),
+        "--input".into(),
+        "65536".into(),
+        "--hidden".into(),
+        "16".into(),
+    ]
+    .to_vec()
+}
+
+/// Whether `argv` completes under `limit` bytes, limited as the plan says (a fresh memory cgroup
+/// around its tree, or RLIMIT_DATA on it), in a fresh process.
+fn fits(argv: &[String], limit: u64, mechanism: &str) -> bool {
+    let mut c = Command::new(&argv[0]);
+    c.args(&argv[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    env(&mut c);
+    let group;
+    if mechanism.starts_with("cgroup") {
+        let parent = cgroup::parent().expect("the plan used a cgroup, so one can be made");
+        group = cgroup::Group::create(
+            &parent,
+            &format!("batchfit-truth-{}", std::process::id()),
+            limit,
+        )
+        .unwrap();
+        let procs = group.procs_path().clone();
+        // SAFETY: async-signal-safe calls only between fork and exec.
+        unsafe { c.pre_exec(move || cgroup::join(&procs)) };
+        let ok = c.status().unwrap().success();
+        drop(group);
+        ok
+    } else {
+        // SAFETY: setrlimit between fork and exec.
+        unsafe {
+            c.pre_exec(move || {
+                let l = libc::rlimit {
+                    rlim_cur: limit as libc::rlim_t,
+                    rlim_max: limit as libc::rlim_t,
+                };
+                libc::setrlimit(libc::RLIMIT_DATA, &l);
+                Ok(())
+            })
+        };
+        c.status().unwrap().success()
+    }
+}
+
+#[test]
+fn a_plain_pytorch_script_gets_its_true_maximum() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_batchfit"));
+    cmd.env("BATCHFIT_CACHE_DIR", fresh_cache_dir())
+        .args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--memory-budget",
+            "1GiB",
+            "--quiet",
+        ])
+        .args([
+            "--multiple-of",
+            &GRID.to_string(),
+            "--steps",
+            "2",
+            "--confirm-steps",
+            "3",
+        ])
+        .args(["--global-batch", "2048", "--out"])
+        .arg(&out)
+        .arg("--exec")
+        .arg("--")
+        .args(mlp_args("{batch}", "{steps}", "{accumulation}"));
+    env(&mut cmd);
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let p = read_json(&out);
+    let r = &p["recommendation"];
+    let b = r["max_fitting_batch"].as_u64().unwrap();
+    assert_eq!(r["first_failing_batch"].as_u64(), Some(b + GRID), "{r}");
+    let limit = p["limit_bytes"].as_u64().unwrap();
+    let mech = p["limit_mechanism"].as_str().unwrap().to_string();
+    // every fit was checked against the script's own report
+    for t in p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["outcome"] == "fits")
+    {
+        assert_eq!(t["details"]["report"]["batch"], t["batch"], "{t}");
+    }
+    // The truth, independently: the answer fits and the next size up does not, at the confirmation
+    // length, in fresh processes. Near the limit a run can go either way (reclaim, allocator
+    // timing): the answer must fit in most runs (never above the truth) and the next size up must
+    // fail in most (not below it beyond the grid).
+    let runs = 3;
+    let at = |n: u64| {
+        (0..runs)
+            .filter(|_| fits(&mlp_args(&n.to_string(), "3", "1"), limit, &mech))
+            .count()
+    };
+    let (fit_b, fit_up) = (at(b), at(b + GRID));
+    assert!(
+        fit_b * 2 > runs,
+        "batchfit's answer {b} fit only {fit_b} of {runs} fresh runs under {mech}: it is above the truth"
+    );
+    assert!(
+        fit_up * 2 < runs,
+        "{} fit {fit_up} of {runs} fresh runs under {mech}: batchfit's answer {b} is below the truth",
+        b + GRID
+    );
+    // The split 2048 = micro × accumulation was run with its accumulation; the script reads it.
+    let acc = r["accumulation"].as_u64().unwrap();
+    assert!(acc >= 2, "{r}");
+    assert!(
+        !p["warnings"].to_string().contains("accumulation 1 only"),
+        "{}",
+        p["warnings"]
+    );
+}
+
+#[test]
+fn a_torchrun_ddp_job_is_probed_as_one_job() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let torchrun = venv_python().with_file_name("torchrun");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_batchfit"));
+    cmd.env("BATCHFIT_CACHE_DIR", fresh_cache_dir())
+        .args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--memory-budget",
+            "2.5GiB",
+            "--quiet",
+        ])
+        .args([
+            "--multiple-of",
+            "64",
+            "--steps",
+            "2",
+            "--confirm-steps",
+            "2",
+        ])
+        .args([
+            "--world-size",
+            "2",
+            "--global-batch",
+            "4096",
+            "--format",
+            "env",
+            "--out",
+        ])
+        .arg(&out)
+        .arg("--exec")
+        .arg("--")
+        .arg(&torchrun)
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            &script("train_ddp.py"),
+        ])
+        .args([
+            "--batch-size",
+            "{batch}",
+            "--steps",
+            "{steps}",
+            "--accumulation",
+            "{accumulation}",
+        ])
+        .args(["--input", "65536", "--hidden", "16"]);
+    env(&mut cmd);
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let p = read_json(&out);
+    let r = &p["recommendation"];
+    let (micro, acc) = (
+        r["micro_batch"].as_u64().unwrap(),
+        r["accumulation"].as_u64().unwrap(),
+    );
+    assert_eq!(micro * acc * 2, 4096, "{r}");
+    assert!(r["first_failing_batch"].as_u64().is_some(), "{r}");
+    let trials = p["trials"].as_array().unwrap();
+    // the tree was the agent and its two workers (at least), and rank 0's report says world 2
+    let fit = trials.iter().find(|t| t["outcome"] == "fits").unwrap();
+    assert!(fit["details"]["processes"].as_u64().unwrap() >= 3, "{fit}");
+    assert_eq!(fit["details"]["report"]["world_size"], 2, "{fit}");
+    // an over-limit trial of the job is an out-of-memory, whatever torchrun made of it
+    let oom = trials
+        .iter()
+        .find(|t| t["outcome"] == "oom")
+        .expect("an oom trial");
+    assert!(oom["message"].as_str().is_some(), "{oom}");
+    // the exports a job script reads
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains(&format!("BATCHFIT_MICRO_BATCH={micro}")),
+        "{stdout}"
+    );
+}
