@@ -198,7 +198,7 @@ pub struct ShowArgs {
     pub plot: Option<PathBuf>,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct ProbeArgs {
     /// Device to probe.
     #[arg(long, value_enum, default_value = "auto")]
@@ -400,6 +400,13 @@ pub struct ProbeArgs {
     /// one step). 0: exact (b + 1 runs out of memory). Sizes below 1/F are always exact.
     #[arg(long, value_name = "F", default_value_t = crate::search::DEFAULT_TOLERANCE)]
     pub tolerance: f64,
+    /// Probe at several sequence lengths (gpt; a TorchScript model's `S` dimension) or image sizes
+    /// (resnet18, resnet50, vit; `S` too): one proven largest micro-batch per point, each point's
+    /// search started from what the points before it measured, e.g. seq-len=256,512,1024,2048. The
+    /// plan's recommendation is for --seq-len/--image-size (the model's default, else the first
+    /// point) and its `sweep` table has every point.
+    #[arg(long, value_name = "seq-len|image-size=V1,V2,…")]
+    pub sweep: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

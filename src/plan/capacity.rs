@@ -13,7 +13,7 @@
 //! arithmetic on plans: no device, no clap.
 
 use crate::accumulate::{self, Split};
-use crate::search::TrialRecord;
+use crate::search::{Prior, TrialRecord};
 use serde::{Deserialize, Serialize};
 
 /// A point is off the line when it misses it by more than this fraction of the memory the line
@@ -489,6 +489,81 @@ pub fn predict(
         }
     }
     p
+}
+
+/// What the points of a sweep measured so far predict about the next one (`--sweep`), for its
+/// search to start near its answer: the fixed part of the nearest point (weights, optimizer state:
+/// nearly the same at every point), and the per-sample part as a power of the parameter through the
+/// two nearest points (`guess` as the power with one point). `last_error`: how far (relative) the
+/// same prediction missed the previous point's proven answer, when it was made from two points or
+/// more; a small miss makes the prior confident (the search may then start with the predicted size
+/// at once). Never evidence: the next point's answer is proven by its own trials.
+pub fn sweep_prior(
+    before: &[(u64, &CapacityModel)],
+    next: u64,
+    guess: f64,
+    last_error: Option<f64>,
+) -> Option<Prior> {
+    let mut usable: Vec<(f64, f64, f64)> = before
+        .iter()
+        .filter(|(v, m)| *v > 0 && m.refusal.is_none() && m.per_sample_bytes > 0.0)
+        .map(|(v, m)| (*v as f64, m.fixed_bytes, m.per_sample_bytes))
+        .collect();
+    if usable.is_empty() || next == 0 {
+        return None;
+    }
+    let x = (next as f64).ln();
+    usable.sort_by(|p, q| (p.0.ln() - x).abs().total_cmp(&(q.0.ln() - x).abs()));
+    let (v1, a1, k1) = usable[0];
+    let (power, per_sample_error, fixed_error) = match usable.get(1) {
+        Some(&(v2, a2, k2)) if (v1 / v2).ln().abs() > 1e-9 => {
+            let p = (k1 / k2).ln() / (v1 / v2).ln();
+            // Extrapolating beyond the two points' span is less sure than between them.
+            let reach = (x - v1.ln()).abs() / (v1 / v2).ln().abs();
+            (
+                p,
+                0.05 + 0.1 * reach,
+                0.02 + (a1 - a2).abs() / a1.abs().max(1.0),
+            )
+        }
+        _ => (guess, 0.5, 0.05),
+    };
+    let k = k1 * (next as f64 / v1).powf(power);
+    if !(k.is_finite() && k > 0.0) {
+        return None;
+    }
+    let (mut fixed_error, mut per_sample_error) =
+        (if a1 > 0.0 { fixed_error } else { 1.0 }, per_sample_error);
+    if let Some(e) = last_error.filter(|e| e.is_finite() && usable.len() >= 2) {
+        // The power law held at the last point: trust it about as far as it held there.
+        let held = (2.0 * e).max(0.0005);
+        per_sample_error = per_sample_error.min(held);
+        fixed_error = fixed_error.min(held);
+    }
+    Some(Prior {
+        fixed_bytes: a1.max(0.0),
+        per_sample_bytes: k,
+        fixed_error,
+        per_sample_error,
+    })
+}
+
+/// How far a prior's line missed a point's measured peaks, as a fraction of the point's answer:
+/// for the fit nearest `answer`, |measured − predicted peak| / per-sample bytes / `answer`. (A
+/// measure of the line, not of the answer, which the tolerance leaves loose by up to its gap.)
+pub fn prior_miss(prior: &Prior, trials: &[TrialRecord], answer: u64) -> Option<f64> {
+    if answer == 0 || !(prior.per_sample_bytes > 0.0) {
+        return None;
+    }
+    trials
+        .iter()
+        .filter(|t| t.accumulation <= 1 && t.outcome.fits())
+        .filter_map(|t| t.outcome.peak_bytes().map(|p| (t.batch, p)))
+        .min_by_key(|&(b, _)| b.abs_diff(answer))
+        .map(|(b, p)| {
+            let predicted = prior.fixed_bytes + prior.per_sample_bytes * b as f64;
+            (p as f64 - predicted).abs() / prior.per_sample_bytes / answer as f64
+        })
 }
 
 /// Why `batchfit predict` cannot start.

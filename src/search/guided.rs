@@ -124,7 +124,7 @@ pub fn checks(points: &[(u64, u64)]) -> Vec<(f64, f64, bool)> {
             Some((
                 (p as f64 - line.at(b as f64)).abs() / line.k,
                 (b - points[j - 1].0) as f64,
-                flat_below(&points[..j], partner, None),
+                flat_below(&points[..j], partner, Some(line.k)),
             ))
         })
         .collect()
@@ -252,14 +252,39 @@ impl Guided {
         })
     }
 
-    /// Where to start with a prior and no trial: below its prediction by its uncertainty.
-    fn prior_start(st: &SearchState) -> Option<u64> {
+    /// After the prior's first size ran out of memory (and nothing fit yet): a step below it four
+    /// times the prior's uncertainty (5 % to 50 %), rather than half; halving from the second miss.
+    fn prior_retry(st: &SearchState, u: u64) -> Option<u64> {
+        let (_, rel) = st.prior?.predict(st.limit_bytes)?;
+        let misses = st.trials.iter().filter(|t| t.outcome.is_bound()).count();
+        if misses > 1 {
+            return None;
+        }
+        let b = st.grid.batch(u) as f64 * (1.0 - (4.0 * rel).clamp(0.05, 0.5));
+        if b < st.grid.first as f64 {
+            return Some(0);
+        }
+        Some(st.grid.index_at_or_below(b as u64).min(u.saturating_sub(1)))
+    }
+
+    /// Where to start with a prior and no trial: below its prediction by its uncertainty; with the
+    /// confirmation's steps at once when that uncertainty is within half the tolerance's gap (the
+    /// prediction is then expected to be the answer).
+    fn prior_start(st: &SearchState) -> Option<Proposal> {
         let (b, rel) = st.prior?.predict(st.limit_bytes)?;
         let start = b * (1.0 - rel).max(0.5);
         if start < st.grid.first as f64 {
-            return Some(0);
+            return Some(Proposal::explore(0));
         }
-        Some(st.grid.index_at_or_below(start as u64))
+        let i = st
+            .grid
+            .index_at_or_below(start as u64)
+            .min(st.grid.last_index);
+        Some(if rel * b <= st.gap(b as u64) as f64 / 2.0 {
+            Proposal::candidate(i)
+        } else {
+            Proposal::explore(i)
+        })
     }
 }
 
@@ -297,10 +322,10 @@ impl Guided {
         let g = st.grid;
         let upper = upper_bound(st.hi, st.ceiling);
         let Some(l) = st.lo else {
-            return Proposal::explore(match upper {
-                None => Self::prior_start(st).unwrap_or(0),
-                Some(u) => u / 2,
-            });
+            return match upper {
+                None => Self::prior_start(st).unwrap_or(Proposal::explore(0)),
+                Some(u) => Proposal::explore(Self::prior_retry(st, u).unwrap_or(u / 2)),
+            };
         };
         let lb = g.batch(l);
         let limit = st.limit_bytes;
@@ -378,7 +403,15 @@ impl Guided {
             // exact) fails: try it; if it fits after all, gallop up from l by the expected error (at
             // least that gap), doubling while the line keeps falling short.
             self.down_run = 0;
-            let step = if m.exact || (self.up_run == 0 && 3 * gap_steps(lb) >= e_steps) {
+            // A largest fit already confirmed (a candidate that fit) is worth one out-of-memory
+            // trial at the closing size: it ends the search, and a fit there is confirmed too.
+            let lo_confirmed = st
+                .trials
+                .iter()
+                .any(|t| t.batch == lb && t.outcome.fits() && t.steps >= st.confirm_steps);
+            let step = if m.exact
+                || (self.up_run == 0 && (lo_confirmed || 3 * gap_steps(lb) >= e_steps))
+            {
                 gap_steps(lb).saturating_mul(1u64 << self.up_run.min(40))
             } else {
                 e_steps
