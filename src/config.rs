@@ -153,7 +153,9 @@ fn sweep(a: &ProbeArgs, base: &ProbeConfig) -> Result<Option<SweepConfig>, Confi
     let mut points = vec![];
     for v in values.split(',') {
         let n: u64 = v.trim().parse().ok().filter(|&n| n > 0).ok_or_else(|| {
-            ConfigError(format!("--sweep {spec:?}: {v:?} is not a positive whole number"))
+            ConfigError(format!(
+                "--sweep {spec:?}: {v:?} is not a positive whole number"
+            ))
         })?;
         if points.contains(&n) {
             return err(format!("--sweep {spec:?}: {n} is given twice"));

@@ -140,7 +140,15 @@ fn default_tolerance_records_the_bracket_and_the_capacity_model() {
     let d = tmp();
     let out = path(&d, "plan.json");
     batchfit()
-        .args(["probe", "--backend", "sim", "--sim", SIM, "--global-batch", "8192"])
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            SIM,
+            "--global-batch",
+            "8192",
+        ])
         .args(["--quiet", "--out"])
         .arg(&out)
         .assert()
@@ -155,7 +163,10 @@ fn default_tolerance_records_the_bracket_and_the_capacity_model() {
         r["first_failing_batch"].as_u64().unwrap(),
     );
     // the truth is 4846: never above it, and the failure within max(1, ⌊0.005 b⌋)
-    assert!(b <= 4846 && f > 4846 && f - b <= (b as f64 * 0.005) as u64, "{b} {f}");
+    assert!(
+        b <= 4846 && f > 4846 && f - b <= (b as f64 * 0.005) as u64,
+        "{b} {f}"
+    );
     let trials = plan["trials"].as_array().unwrap();
     assert!(trials
         .iter()
@@ -165,8 +176,14 @@ fn default_tolerance_records_the_bracket_and_the_capacity_model() {
         .any(|t| t["batch"] == f && t["outcome"] == "oom"));
     // the capacity model: 1 GiB + 3 MiB per sample, exactly (the sim curve is a line)
     let m = &plan["capacity_model"];
-    assert_eq!(m["fixed_bytes"].as_f64().unwrap().round(), (1u64 << 30) as f64);
-    assert_eq!(m["per_sample_bytes"].as_f64().unwrap().round(), (3u64 << 20) as f64);
+    assert_eq!(
+        m["fixed_bytes"].as_f64().unwrap().round(),
+        (1u64 << 30) as f64
+    );
+    assert_eq!(
+        m["per_sample_bytes"].as_f64().unwrap().round(),
+        (3u64 << 20) as f64
+    );
     assert!(m["points"].as_array().unwrap().len() >= 2);
     // the text names the bracket
     batchfit()

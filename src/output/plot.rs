@@ -30,7 +30,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Once;
 use thiserror::Error;
 
-/// Image size in pixels (both formats).
+mod sweep;
+
+/// Image size in pixels (both formats); a `--sweep` adds its panel below ([`sweep::extra_height`]).
 pub const WIDTH: u32 = 1200;
 pub const HEIGHT: u32 = 1100;
 
@@ -109,8 +111,9 @@ pub fn svg(plan: &Plan) -> Result<String, String> {
     let view = View::of(plan);
     let mut out = String::new();
     {
-        let root = SVGBackend::with_string(&mut out, (WIDTH, HEIGHT)).into_drawing_area();
-        draw(&root, &view).map_err(|e| e.to_string())?;
+        let height = HEIGHT + sweep::extra_height(plan);
+        let root = SVGBackend::with_string(&mut out, (WIDTH, height)).into_drawing_area();
+        draw_all(&root, &view, plan).map_err(|e| e.to_string())?;
         root.present().map_err(|e| e.to_string())?;
     }
     Ok(out)
@@ -119,16 +122,17 @@ pub fn svg(plan: &Plan) -> Result<String, String> {
 /// The plot as a PNG file's bytes (RGB, 8 bits per channel).
 pub fn png(plan: &Plan) -> Result<Vec<u8>, String> {
     let view = View::of(plan);
-    let mut rgb = vec![0u8; (WIDTH * HEIGHT * 3) as usize];
+    let height = HEIGHT + sweep::extra_height(plan);
+    let mut rgb = vec![0u8; (WIDTH * height * 3) as usize];
     {
         let root =
-            glyph_text::GlyphText::new(BitMapBackend::with_buffer(&mut rgb, (WIDTH, HEIGHT)))?
+            glyph_text::GlyphText::new(BitMapBackend::with_buffer(&mut rgb, (WIDTH, height)))?
                 .into_drawing_area();
-        draw(&root, &view).map_err(|e| e.to_string())?;
+        draw_all(&root, &view, plan).map_err(|e| e.to_string())?;
         root.present().map_err(|e| e.to_string())?;
     }
     let mut out = Vec::new();
-    let mut enc = ::png::Encoder::new(&mut out, WIDTH, HEIGHT);
+    let mut enc = ::png::Encoder::new(&mut out, WIDTH, height);
     enc.set_color(::png::ColorType::Rgb);
     enc.set_depth(::png::BitDepth::Eight);
     // mostly flat colour: the best compression and per-row filters make it several times smaller
@@ -660,6 +664,22 @@ mod glyph_text {
 }
 
 type DrawResult = Result<(), Box<dyn std::error::Error>>;
+
+/// The plan's panels, and below them the sweep's when it has one.
+fn draw_all<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, v: &View, plan: &Plan) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    match &plan.sweep {
+        None => draw(root, v),
+        Some(sw) => {
+            let (top, bottom) = root.split_vertically(HEIGHT);
+            draw(&top, v)?;
+            bottom.fill(&WHITE)?;
+            sweep::draw(&bottom, sw)
+        }
+    }
+}
 
 fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, v: &View) -> DrawResult
 where

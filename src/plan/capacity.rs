@@ -107,7 +107,10 @@ impl CapacityModel {
     pub fn fit(trials: &[TrialRecord], limit_bytes: u64) -> Option<CapacityModel> {
         // The largest peak of each size at accumulation 1 (confirmation-length trials see late memory).
         let mut by_batch: Vec<(u64, u64, u32)> = vec![];
-        for t in trials.iter().filter(|t| t.accumulation <= 1 && t.outcome.fits()) {
+        for t in trials
+            .iter()
+            .filter(|t| t.accumulation <= 1 && t.outcome.fits())
+        {
             let Some(p) = t.outcome.peak_bytes().filter(|&p| p > 0) else {
                 continue;
             };
@@ -143,10 +146,7 @@ impl CapacityModel {
         };
         if by_batch.len() < 2 {
             return Some(empty(
-                format!(
-                    "only one size fit ({}): a line needs two",
-                    by_batch[0].0
-                ),
+                format!("only one size fit ({}): a line needs two", by_batch[0].0),
                 &by_batch,
             ));
         }
@@ -229,7 +229,10 @@ impl CapacityModel {
             .min();
         // Split confirmations with accumulation: their extra bytes over the line.
         let mut accumulation: Vec<AccumulationOffset> = vec![];
-        for t in trials.iter().filter(|t| t.accumulation > 1 && t.outcome.fits()) {
+        for t in trials
+            .iter()
+            .filter(|t| t.accumulation > 1 && t.outcome.fits())
+        {
             let Some(p) = t.outcome.peak_bytes().filter(|&p| p > 0) else {
                 continue;
             };
@@ -450,7 +453,12 @@ pub fn predict(
     }
     p.max_micro_batch = Some(est);
     if let Some(t) = target {
-        match accumulate::split(t.global_batch, t.world_size, est.micro_batch, t.allow_uneven) {
+        match accumulate::split(
+            t.global_batch,
+            t.world_size,
+            est.micro_batch,
+            t.allow_uneven,
+        ) {
             Ok(s) if s.accumulation > 1 => {
                 // Accumulating holds more memory: the measured extra, if the plan has it.
                 match model.accumulation_extra() {
@@ -552,7 +560,7 @@ pub fn sweep_prior(
 /// for the fit nearest `answer`, |measured − predicted peak| / per-sample bytes / `answer`. (A
 /// measure of the line, not of the answer, which the tolerance leaves loose by up to its gap.)
 pub fn prior_miss(prior: &Prior, trials: &[TrialRecord], answer: u64) -> Option<f64> {
-    if answer == 0 || !(prior.per_sample_bytes > 0.0) {
+    if answer == 0 || prior.per_sample_bytes.is_nan() || prior.per_sample_bytes <= 0.0 {
         return None;
     }
     trials
@@ -619,7 +627,10 @@ pub fn report(
     for m in memory {
         let b = parse_size(m).map_err(|e| PredictError::Memory(m.clone(), e.to_string()))?;
         if b == 0 {
-            return Err(PredictError::Memory(m.clone(), "must be greater than 0".into()));
+            return Err(PredictError::Memory(
+                m.clone(),
+                "must be greater than 0".into(),
+            ));
         }
         if reserve_bytes >= b {
             return Err(PredictError::ReserveTooLarge {
@@ -640,12 +651,12 @@ pub fn report(
         .as_ref()
         .filter(|r| r.accumulation > 1 || r.global_batch != r.max_fitting_batch * r.world_size)
         .map(|r| Target {
-        global_batch: r.global_batch,
-        world_size: r.world_size,
-        allow_uneven: r.uneven,
-        max_batch: plan.search.max_batch,
-        multiple_of: plan.search.multiple_of,
-    });
+            global_batch: r.global_batch,
+            world_size: r.world_size,
+            allow_uneven: r.uneven,
+            max_batch: plan.search.max_batch,
+            multiple_of: plan.search.multiple_of,
+        });
     let predictions = sizes
         .iter()
         .map(|&b| predict(&model, b, reserve_bytes, margin, target))
@@ -734,10 +745,14 @@ impl PredictReport {
             match (&p.refused, &p.max_micro_batch) {
                 (Some(why), _) => s += &format!("{head}refused: {why}\n"),
                 (None, Some(e)) => {
-                    let est = format!(
-                        "{} ({}–{}), predicted, not proven",
-                        e.micro_batch, e.low, e.high
-                    );
+                    let est = if e.high == 0 {
+                        "none fits, predicted, not proven".to_string()
+                    } else {
+                        format!(
+                            "{} ({}–{}), predicted, not proven",
+                            e.micro_batch, e.low, e.high
+                        )
+                    };
                     let split = p
                         .split
                         .as_ref()
@@ -849,8 +864,8 @@ mod tests {
 
     #[test]
     fn one_point_or_no_slope_is_refused() {
-        let m = CapacityModel::fit(&[trial(1, Some(MIB), 3, 1), trial(2, None, 3, 1)], MIB)
-            .unwrap();
+        let m =
+            CapacityModel::fit(&[trial(1, Some(MIB), 3, 1), trial(2, None, 3, 1)], MIB).unwrap();
         assert!(m.refusal.is_some());
         assert!(predict(&m, 1 << 30, 0, 0.05, None).refused.is_some());
         assert!(CapacityModel::fit(&[trial(5, None, 3, 1)], MIB).is_none());

@@ -19,6 +19,7 @@ pub mod report;
 pub mod setup;
 pub mod single;
 pub mod split;
+pub mod sweep;
 pub mod verify;
 
 pub use report::{progress_line, Ending, ProbeError, ProbeReport, Progress};
@@ -58,6 +59,9 @@ pub fn run_cached(
     progress: &mut dyn Progress,
     cache: Option<&CacheOptions>,
 ) -> Result<ProbeReport, ProbeError> {
+    if let Some(sw) = &cfg.sweep {
+        return sweep::run(cfg, sw, exe, progress, cache);
+    }
     let mut notices = vec![];
     let devices = setup::resolve(cfg, &mut notices)?;
     // The device choice and the config's warnings are news before the search, not after it.

@@ -293,7 +293,11 @@ fn lowest_closing(st: &SearchState, u: u64) -> u64 {
     let g = st.grid;
     let ub = g.batch(u);
     let mut c = if st.tolerance > 0.0 {
-        g.index_at_or_below(((ub as f64) / (1.0 + st.tolerance)).floor().max(g.first as f64) as u64)
+        g.index_at_or_below(
+            ((ub as f64) / (1.0 + st.tolerance))
+                .floor()
+                .max(g.first as f64) as u64,
+        )
     } else {
         u.saturating_sub(1)
     };
@@ -358,7 +362,6 @@ impl Guided {
         };
         // The tolerance's gap at b, in grid steps.
         let gap_steps = |b: u64| (st.gap(b) / g.step).max(1);
-
 
         let Some(m) = self.model(st, &points) else {
             // No slope yet: one point, or all in the flat part below a knee.
@@ -568,7 +571,10 @@ mod tests {
         let (m, n) = trials("base=1GiB,per-sample=4681046,capacity=24GiB,knee=2048", 0.0);
         assert_eq!(m, Some(5000));
         assert!(n <= 10, "{n} trials");
-        let (m, n) = trials("base=2GiB,per-sample=7443369,capacity=24GiB,jump=2000:8GiB", 0.0);
+        let (m, n) = trials(
+            "base=2GiB,per-sample=7443369,capacity=24GiB,jump=2000:8GiB",
+            0.0,
+        );
         assert_eq!(m, Some(1999));
         assert!(n <= 16, "{n} trials");
     }

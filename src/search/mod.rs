@@ -118,7 +118,11 @@ impl Prior {
     /// anything (a positive slope and a fixed part below the limit).
     pub fn predict(&self, limit: u64) -> Option<(f64, f64)> {
         let free = limit as f64 - self.fixed_bytes;
-        if !(self.per_sample_bytes > 0.0) || !(free > 0.0) {
+        if self.per_sample_bytes.is_nan()
+            || self.per_sample_bytes <= 0.0
+            || free.is_nan()
+            || free <= 0.0
+        {
             return None;
         }
         let b = free / self.per_sample_bytes;
@@ -306,7 +310,13 @@ impl SearchState<'_> {
     /// Whether a fit at index `i` would close the bracket against the smallest out-of-memory.
     pub fn fit_would_close(&self, i: u64) -> bool {
         self.hi.is_some_and(|h| {
-            h > i && within_tolerance(self.grid.batch(i), self.grid.batch(h), self.tolerance, self.grid.step)
+            h > i
+                && within_tolerance(
+                    self.grid.batch(i),
+                    self.grid.batch(h),
+                    self.tolerance,
+                    self.grid.step,
+                )
         })
     }
 }

@@ -1,6 +1,8 @@
 //! The commands that read and write plans: `show`, `merge`, `verify`, `cache`, `predict`.
 
-use batchfit::cli::{CacheAction, FormatArg, MergeArgs, PredictArgs, PredictFormat, ShowArgs, VerifyArgs};
+use batchfit::cli::{
+    CacheAction, FormatArg, MergeArgs, PredictArgs, PredictFormat, ShowArgs, VerifyArgs,
+};
 use batchfit::device::sim::SimSpec;
 use batchfit::exit::{fail, print_stdout, Exit, Fail};
 use batchfit::output;
