@@ -9,10 +9,16 @@
 #      on the whole GPU, above batchfit's answer (which keeps a 5 % margin)
 #   3  Lightning's scale_batch_size(mode="binsearch", cap raised) and Accelerate's
 #      find_executable_batch_size on the same models, in Python (scripts/gpu_check/peers.py)
+#   4  your own script: a plain PyTorch training job of ResNet-50 (amp-bf16) and of gpt2-small (amp-bf16)
+#      (scripts/gpu_check/job.py, the peers' models) probed by `batchfit probe --exec`, and the job's own
+#      true maximum by the same fine scan as stage 2, of fresh runs of the job; the table sets stage 1's
+#      answer for batchfit's own model beside the --exec answer and the job's true maximum. Its own
+#      time caps (exec_probe_time_limit, exec_scan_seconds: about 5 min for both models); select it
+#      alone with --stages 4
 #
 # It writes a results table (trials, wall time, answer, true maximum, answer / true maximum, peak memory /
 # capacity), stamped with nvidia-smi's line for the GPU and the commit, to OUT/results.md and, on a GPU
-# run only, to docs/gpu-results.md; raw JSON (stage1.json, stage2.json, stage3.json, plans/, peers/,
+# run only, to docs/gpu-results.md; raw JSON (stage1.json … stage4.json, plans/, peers/, exec/,
 # logs/) beside it. --cpu-smoke runs the same stages on CPU with tiny models and writes only to OUT
 # (tests/gpu_check.rs runs it).
 #
@@ -22,15 +28,17 @@
 #
 # Time: --time-budget (default 300 s) bounds a call; an item that would not get the time it needs is
 # reported "not-run" and the summary prints the call that finishes the work (what succeeded is kept).
-# On an H200 the three stages together are expected to need 10-15 minutes, so plan two calls, or a
-# longer --time-budget. On a machine where only a few files of $OUT come back (the device tool returns 8),
+# On an H200 the four stages together are expected to need 15-20 minutes, so plan two or three calls
+# (e.g. --stages 1,2 then --stages 3,4), or a longer --time-budget. On a machine where only a few files of $OUT come back (the device tool returns 8),
 # keep OUT elsewhere and bring back one archive of it (written when the call ends, also on a signal):
 #   bash scripts/gpu-check.sh --out /tmp/gc --archive "$OUT/gpu-check.tgz" --time-budget 540; rc=$?
 #   cp /tmp/gc/results.md docs/gpu-results.md "$OUT/" 2>/dev/null; exit $rc
 # and, for the stages the summary lists as not run, the same call again at once with --stages.
 #
 # --cpu-smoke models: an MLP in fp32 and a one-layer GPT in bf16 under a small RLIMIT_DATA budget (no
-# ResNet: it takes minutes on CPU, see CPU_SLOTS in scripts/gpu_check/check.py); about 2-4 minutes.
+# ResNet: it takes minutes on CPU, see CPU_SLOTS in scripts/gpu_check/check.py); stage 4 probes the MLP's
+# Python job (a memory cgroup per trial where this process may make one, else RLIMIT_DATA); about 4-6
+# minutes.
 set -u
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,7 +46,7 @@ HELPERS="$ROOT/scripts/gpu_check"
 
 usage() {
   cat <<'EOF'
-Usage: bash scripts/gpu-check.sh [--cpu-smoke] [--bin DIR] [--out DIR] [--stages 1,2,3]
+Usage: bash scripts/gpu-check.sh [--cpu-smoke] [--bin DIR] [--out DIR] [--stages 1,2,3,4]
                                  [--time-budget S] [--python PY] [--commit C] [--set KEY=VALUE]... [--redo]
                                  [--archive FILE.tgz]
 
@@ -47,8 +55,9 @@ Proves batchfit on a real NVIDIA GPU (see the header of this script for the stag
   --bin DIR          where batchfit and batchfit-train are (default: target/release); built elsewhere
                      is fine: libtorch comes from PY's torch through LD_LIBRARY_PATH
   --out DIR          results and raw data (default: gpu-check-results/ in the repository)
-  --stages LIST      stages to run, e.g. 2,3 for a second call (default 1,2,3); what already
-                     succeeded in OUT with the same binaries is kept, not run again
+  --stages LIST      stages to run, e.g. 3,4 for a second call (default 1,2,3,4; 4 is --exec of
+                     the Python job); what already succeeded in OUT with the same binaries is kept,
+                     not run again
   --time-budget S    seconds for this call (default 300 on a GPU, 900 with --cpu-smoke): an item
                      that would not get enough of what is left is not started and is reported as
                      "not-run", to be finished by a second call with --stages
@@ -84,7 +93,7 @@ main() {
   mode=gpu
   out=""
   bin=""
-  stages="1,2,3"
+  stages="1,2,3,4"
   py=""
   budget=""
   commit=""
@@ -122,13 +131,13 @@ main() {
     shift
   done
 
-  # --stages: digits 1-3, comma-separated; run in ascending order, each once
+  # --stages: digits 1-4, comma-separated; run in ascending order, each once
   stage_list=()
   IFS=',' read -r -a _st <<<"$stages"
-  for s in 1 2 3; do
+  for s in 1 2 3 4; do
     for x in "${_st[@]}"; do
       x=${x// /}
-      case "$x" in 1|2|3) ;; *) die "--stages: '$x' is not a stage (1, 2 or 3)" ;; esac
+      case "$x" in 1|2|3|4) ;; *) die "--stages: '$x' is not a stage (1, 2, 3 or 4)" ;; esac
       if [ "$x" = "$s" ]; then stage_list+=("$s"); break; fi
     done
   done

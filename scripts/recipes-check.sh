@@ -8,9 +8,12 @@
 #                     processes (gloo) train with; asserts the global batch train.py logged it used =
 #                     world size × micro-batch × accumulation of the plan = the plan's global batch; and
 #                     that train.py refuses the plan in a job of another world size
-#   torchrun-exec     examples/torchrun/probe-exec.sh: the same job probed by `batchfit probe --exec`
-#                     (each trial is one rank of train.py), then trained with that plan by torchrun;
-#                     NOT RUN when `batchfit probe --help` does not mention --exec
+#   torchrun-exec     examples/torchrun/probe-exec.sh: the torchrun job itself (torchrun, 2 ranks of
+#                     train.py, gloo) probed by `batchfit probe --exec` (each trial the whole job, its
+#                     tree in one memory cgroup where one can be made), then trained with that plan by
+#                     torchrun; asserts the trials were the whole job (3 processes, rank 0's report of
+#                     world size 2), train.py's hash in the plan, an out-of-memory above the answer, and
+#                     the numbers trained; NOT RUN when `batchfit probe --help` does not mention --exec
 #   deepspeed-merge   examples/deepspeed/merge-config.sh on the torchrun plan (a sim plan when that
 #                     stage did not run): with jq and with its python fallback, same result, batchfit's
 #                     values in, the rest of ds_config.json kept, train_batch_size = micro × accum × world
@@ -45,6 +48,7 @@
 #   RECIPES_NO_INSTALL=1    no apt-get and no pip: the stages that need them are NOT RUN (with that reason)
 #   RECIPES_DEEPSPEED_PYTHON  a python that has deepspeed (and torch): no side venv is built
 #   RECIPES_KEEP=1          keep the work dir (it is always kept when a stage failed)
+#   RECIPES_EXEC_PROBE_ARGS the torchrun-exec stage's probe flags (default below, EXEC_PROBE_ARGS)
 #   RECIPES_SUMMARY_FILE    also write the summary there: one line per stage, name, result, seconds
 #                           and detail separated by tabs (tests/recipes.rs reads it)
 #   RECIPES_WORK_DIR        the work dir (default: a new mktemp -d); everything the check writes is there,
@@ -85,6 +89,9 @@ export BATCHFIT_CACHE_DIR=$WORK/batchfit-cache XDG_CACHE_HOME=$WORK/xdg-cache PI
 unset BATCHFIT_PLAN BATCHFIT_MICRO_BATCH BATCHFIT_ACCUMULATION BATCHFIT_WORLD_SIZE BATCHFIT_STATUS \
   BATCHFIT_PROBE_ARGS SLURM_CONF SLURM_JOB_ID 2>/dev/null || true
 
+# the exec stage's probe: the whole torchrun job (agent + 2 ranks) under 2.5 GiB; a grid of 256 samples
+# and 2-step trials (3 for the confirmation) keep it to a few trials of the whole job
+EXEC_PROBE_ARGS=${RECIPES_EXEC_PROBE_ARGS:---backend cpu --memory-budget 2.5GiB --multiple-of 256 --steps 2 --confirm-steps 3}
 ALL_STAGES=(torchrun torchrun-exec deepspeed-merge deepspeed-engine slurm-cluster slurm-array slurm-two-node)
 names=() results=() seconds=() details=()
 failed=0 current=""
@@ -213,24 +220,38 @@ stage_torchrun_exec() {
   fi
   local d=$WORK/torchrun-exec plan t0 rc sha
   mkdir -p "$d" && cd "$d" || fail "cannot make $d"
-  echo "examples/torchrun/probe-exec.sh: batchfit probe --exec of train.py itself (2 GiB, world size 2), then torchrun, 2 processes"
+  echo "examples/torchrun/probe-exec.sh: batchfit probe --exec of the torchrun job itself (2 processes, gloo; $EXEC_PROBE_ARGS), then torchrun trains with the plan"
   t0=$(now)
-  NPROC=2 GLOBAL_BATCH=8192 PLAN=plan-exec.json bash "$examples/torchrun/probe-exec.sh" > launch.log 2>&1
+  NPROC=2 GLOBAL_BATCH=8192 PLAN=plan-exec.json BATCHFIT_PROBE_ARGS="$EXEC_PROBE_ARGS" \
+    bash "$examples/torchrun/probe-exec.sh" > launch.log 2>&1
   rc=$?
-  grep -v 'Failed to initialize NumPy\|_conversion_method_template' launch.log | sed 's/^/  | /'
+  grep -v 'Failed to initialize NumPy\|_conversion_method_template\|^W[0-9].*run.py\|^\*\*\*\*' launch.log | sed 's/^/  | /'
   echo "  [$(elapsed "$t0") s] probe-exec.sh (exit $rc)"
   [ $rc -eq 0 ] || fail "examples/torchrun/probe-exec.sh exited $rc (see $d/launch.log)"
   plan=$d/plan-exec.json
   expect "plan: status" complete "$(pj "$plan" 'p["status"]')"
+  expect "plan: model kind" exec "$(pj "$plan" 'p["model"]["kind"]')"
+  # what each trial ran is the torchrun job, not one rank of it
+  expect "plan: the probed command is torchrun with 2 processes" yes \
+    "$(pj "$plan" '"yes" if p["model"]["argv"][0].endswith("torchrun") and "--nproc-per-node" in p["model"]["argv"] and p["model"]["argv"][p["model"]["argv"].index("--nproc-per-node") + 1] == "2" else " ".join(p["model"]["argv"])')"
   # what the plan was proven on is train.py: its content hash is in the plan (--fingerprint-file)
   sha=$(sha256sum "$examples/torchrun/train.py" | cut -d' ' -f1)
   grep -q "$sha" "$plan" || fail "the plan does not hold train.py's SHA-256 $sha: not proven on this train.py"
   echo "  ok: the plan holds train.py's SHA-256 (${sha:0:12}…)"
+  echo "  limit: $(pj "$plan" 'p["limit_mechanism"]') of $(pj "$plan" 'p["limit_bytes"]') bytes around each trial"
   local micro; micro=$(pj "$plan" 'p["recommendation"]["micro_batch"]')
   expect "plan: trials of the micro-batch that fit" yes \
     "$(pj "$plan" '"yes" if any(t["batch"] == p["recommendation"]["micro_batch"] and t["outcome"] == "fits" for t in p["trials"]) else "no"')"
+  # every fitting trial was the whole job: torchrun's agent and both ranks (rank 0's report says world 2)
+  expect "plan: fitting trials with fewer than 3 processes or a report of another world size" none \
+    "$(pj "$plan" '" ".join(str(t["batch"]) for t in p["trials"] if t["outcome"] == "fits" and ((t.get("details") or {}).get("processes", 0) < 3 or ((t.get("details") or {}).get("report") or {}).get("world_size") != 2)) or "none"')"
+  expect "plan: the search saw the job run out of memory" yes \
+    "$(pj "$plan" '"yes" if p["recommendation"].get("first_failing_batch") and any(t["outcome"] == "oom" for t in p["trials"]) else "no"')"
+  local accum; accum=$(pj "$plan" 'p["recommendation"]["accumulation"]')
+  [ "$accum" -gt 1 ] || fail "the plan's accumulation is 1: the check needs more than 1 to show the accumulation is trained (probe answered $(pj "$plan" 'p["recommendation"]["max_fitting_batch"]'))"
   check_training launch.log "$plan" 2
-  pass "plan from --exec of train.py: $TRAINED; torchrun trained it"
+  local probe_line; probe_line=$(grep -E '^[0-9]+ trials, ' launch.log | tail -n 1)
+  pass "plan from --exec of the torchrun job ($probe_line; largest micro-batch per rank $(pj "$plan" 'p["recommendation"]["max_fitting_batch"]'), $(pj "$plan" 'p["limit_mechanism"]')): $TRAINED; torchrun trained it"
 }
 
 # --------------------------------------------------------------------------------------------- deepspeed

@@ -112,9 +112,9 @@ pub struct PredictArgs {
     /// Also write the predictions as JSON here (atomically).
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
-    /// What to print on stdout.
-    #[arg(long, value_enum, default_value = "text")]
-    pub format: PredictFormat,
+    /// What to print on stdout (default: text on a terminal, JSON otherwise, as `show` does).
+    #[arg(long, value_enum)]
+    pub format: Option<PredictFormat>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -190,12 +190,30 @@ pub struct ShowArgs {
     /// The plan file (written by `batchfit probe --out`).
     #[arg(value_name = "PLAN")]
     pub plan: PathBuf,
-    /// What to print on stdout.
-    #[arg(long, value_enum, default_value = "text")]
-    pub format: FormatArg,
+    /// What to print on stdout. Default: text on a terminal, json otherwise.
+    #[arg(long, value_enum)]
+    pub format: Option<FormatArg>,
     /// Also draw the plan (peak memory and samples/s against the batch size) into FILE.svg or FILE.png.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
+    /// The batch-size axis of --plot: linear, or log (small sizes are not squashed against zero).
+    #[arg(long, value_enum, default_value = "linear")]
+    pub plot_scale: PlotScaleArg,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PlotScaleArg {
+    Linear,
+    Log,
+}
+
+impl From<PlotScaleArg> for crate::output::plot::Scale {
+    fn from(s: PlotScaleArg) -> Self {
+        match s {
+            PlotScaleArg::Linear => crate::output::plot::Scale::Linear,
+            PlotScaleArg::Log => crate::output::plot::Scale::Log,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -206,7 +224,9 @@ pub struct ProbeArgs {
 
     /// Simulated device for --backend sim: base=SIZE,per-sample=SIZE,capacity=SIZE, optionally
     /// knee=N, jump=N:SIZE (repeatable), late=SIZE (per sample, trials of > 3 steps only),
-    /// noise=F (reported peak ±F), seed=N, fail-at=N (trials at N end in error).
+    /// dip=N:SIZE (repeatable), noise=F (reported peak ±F), seed=N, fail-at=N (trials at N end in
+    /// error), retries=N (fits from N on need allocator retries), accumulation=SIZE (extra memory of
+    /// trials with gradient accumulation).
     #[arg(long, value_name = "SPEC")]
     pub sim: Option<String>,
 
@@ -258,8 +278,11 @@ pub struct ProbeArgs {
     #[arg(long, value_enum, default_value = "adam")]
     pub optimizer: OptimizerArg,
 
-    /// Memory budget (e.g. 1.5GiB, 800MiB). Default: cpu 80% of the lower of MemAvailable and the
-    /// cgroup limit; sim its capacity.
+    /// Memory budget, e.g. 1.5GiB, 800MiB (K, M, G, T and KiB, MiB, GiB, TiB are ×1024; KB, MB,
+    /// GB, TB are ×1000; case does not matter; a bare number is bytes). Trials run under the limit
+    /// (budget − reserve) × (1 − margin), which `batchfit-train --memory-limit plan` applies too.
+    /// Default: cpu 80% of what is available now (MemAvailable, and what the cgroup can still take);
+    /// cuda NVML's free memory; sim its capacity.
     #[arg(long, value_name = "SIZE")]
     pub memory_budget: Option<String>,
     /// Memory kept free for what a trial does not contain (evaluation, data loaders, pinned memory).
@@ -341,9 +364,10 @@ pub struct ProbeArgs {
     /// fitted line) into FILE.svg or FILE.png once the plan is written (partial plans too).
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
-    /// What to print on stdout.
-    #[arg(long, value_enum, default_value = "json")]
-    pub format: FormatArg,
+    /// What to print on stdout (only that; progress and messages go to stderr). Default: text on a
+    /// terminal, json otherwise (so scripts that capture stdout get the plan as JSON).
+    #[arg(long, value_enum)]
+    pub format: Option<FormatArg>,
     /// Advise a smaller tested size when its samples/s is within this fraction of the best measured
     /// (0.03 = 3%). In [0, 1).
     #[arg(long, value_name = "F", default_value_t = 0.03)]
@@ -391,6 +415,9 @@ pub struct ProbeArgs {
         help_heading = "Your own command"
     )]
     pub cpu_limit: CpuLimitArg,
+    /// The batch-size axis of --plot: linear, or log (small sizes are not squashed against zero).
+    #[arg(long, value_enum, default_value = "linear")]
+    pub plot_scale: PlotScaleArg,
     /// The command (after `--`).
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -433,9 +460,9 @@ pub struct MergeArgs {
     /// Write the merged plan here (atomically).
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
-    /// What to print on stdout.
-    #[arg(long, value_enum, default_value = "json")]
-    pub format: FormatArg,
+    /// What to print on stdout. Default: text on a terminal, json otherwise.
+    #[arg(long, value_enum)]
+    pub format: Option<FormatArg>,
 }
 
 #[derive(Debug, Args)]
@@ -449,9 +476,9 @@ pub struct VerifyArgs {
     /// The simulated device to verify on (sim plans; default: the plan's own `sim_spec`).
     #[arg(long, value_name = "SPEC")]
     pub sim: Option<String>,
-    /// What to print on stdout.
-    #[arg(long, value_enum, default_value = "text")]
-    pub format: FormatArg,
+    /// What to print on stdout. Default: text on a terminal, json otherwise.
+    #[arg(long, value_enum)]
+    pub format: Option<FormatArg>,
     /// No progress lines on stderr.
     #[arg(long, short)]
     pub quiet: bool,
@@ -463,6 +490,17 @@ pub enum CacheAction {
     List,
     /// Remove every cached plan (only the plans folder; libtorch next to it is never touched).
     Clear,
+}
+
+/// `--format` as given, or its default: text when stdout is a terminal (a person reads it), json
+/// otherwise (a script or a file gets the plan itself).
+pub fn format_or_default(f: Option<FormatArg>) -> crate::output::Format {
+    use std::io::IsTerminal;
+    match f {
+        Some(f) => f.into(),
+        None if std::io::stdout().is_terminal() => crate::output::Format::Text,
+        None => crate::output::Format::Json,
+    }
 }
 
 impl From<FormatArg> for crate::output::Format {

@@ -73,6 +73,8 @@ pub struct ProbeConfig {
     pub warnings: Vec<String>,
     /// `--sweep`: every point's own validated configuration.
     pub sweep: Option<SweepConfig>,
+    /// `--plot-scale`: the batch axis of the plot.
+    pub plot_scale: crate::output::plot::Scale,
 }
 
 /// What `--sweep` varies.
@@ -146,7 +148,8 @@ fn sweep(a: &ProbeArgs, base: &ProbeConfig) -> Result<Option<SweepConfig>, Confi
         "image-size" => SweepParam::ImageSize,
         other => {
             return err(format!(
-                "--sweep {other:?}: only seq-len (gpt, a TorchScript input's S) and image-size                  (resnet18, resnet50, vit, a TorchScript input's S) can be swept"
+                "--sweep {other:?}: only seq-len (gpt, a TorchScript input's S) and image-size \
+                 (resnet18, resnet50, vit, a TorchScript input's S) can be swept"
             ))
         }
     };
@@ -169,7 +172,8 @@ fn sweep(a: &ProbeArgs, base: &ProbeConfig) -> Result<Option<SweepConfig>, Confi
     }
     if a.exec {
         return err(
-            "--sweep with --exec: substituting the point into the command ({seq}) is not supported              yet; run one probe per value"
+            "--sweep with --exec: substituting the point into the command ({seq}) is not supported \
+             yet; run one probe per value"
                 .into(),
         );
     }
@@ -192,19 +196,22 @@ fn sweep(a: &ProbeArgs, base: &ProbeConfig) -> Result<Option<SweepConfig>, Confi
         ) => ("--image-size", a.image_size, Some(*image_size)),
         (SweepParam::SeqLen, Architecture::Vit { patch, .. }) => {
             return err(format!(
-                "--sweep seq-len with --model {}: a ViT's sequence is (image-size / {patch})² patches;                  sweep image-size instead",
+                "--sweep seq-len with --model {}: a ViT's sequence is (image-size / {patch})² patches; \
+                 sweep image-size instead",
                 a.model
             ))
         }
         _ if torchscript => {
             return err(format!(
-                "--sweep {}: write the swept dimension of the TorchScript model's --input as S, e.g.                  --input 'i64[B,S]<50257'",
+                "--sweep {}: write the swept dimension of the TorchScript model's --input as S, e.g. \
+                 --input 'i64[B,S]<50257'",
                 param.as_str()
             ))
         }
         _ => {
             return err(format!(
-                "--sweep {}: --model {} has no {}; sweep seq-len with gpt, image-size with resnet18,                  resnet50 or vit",
+                "--sweep {}: --model {} has no {}; sweep seq-len with gpt, image-size with resnet18, \
+                 resnet50 or vit",
                 param.as_str(),
                 a.model,
                 param.as_str()
@@ -213,7 +220,8 @@ fn sweep(a: &ProbeArgs, base: &ProbeConfig) -> Result<Option<SweepConfig>, Confi
     };
     if let Some(g) = given.filter(|g| !points.contains(g)) {
         return err(format!(
-            "{flag} {g} is not one of the --sweep points {values}: the plan's recommendation is for              {flag}, so give it among them (or drop it)"
+            "{flag} {g} is not one of the --sweep points {values}: the plan's recommendation is for \
+             {flag}, so give it among them (or drop it)"
         ));
     }
     let plan_point = given
@@ -261,9 +269,23 @@ pub struct ExecConfig {
     pub cpu_limit: CpuLimitArg,
 }
 
+/// A size flag. A bare number is bytes; one that is not 0 but under 1 MiB is almost certainly a
+/// missing unit (`--memory-budget 12` meaning 12 GiB), so it is refused with the likely meaning.
 fn size(flag: &str, v: &str) -> Result<u64, ConfigError> {
-    parse_size(v).map_err(|e| ConfigError(format!("{flag}: {e}")))
+    let bytes = parse_size(v).map_err(|e| ConfigError(format!("{flag}: {e}")))?;
+    if crate::platform::units::is_bare_number(v) && bytes > 0 && bytes < 1 << 20 {
+        return Err(ConfigError(format!(
+            "{flag} {v} is {v} bytes (a number without a unit is bytes), far too little for \
+             training; give a unit, e.g. {flag} {v}GiB or {v}MiB ({})",
+            crate::platform::units::UNITS_HELP
+        )));
+    }
+    Ok(bytes)
 }
+
+/// The longest `--time-limit` or `--trial-timeout` (a year): longer is no limit at all, and
+/// durations near the top of the range overflow clocks.
+pub const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
 
 /// Why `--isolation hybrid` is refused on cuda (explicit, or chosen by `--backend auto`).
 pub const HYBRID_ON_CUDA: &str = "--isolation hybrid is for the cpu backend: on cuda every trial runs \
@@ -404,13 +426,6 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     if world_size == 0 {
         return err("--world-size must be at least 1".into());
     }
-    let global = match a.global_batch {
-        Some(g) => {
-            accumulate::check_global(g, world_size).map_err(|e| ConfigError(e.to_string()))?;
-            Some((g, world_size))
-        }
-        None => None,
-    };
     if a.steps == 0 {
         return err("--steps must be at least 1 (3 or more counts Adam's state)".into());
     }
@@ -432,6 +447,21 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             a.multiple_of, a.min_batch, a.max_batch
         ));
     }
+    // The global batch against the grid of sizes: on it, at least one --min-batch per rank, and
+    // splittable into at most accumulate::MAX_ACCUMULATION micro-batches of --max-batch.
+    let global = match a.global_batch {
+        Some(g) => {
+            accumulate::check_against_sizes(
+                g,
+                world_size,
+                accumulate::Sizes::new(a.multiple_of, a.min_batch),
+                a.max_batch,
+            )
+            .map_err(|e| ConfigError(e.to_string()))?;
+            Some((g, world_size))
+        }
+        None => None,
+    };
     if a.max_trials == Some(0) {
         return err("--max-trials must be at least 1".into());
     }
@@ -439,6 +469,11 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         if !v.is_finite() || v <= 0.0 {
             Err(ConfigError(format!(
                 "{flag} must be a positive number of seconds"
+            )))
+        } else if v > MAX_SECONDS {
+            Err(ConfigError(format!(
+                "{flag} {v:e} is more than a year ({MAX_SECONDS} seconds); give a number of \
+                 seconds up to that, or leave the flag out"
             )))
         } else {
             Ok(Duration::from_secs_f64(v))
@@ -466,7 +501,7 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             a.tolerance
         ));
     }
-    if a.format == crate::cli::FormatArg::Deepspeed && a.allow_uneven {
+    if a.format == Some(crate::cli::FormatArg::Deepspeed) && a.allow_uneven {
         return err(
             "--format deepspeed cannot express micro-batches of unequal size; drop --allow-uneven \
              (or use --format json)"
@@ -484,6 +519,16 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     }
     if let Some(p) = &a.plot {
         crate::output::plot::check_target(p).map_err(|e| ConfigError(e.to_string()))?;
+        if let Some(out) = &a.out {
+            if files::same_target(p, out) {
+                return err(format!(
+                    "--plot {} and --out {} are the same file: the picture would replace the plan; \
+                     give the plot its own name, e.g. --plot plan.svg",
+                    p.display(),
+                    out.display()
+                ));
+            }
+        }
     }
     let fault = a
         .inject_fault
@@ -533,7 +578,7 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         seed: a.seed,
         out: a.out.clone(),
         plot: a.plot.clone(),
-        format: a.format.into(),
+        format: crate::cli::format_or_default(a.format),
         throughput_tolerance: a.throughput_tolerance,
         quiet: a.quiet,
         fault,
@@ -541,6 +586,7 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         logs: a.logs.clone(),
         warnings: std::mem::take(&mut warnings),
         sweep: None,
+        plot_scale: a.plot_scale.into(),
     })
 }
 

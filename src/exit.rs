@@ -57,8 +57,9 @@ impl Exit {
             Exit::Usage => "bad usage or input (nothing ran)",
             Exit::Environment => "device or environment error (no GPU, cannot start trials, cannot write)",
             Exit::Unproven => {
-                "trials failed with errors or timeouts, so no answer could be proven (partial plan \
-                 written); verify: a size did not fit here"
+                "trials failed with errors or timeouts, or the global batch has no split under the \
+                 proven size, so no answer could be proven (partial plan written); verify: a size did \
+                 not fit here"
             }
             Exit::Capped => {
                 "stopped by --max-trials or --time-limit before the proof was complete (partial plan \

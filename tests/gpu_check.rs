@@ -1,7 +1,8 @@
 //! `scripts/gpu-check.sh`, the prepared script that proves batchfit on a real GPU, kept working by its
-//! `--cpu-smoke` mode: the same three stages on CPU with tiny models (doctor, probes and training with
-//! each plan; the true maximum by a fine scan; Lightning's and Accelerate's finders in Python), writing
-//! its table to `--out` only. Takes a few minutes.
+//! `--cpu-smoke` mode: the same four stages on CPU with tiny models (doctor, probes and training with
+//! each plan; the true maximum by a fine scan; Lightning's and Accelerate's finders in Python; `batchfit
+//! probe --exec` of the Python job of a model and that job's own true maximum), writing its table to
+//! `--out` only. Takes a few minutes.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -119,7 +120,7 @@ fn check_archive(archive: &Path, out: &Path) {
     assert!(o.status.success(), "{}: {}", archive.display(), text(&o));
     let names = String::from_utf8_lossy(&o.stdout);
     let base = out.file_name().unwrap().to_string_lossy();
-    for f in ["results.md", "stage1.json", "stage2.json", "stage3.json"] {
+    for f in ["results.md", "stage1.json", "stage2.json", "stage3.json", "stage4.json"] {
         assert!(
             names.lines().any(|l| l == format!("{base}/{f}")),
             "{f} not in the archive:\n{names}"
@@ -148,7 +149,7 @@ fn check_smoke(dir: &Path, o: &Output, doc: &Path, doc_before: &Option<Vec<u8>>)
 
     // every stage of the call is recorded as ok, with its wall time
     let stages = json(&dir.join("stages.json"));
-    for n in ["1", "2", "3"] {
+    for n in ["1", "2", "3", "4"] {
         assert_eq!(stages[n]["status"], "ok", "stage {n}: {stages}\n{log}");
         assert_eq!(stages[n]["rc"], 0, "stage {n}: {stages}");
         assert!(stages[n]["seconds"].as_f64().unwrap() > 0.0);
@@ -230,6 +231,79 @@ fn check_smoke(dir: &Path, o: &Output, doc: &Path, doc_before: &Option<Vec<u8>>)
         "{}",
         s3["items"]["modelcheck"]
     );
+    check_exec_stage(dir, &results, &s1);
+}
+
+/// Stage 4: `batchfit probe --exec` of a model's Python job (job.py) and the job's true maximum, beside
+/// batchfit's answer for its own model of the same architecture (stage 1).
+fn check_exec_stage(dir: &Path, results: &str, s1: &Value) {
+    let s4 = json(&dir.join("stage4.json"));
+    let items = s4["items"].as_object().unwrap();
+    let models: Vec<String> = items
+        .keys()
+        .filter_map(|k| k.strip_prefix("exec-probe:").map(String::from))
+        .collect();
+    assert!(!models.is_empty(), "no exec probe in stage 4: {s4}");
+    let section = results
+        .split("## Your own script")
+        .nth(1)
+        .expect("a section for stage 4 in results.md")
+        .split("\n## ")
+        .next()
+        .unwrap();
+    for m in &models {
+        let probe = &s4["items"][format!("exec-probe:{m}")];
+        assert_eq!(probe["status"], "ok", "{m}: {probe}");
+        // the plan is of the user's command: the job's argv and both files in its fingerprint
+        let plan = json(&dir.join("plans").join(format!("{m}.exec.json")));
+        assert_eq!(plan["status"], "complete", "{m}: {plan}");
+        assert_eq!(plan["model"]["kind"], "exec", "{m}: {}", plan["model"]);
+        let argv = plan["model"]["argv"].to_string();
+        assert!(argv.contains("job.py") && argv.contains("{batch}"), "{argv}");
+        assert_eq!(
+            plan["model"]["fingerprint_files"].as_array().unwrap().len(),
+            2,
+            "{}",
+            plan["model"]
+        );
+        let mech = plan["limit_mechanism"].as_str().unwrap();
+        assert!(
+            ["rlimit-data", "cgroup-v1", "cgroup-v2"].contains(&mech),
+            "{mech}"
+        );
+        // every trial that fit was checked against the job's own report (the helper of python-helper)
+        let trials = plan["trials"].as_array().unwrap();
+        let fits: Vec<&Value> = trials.iter().filter(|t| t["outcome"] == "fits").collect();
+        assert!(!fits.is_empty());
+        for t in &fits {
+            assert_eq!(t["details"]["report"]["batch"], t["batch"], "{t}");
+        }
+        assert!(
+            trials.iter().any(|t| t["outcome"] == "oom"),
+            "the search saw no out-of-memory: {plan}"
+        );
+        let answer = plan["recommendation"]["max_fitting_batch"].as_u64().unwrap();
+        assert_eq!(probe["answer"].as_u64(), Some(answer));
+        // the job's own true maximum, under the probe's whole budget with the plan's mechanism: at or
+        // above the answer (the answer keeps a margin)
+        let scan = &s4["items"][format!("exec-scan:{m}")];
+        assert_eq!(scan["status"], "ok", "{m}: {scan}");
+        let true_max = scan["true_max"].as_u64().unwrap();
+        assert!(true_max >= answer, "{m}: true max {true_max} < --exec answer {answer}: {scan}");
+        assert!(scan["first_fail"].as_u64().unwrap() > true_max, "{scan}");
+        // the table row: stage 1's answer for batchfit's own model, the --exec answer, the job's true max
+        let row = section
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{m}` |")))
+            .unwrap_or_else(|| panic!("no stage-4 row for {m} in:\n{section}"));
+        let r = cells(row);
+        let zoo = s1["items"][format!("probe:{m}")]["answer"].as_u64().unwrap();
+        assert_eq!(r[1], zoo.to_string(), "{r:?}");
+        assert_eq!(r[3], answer.to_string(), "{r:?}");
+        assert!(r[4].starts_with(&true_max.to_string()), "{r:?}");
+        assert!(r[5].parse::<f64>().unwrap() <= 1.0, "{r:?}");
+        assert!(r[7].starts_with(mech), "{r:?}");
+    }
 }
 
 #[test]
@@ -248,7 +322,7 @@ fn usage_errors_and_help() {
     ] {
         assert!(help.contains(flag), "--help lacks {flag}:\n{help}");
     }
-    let o = script().args(["--stages", "1,4"]).output().unwrap();
+    let o = script().args(["--stages", "1,5"]).output().unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let o = script().arg("--frobnicate").output().unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));

@@ -175,6 +175,7 @@ fn show_converts_an_existing_plan() {
     batchfit()
         .arg("show")
         .arg(&out)
+        .args(["--format", "text"])
         .assert()
         .success()
         .stdout(predicate::str::contains(

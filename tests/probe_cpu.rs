@@ -15,7 +15,8 @@ fn small_plan() -> &'static (tempfile::TempDir, std::path::PathBuf) {
         let out = path(&d, "plan.json");
         batchfit()
             .args(SMALL_CPU)
-            .args(["--global-batch", "100000", "--out"])
+            // on the --multiple-of 256 grid (102400 = 256 × 400): the split stays on it
+            .args(["--global-batch", "102400", "--out"])
             .arg(&out)
             .assert()
             .success();
@@ -61,7 +62,8 @@ fn cpu_probe_is_proven_by_real_oom() {
     }
     // micro × accumulation = global, micro ≤ max, and micro was itself tested
     let micro = r["micro_batch"].as_u64().unwrap();
-    assert_eq!(micro * r["accumulation"].as_u64().unwrap(), 100000);
+    assert_eq!(micro * r["accumulation"].as_u64().unwrap(), 102400);
+    assert_eq!(micro % 256, 0, "on the search's grid");
     assert!(micro <= max);
     // ... the way the trainer runs it: with the plan's accumulation
     let acc = r["accumulation"].as_u64().unwrap();
@@ -84,7 +86,7 @@ fn trainer_trains_with_the_plan_under_the_same_limit() {
         .assert()
         .success()
         .stdout(predicate::str::contains(
-            "trained 8 steps of 100000 samples",
+            "trained 8 steps of 102400 samples",
         ));
 }
 
@@ -124,7 +126,9 @@ fn trainer_refuses_mismatched_plans() {
     let mut other_device = plan.clone();
     other_device["device"]["name"] = "Some Other CPU".into();
     let mut partial = plan.clone();
+    // a partial plan has no recommendation (a plan that says both contradicts itself: exit 2)
     partial["status"] = "partial".into();
+    partial["recommendation"] = serde_json::Value::Null;
     let mut sim = plan.clone();
     sim["device"]["kind"] = "sim".into();
     for (name, v, msg) in [

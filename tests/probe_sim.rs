@@ -187,7 +187,7 @@ fn default_tolerance_records_the_bracket_and_the_capacity_model() {
     assert!(m["points"].as_array().unwrap().len() >= 2);
     // the text names the bracket
     batchfit()
-        .args(["show"])
+        .args(["show", "--format", "text"])
         .arg(&out)
         .assert()
         .success()

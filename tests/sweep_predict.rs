@@ -262,12 +262,21 @@ fn predict_matches_affine_sim_curves() {
         batchfit()
             .arg("predict")
             .arg(&plan)
-            .args(["--memory", "24GiB,40GiB,80GiB,141GiB", "--out"])
+            .args(["--memory", "24GiB,40GiB,80GiB,141GiB", "--format", "text", "--out"])
             .arg(&pred)
             .assert()
             .success()
             .stdout(predicate::str::contains("predicted, not proven"));
         let r = read_json(&pred);
+        // without --format, stdout is not a terminal: the JSON that --out holds
+        let a = batchfit()
+            .arg("predict")
+            .arg(&plan)
+            .args(["--memory", "24GiB,40GiB,80GiB,141GiB"])
+            .assert()
+            .success();
+        let piped: serde_json::Value = serde_json::from_slice(&a.get_output().stdout).unwrap();
+        assert_eq!(piped["predictions"], r["predictions"]);
         for p in r["predictions"].as_array().unwrap() {
             assert_eq!(p["proven"], false);
             let mem = p["memory_bytes"].as_f64().unwrap();

@@ -3,7 +3,7 @@
 
   check.py init   --out DIR --mode gpu|cpu --bin DIR --python PY --root ROOT --time-budget S
                   --stamp-device LINE --commit C [--set KEY=VALUE ...] [--redo]
-  check.py stage  N --out DIR         run stage N (1, 2 or 3); writes DIR/stageN.json after every item
+  check.py stage  N --out DIR         run stage N (1 to 4); writes DIR/stageN.json after every item
   check.py finish N --out DIR --rc RC --seconds S    record the stage's exit code and wall time
   check.py report --out DIR           regenerate DIR/results.md (and, on a GPU run, docs/gpu-results.md)
   check.py summary --out DIR          a short summary on stdout; exit 0 when every stage run is ok
@@ -16,6 +16,10 @@ Stages:
      growing steps until one runs out of memory, then bisection to scan_tol
   3  the Python peers (peers.py): a model check, then Lightning's scale_batch_size(mode="binsearch") and
      Accelerate's find_executable_batch_size on each model
+  4  per model of exec_models: `batchfit probe --exec` of the model's plain PyTorch job (job.py, the peers'
+     model; the helper from `batchfit python-helper`), then the job's true maximum by stage 2's fine scan
+     of fresh runs of the job (gpu: the whole GPU; cpu: the exec probe's budget, limited by its plan's
+     limit_mechanism: a memory cgroup per run, or RLIMIT_DATA)
 
 Results from earlier calls in the same --out are kept: an item that already succeeded with the same
 batchfit binary is not run again (unless --redo), so a second call with --stages finishes what the first
@@ -38,6 +42,7 @@ from harness import procs  # noqa: E402
 from harness.files import load_json as load, save_json as save, write_text, sha256_of, log as _log  # noqa: E402
 from harness.procs import run_cmd, outcome_of  # noqa: E402
 from harness.scan import gallop_bisect, growing_steps  # noqa: E402
+from harness.limits import CgroupError, Limit  # noqa: E402
 from harness.units import MiB, parse_size, fmt_bytes, minutes_and_seconds as fmt_s  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------------
@@ -121,6 +126,16 @@ KNOBS = {
     "lightning_seconds": (150, 120, "seconds per Lightning search"),
     "accelerate_seconds": (60, 60, "seconds per Accelerate search"),
     "modelcheck_seconds": (120, 90, "seconds for the peers' model check"),
+    "exec_models": ("resnet50-amp-bf16,gpt2-small-amp-bf16", "mlp-fp32",
+                    "stage 4: the models whose Python job (scripts/gpu_check/job.py) is probed with --exec"),
+    "exec_probe_time_limit": (90, 150, "stage 4: batchfit probe --exec --time-limit, seconds"),
+    "exec_trial_timeout": (60, 60, "stage 4: batchfit probe --exec --trial-timeout, seconds"),
+    # (cpu smoke: RLIMIT_DATA, not a memory cgroup: with the smoke's small headroom, a job near a cgroup's
+    # limit had the kernel reclaim its library pages and fault them back in -- minutes of thrashing, the
+    # trial timing out -- rather than an out-of-memory; measured 2026-12-03)
+    "exec_probe_extra": ("", "--multiple-of 32 --cpu-limit rlimit",
+                         "stage 4: extra batchfit probe --exec flags, space-separated"),
+    "exec_scan_seconds": (60, 90, "stage 4: seconds per model for the fine scan of the Python job"),
     "min_item_scale": (1.0, 0.25, "scales the least time an item needs to be started (probe 90 s, training 45 s, "
                                   "scan 30 s, Lightning 45 s, Accelerate 30 s, model check 20 s)"),
 }
@@ -132,6 +147,7 @@ STAGE_TITLES = {
     "1": "doctor, probes, training with each recommendation",
     "2": "true maximum by a fine scan",
     "3": "Lightning and Accelerate on the same models",
+    "4": "batchfit probe --exec of the Python job, and its true maximum",
 }
 
 
@@ -418,7 +434,8 @@ def probe(run, items, slot):
     items.put(name, item)
 
 
-OOM_TEXT = re.compile(r"bad_alloc|can't allocate memory|out of memory|Cannot allocate memory")
+OOM_TEXT = re.compile(r"bad_alloc|can't allocate memory|out of memory|Cannot allocate memory|"
+                      r"memory allocation of \d+ bytes failed")
 
 TRAINED = re.compile(r"trained (\d+) steps of (\d+) samples in ([\d.]+) s: final loss (\S+), ([\d.]+) samples/s, (.*)$")
 
@@ -515,29 +532,12 @@ def scan(run, items, s1, slot):
         return
     if not plan:
         return items.put(name, {"status": "blocked", "reason": "no complete plan from stage 1 (run stage 1 first)"})
-    t_total = items.time_for(run.k["scan_seconds"], "scan")
-    if t_total is None:
-        return items.not_run(name)
-    deadline = time.time() + t_total
-    rec = plan["recommendation"]
-    answer = rec["max_fitting_batch"]
     steps = int(run.k["scan_steps"])
-    tol = float(run.k["scan_tol"])
     # the memory the trainer may use: the whole GPU (no limit); cpu: the probe's budget, before its margin
     limit_args = ["--memory-limit", str(plan["budget_bytes"])] if run.mode == "cpu" else ["--memory-limit", "none"]
-    scan_cap = plan["budget_bytes"]
-    item = {"slot": key, "answer": answer, "first_failing_batch": rec.get("first_failing_batch"), "steps": steps,
-            "plan_created": plan.get("created_unix"),
-            "memory_limit": "none (the whole GPU)" if run.mode == "gpu" else f"{plan['budget_bytes']} bytes (the budget)",
-            "runs": [], "capacity_bytes": run.capacity(plan), "gpu_apps_before": run.gpu_apps()}
-    t0 = time.monotonic()
-    outcomes = {}
+    item = {"memory_limit": "none (the whole GPU)" if run.mode == "gpu" else f"{plan['budget_bytes']} bytes (the budget)"}
 
-    def attempt(b):
-        left = deadline - time.time()
-        to = min(float(run.k["scan_run_timeout"]), left)
-        if to < MIN_SECONDS["scan_run"] * float(run.k["min_item_scale"]):
-            return None
+    def run_one(b, to):
         cmd = [run.exe("batchfit-train"), "--plan", run.plan_path(key), "--steps", str(steps), "--micro-batch",
                str(b), "--accumulation", "1", "--force", "--quiet", *limit_args]
         out, err = os.path.join(run.logs, f"scan-{key}-{b}.txt"), os.path.join(run.logs, f"scan-{key}-{b}.err")
@@ -560,18 +560,50 @@ def scan(run, items, s1, slot):
         if outcome != "fits":
             entry["message"] = first_meaningful_line("\n".join(
                 l for l in tail(err).splitlines() if "warning" not in l and "override" not in l))[:300]
-        item["runs"].append(entry)
-        outcomes[b] = outcome
-        item["seconds"] = round(time.monotonic() - t0, 1)
-        items.put(name, dict(item, status="running"))
-        log(f"stage 2: {key} batch {b}: {outcome} ({r['seconds']:.1f} s)")
-        return outcome
+        return outcome, entry
 
     tr = (s1.get("items") or {}).get(f"train:{key}") or {}
-    lo, hi = None, None
+    answer = plan["recommendation"]["max_fitting_batch"]
+    verified = None
     if tr.get("status") == "ok" and tr.get("micro_batch") == answer and tr.get("plan_created") == plan.get("created_unix"):
+        verified = f"stage 1: {tr.get('steps')} training steps at {answer}"
+    fine_scan(run, items, name, key, plan, item, run_one, "batchfit-train", verified)
+
+
+def fine_scan(run, items, name, key, plan, item, run_one, trainer, verified=None, seconds=None):
+    """The true maximum above a plan's answer, in fresh processes: run_one(b, timeout) -> (outcome, entry)
+    runs size b once ("fits", "oom", "error", "timeout"); from the answer (run first unless `verified` says
+    it completed already), up from a prediction by growing steps until a size fails, then bisection to
+    scan_tol, within scan_seconds. Writes item (with the plan's answer, the runs, the result) as `name`."""
+    t_total = items.time_for(run.k["scan_seconds"] if seconds is None else seconds, "scan")
+    if t_total is None:
+        return items.not_run(name)
+    deadline = time.time() + t_total
+    rec = plan["recommendation"]
+    answer = rec["max_fitting_batch"]
+    tol = float(run.k["scan_tol"])
+    scan_cap = plan["budget_bytes"]
+    item.update({"slot": key, "answer": answer, "first_failing_batch": rec.get("first_failing_batch"),
+                 "steps": int(run.k["scan_steps"]), "plan_created": plan.get("created_unix"), "runs": [],
+                 "capacity_bytes": run.capacity(plan), "gpu_apps_before": run.gpu_apps()})
+    t0 = time.monotonic()
+
+    def attempt(b):
+        left = deadline - time.time()
+        to = min(float(run.k["scan_run_timeout"]), left)
+        if to < MIN_SECONDS["scan_run"] * float(run.k["min_item_scale"]):
+            return None
+        outcome, entry = run_one(b, to)
+        item["runs"].append(entry)
+        item["seconds"] = round(time.monotonic() - t0, 1)
+        items.put(name, dict(item, status="running"))
+        log(f"stage {items.n}: {key} batch {b}: {outcome} ({entry.get('seconds', 0):.1f} s)")
+        return outcome
+
+    lo, hi = None, None
+    if verified:
         lo = answer
-        item["answer_verified_by"] = f"stage 1: {tr.get('steps')} training steps at {answer}"
+        item["answer_verified_by"] = verified
     else:
         o = attempt(answer)
         if o is None:
@@ -585,7 +617,7 @@ def scan(run, items, s1, slot):
         else:  # an error or a timeout at the answer: nothing above it can be learned this way
             msg = item["runs"][-1].get("message", "")
             item.update(status="failed", seconds=round(time.monotonic() - t0, 1), n_runs=len(item["runs"]),
-                        reason=f"batchfit-train at the answer {answer}: {o} (exit {item['runs'][-1]['rc']}): {msg}")
+                        reason=f"{trainer} at the answer {answer}: {o} (exit {item['runs'][-1].get('rc')}): {msg}")
             return items.put(name, item)
     pred = predict(plan, scan_cap) if lo else None
     cand = None
@@ -617,8 +649,8 @@ def scan(run, items, s1, slot):
     item.update(true_max=lo if lo else None, first_fail=hi, exact=exact, converged=converged,
                 bound_by_error=bound_by_error, seconds=round(time.monotonic() - t0, 1), n_runs=len(item["runs"]))
     if item.get("answer_fails"):
-        item.update(status="failed", reason=f"batchfit's answer {answer} runs out of memory in a fresh batchfit-train "
-                                            "on the whole device")
+        item.update(status="failed", reason=f"the answer {answer} runs out of memory in a fresh {trainer} "
+                                            + ("on the whole device" if run.mode == "gpu" else "under the budget"))
     elif bound_by_error:
         item.update(status="failed", reason="a scan run ended in an error or timeout, not out of memory: see runs")
     elif not converged:
@@ -769,6 +801,223 @@ def stage3(run):
 
 
 # ------------------------------------------------------------------------------------------------------
+# stage 4: batchfit probe --exec of the Python job, and the job's own true maximum
+# ------------------------------------------------------------------------------------------------------
+
+# what a Python job prints when it runs out of memory (torch on CUDA and on CPU, Python, the C++ runtime)
+JOB_OOM_TEXT = re.compile(r"OutOfMemoryError|CUDA out of memory|can't allocate memory|MemoryError|bad_alloc|"
+                          r"Cannot allocate memory")
+JOB_PEAK = re.compile(r"CUDA peak reserved (\d+) bytes")
+
+
+def exec_slots(run):
+    keys = [k.strip() for k in str(run.k["exec_models"]).split(",") if k.strip()]
+    return [s_ for s_ in run.slots if s_["key"] in keys]
+
+
+def exec_dir(run):
+    d = os.path.join(run.out, "exec")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def exec_plan_path(run, key):
+    return os.path.join(run.plans, f"{key}.exec.json")
+
+
+def exec_plan(run, key):
+    p = load(exec_plan_path(run, key), None)
+    return p if p and p.get("status") == "complete" else None
+
+
+def job_cmd(run, slot, batch, steps):
+    """The Python job (job.py) of a slot at `batch` and `steps` (strings: the placeholders, for --exec)."""
+    arch_file = os.path.join(exec_dir(run), f"{slot['key']}.arch.json")
+    if not os.path.exists(arch_file):
+        save(arch_file, slot["arch"])
+    return [run.cfg["python"], os.path.join(HERE, "job.py"), "--arch-file", arch_file, "--precision",
+            slot["precision"], "--device", "cuda" if run.mode == "gpu" else "cpu", "--batch-size", str(batch),
+            "--steps", str(steps)]
+
+
+def job_env(run):
+    """The job's environment: the helper importable (batchfit_trial.py, from `batchfit python-helper`), no
+    BATCHFIT_* left over; on cpu the smoke's thread count (batchfit's --threads sets the same for trials)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHFIT_")}
+    env["PYTHONPATH"] = exec_dir(run) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if run.mode == "cpu" and int(run.k["threads"] or 0) > 0:
+        env["OMP_NUM_THREADS"] = str(run.k["threads"])
+    return env
+
+
+def helper(run, items):
+    """`batchfit python-helper` into OUT/exec/batchfit_trial.py; None, or why it failed."""
+    path = os.path.join(exec_dir(run), "batchfit_trial.py")
+    r = run_cmd([run.exe("batchfit"), "python-helper"], 30, path, os.path.join(run.logs, "python-helper.err"))
+    if r["rc"] != 0 or os.path.getsize(path) == 0:
+        return f"batchfit python-helper exit {r['rc']}: {first_meaningful_line(tail(os.path.join(run.logs, 'python-helper.err')))}"
+    return None
+
+
+def exec_cpu_budget(run, slot):
+    """--cpu-smoke: the job's batch-1 footprint from a one-trial --exec probe (as its limit measures it: the
+    memory cgroup's peak, or the largest data segment), then budget = (footprint + headroom) / (1 - margin)."""
+    key = slot["key"]
+    floor_plan = os.path.join(run.plans, f"{key}.exec-floor.json")
+    partial = floor_plan[:-len(".json")] + ".partial.json"
+    cmd = [run.exe("batchfit"), "probe", "--backend", "cpu", "--memory-budget", "4GiB", "--max-batch", "1",
+           "--max-trials", "1", "--no-cache", "--quiet", "--out", floor_plan]
+    if int(run.k["threads"] or 0) > 0:
+        cmd += ["--threads", str(run.k["threads"])]
+    # measured the way the probe will limit it (the cgroup's peak and a data segment are different numbers)
+    extra = str(run.k["exec_probe_extra"] or "").split()
+    if "--cpu-limit" in extra[:-1]:
+        cmd += ["--cpu-limit", extra[extra.index("--cpu-limit") + 1]]
+    cmd += ["--exec", "--", *job_cmd(run, slot, "{batch}", "{steps}")]
+    r = run_cmd(cmd, 180, os.path.join(run.logs, f"exec-floor-{key}.out"),
+                os.path.join(run.logs, f"exec-floor-{key}.err"), env=job_env(run))
+    p = load(floor_plan) or load(partial)
+    peaks = [t.get("peak_bytes") for t in p.get("trials", []) if t.get("outcome") == "fits" and t.get("peak_bytes")]
+    if r["rc"] not in (0, 5) or not peaks:
+        err = first_meaningful_line(tail(os.path.join(run.logs, f"exec-floor-{key}.err")))
+        return None, None, f"floor probe of the job exit {r['rc']}: {err}"
+    floor = max(peaks)
+    margin = float(run.k["margin"] or 0.05)
+    return floor, int((floor + slot["headroom"]) / (1 - margin)) + 1, None
+
+
+def exec_probe(run, items, slot, helper_error):
+    key = slot["key"]
+    name = f"exec-probe:{key}"
+    if items.keep(name):
+        return
+    if helper_error:
+        return items.put(name, {"status": "failed", "reason": helper_error})
+    cap = int(run.k["exec_probe_time_limit"]) + int(run.k["exec_trial_timeout"]) + 30
+    t = items.time_for(cap, "probe")
+    if t is None:
+        return items.not_run(name)
+    item = {"slot": key, "label": label(slot), "gpu_apps_before": run.gpu_apps()}
+    plan_file = exec_plan_path(run, key)
+    partial = plan_file[:-len(".json")] + ".partial.json"
+    for f in (plan_file, partial):
+        if os.path.exists(f):
+            os.remove(f)
+    cmd = [run.exe("batchfit"), "probe"]
+    if run.mode == "gpu":
+        cmd += ["--backend", "cuda"]
+    else:
+        floor, budget, err = exec_cpu_budget(run, slot)
+        if err:
+            item.update(status="failed", reason=err)
+            return items.put(name, item)
+        item.update(cpu_floor_bytes=floor, cpu_headroom_bytes=slot["headroom"])
+        cmd += ["--backend", "cpu", "--memory-budget", str(budget)]
+        t = items.time_for(cap, "probe")
+        if t is None:
+            return items.not_run(name)
+    time_limit = max(10, min(int(run.k["exec_probe_time_limit"]), int(t) - int(run.k["exec_trial_timeout"]) - 20))
+    trial_logs = os.path.join(run.logs, f"exec-trials-{key}")
+    cmd += ["--time-limit", str(time_limit), "--trial-timeout", str(run.k["exec_trial_timeout"]),
+            "--no-cache", "--format", "text", "--out", plan_file, "--logs", trial_logs]
+    if int(run.k["threads"] or 0) > 0:
+        cmd += ["--threads", str(run.k["threads"])]
+    if str(run.k["margin"]).strip():
+        cmd += ["--margin", str(run.k["margin"]).strip()]
+    cmd += [a for a in str(run.k["exec_probe_extra"] or "").split() if a]
+    job = job_cmd(run, slot, "{batch}", "{steps}")
+    cmd += ["--exec", "--fingerprint-file", job[1], "--fingerprint-file", job[3], "--", *job]
+    item["command"] = " ".join(cmd)
+    log(f"stage 4: probe --exec of the Python job {key} (time limit {time_limit} s)")
+    r = run_cmd(cmd, t, os.path.join(run.logs, f"exec-probe-{key}.txt"), os.path.join(run.logs, f"exec-probe-{key}.err"),
+                env=job_env(run))
+    item.update(rc=r["rc"], wall_seconds=r["seconds"], timed_out=r["timed_out"])
+    plan = load(plan_file) or load(partial)
+    if plan:
+        item.update(plan_summary(plan))
+        item["plan_file"] = os.path.relpath(plan_file if os.path.exists(plan_file) else partial, run.out)
+        item["limit_mechanism"] = plan.get("limit_mechanism")
+        item["model_kind"] = (plan.get("model") or {}).get("kind")
+        reports = [((t_.get("details") or {}).get("report") or {}) for t_ in plan.get("trials") or []
+                   if t_.get("outcome") == "fits"]
+        item["fits_with_report"] = sum(1 for rep in reports if rep.get("batch") is not None)
+    cut = time_limit < int(run.k["exec_probe_time_limit"]) or t < cap
+    if r["rc"] == 0 and plan.get("status") == "complete" and (plan.get("recommendation") or {}).get("micro_batch"):
+        item["status"] = "ok"
+    elif cut and (r["timed_out"] or plan.get("stop_reason") == "time-limit"):
+        item.update(status="incomplete", reason=f"stopped by this call's time budget ({int(t)} s left for it)")
+    else:
+        err = first_meaningful_line("\n".join(l for l in tail(os.path.join(run.logs, f"exec-probe-{key}.err")).splitlines()
+                                              if "error" in l.lower())) or plan.get("stop_detail", "")
+        item.update(status="failed", reason=f"probe --exec exit {r['rc']}{' (killed: time)' if r['timed_out'] else ''}"
+                    f": {err or 'no complete plan'}")
+    items.put(name, item)
+
+
+def exec_scan(run, items, slot):
+    key = slot["key"]
+    name = f"exec-scan:{key}"
+    plan = exec_plan(run, key)
+    if items.keep(name, plan or {}):
+        return
+    if not plan:
+        return items.put(name, {"status": "blocked", "reason": "no complete --exec plan (the exec probe above)"})
+    steps = int(run.k["scan_steps"])
+    mechanism = plan.get("limit_mechanism") if run.mode == "cpu" else None
+    item = {"memory_limit": "none (the whole GPU)" if run.mode == "gpu" else
+            f"{plan['budget_bytes']} bytes (the budget) by {mechanism}, as the probe's trials"}
+    env = job_env(run)
+
+    def run_one(b, to):
+        cmd = job_cmd(run, slot, b, steps)
+        out, err = os.path.join(run.logs, f"exec-scan-{key}-{b}.txt"), os.path.join(run.logs, f"exec-scan-{key}-{b}.err")
+        ev = {}
+        if mechanism:
+            try:
+                with Limit(mechanism, plan["budget_bytes"], "gpu-check-exec") as lim:
+                    r = run_cmd(cmd, to, out, err, env=env, child_setup=lim.child_setup, stdin=subprocess.DEVNULL)
+                    ev = lim.evidence()
+            except CgroupError as e:
+                return "error", {"batch": b, "outcome": "error", "rc": None, "seconds": 0.0,
+                                 "message": f"cannot apply the plan's limit ({mechanism}): {e}"}
+        else:
+            r = run_cmd(cmd, to, out, err, env=env, stdin=subprocess.DEVNULL)
+        entry = {"batch": b, "rc": r["rc"], "seconds": r["seconds"], **ev}
+        if r["rc"] == 0:
+            outcome = "fits"
+        elif r["timed_out"]:
+            outcome = "timeout"
+        elif ev.get("cgroup_oom_kills"):
+            outcome = "oom"
+            entry["note"] = "the kernel's OOM killer ended the job in its memory cgroup"
+        elif JOB_OOM_TEXT.search(tail(err)):
+            outcome = "oom"
+        else:
+            outcome = "error"
+        entry["outcome"] = outcome
+        m = JOB_PEAK.search(tail(out))
+        if m:
+            entry["peak_bytes"] = int(m.group(1))
+        if outcome != "fits":
+            lines = [l for l in tail(err).splitlines() if l.strip() and "warning" not in l.lower()]
+            entry["message"] = (lines[-1].strip() if lines else "")[:300]
+        return outcome, entry
+
+    fine_scan(run, items, name, key, plan, item, run_one, "run of job.py", seconds=run.k["exec_scan_seconds"])
+
+
+def stage4(run):
+    items = Items(run, 4)
+    why = helper(run, items)
+    for slot in exec_slots(run):
+        exec_probe(run, items, slot, why)
+        exec_scan(run, items, slot)
+    if not exec_slots(run):
+        items.put("exec", {"status": "skipped", "reason": f"no model of exec_models={run.k['exec_models']!r} in this mode"})
+    return items
+
+
+# ------------------------------------------------------------------------------------------------------
 # stage status
 # ------------------------------------------------------------------------------------------------------
 
@@ -814,6 +1063,7 @@ def cell(text):
 def render(run):
     cfg, meta = run.cfg, load(os.path.join(run.out, "meta.json"))
     s1, s2, s3 = run.stage(1)["items"], run.stage(2)["items"], run.stage(3)["items"]
+    s4 = run.stage(4)["items"]
     stages = load(os.path.join(run.out, "stages.json"))
     L = []
     w = L.append
@@ -851,7 +1101,7 @@ def render(run):
     w("")
     w("| stage | what | status | wall time | ended |")
     w("|---|---|---|---:|---|")
-    for n in ("1", "2", "3"):
+    for n in ("1", "2", "3", "4"):
         st, why = stage_status(run, n)
         rec = stages.get(n) or {}
         extra = ""
@@ -1034,6 +1284,8 @@ def render(run):
           "footprint; a Python MemoryError there is counted as out of memory (peers.py). Not comparable with "
           "batchfit's numbers.")
     w("")
+    if s4:
+        render_exec(run, w, s1, s4, gpu)
     doc = s1.get("doctor") or {}
     if doc:
         w("## batchfit doctor (stage 1)")
@@ -1057,13 +1309,69 @@ def render(run):
     w("")
     w("```sh")
     w("bash scripts/gpu-check.sh --bin DIR            # all stages, about 5 min of GPU time per call")
-    w("bash scripts/gpu-check.sh --bin DIR --stages 2,3  # a second call: keeps what succeeded, runs the rest")
+    w("bash scripts/gpu-check.sh --bin DIR --stages 3,4  # a second call: keeps what succeeded, runs the rest")
+    w("bash scripts/gpu-check.sh --bin DIR --stages 4    # only --exec of the Python job (about 5 min)")
     w("bash scripts/gpu-check.sh --cpu-smoke --out /tmp/smoke   # CPU, tiny models (tests/gpu_check.rs)")
     w("```")
     w("")
-    w("Raw data: `stage1.json`, `stage2.json`, `stage3.json`, `plans/`, `peers/`, `logs/` in the run's `--out` "
+    w("Raw data: `stage1.json` … `stage4.json`, `plans/`, `peers/`, `exec/`, `logs/` in the run's `--out` "
       "directory.")
     return "\n".join(L).rstrip() + "\n"
+
+
+def render_exec(run, w, s1, s4, gpu):
+    """Stage 4's section: batchfit's answer for its own model (stage 1), its answer for the Python job under
+    --exec, and the Python job's true maximum."""
+    w("## Your own script: `batchfit probe --exec` of the Python job (stage 4)")
+    w("")
+    w("The same model and precision as a plain PyTorch training script (`scripts/gpu_check/job.py`: the peers' "
+      "model, Adam, synthetic batches on the device; it reports each trial through `batchfit python-helper`'s "
+      "`batchfit_trial.py`), probed by `batchfit probe --exec`, each trial the script in a fresh process; its "
+      "true maximum by the same fine scan as stage 2, of fresh runs of the script "
+      + ("on the whole GPU (no limit)." if gpu else "under the exec probe's whole budget, limited the way the "
+         "probe's trials were (its `limit_mechanism`: a memory cgroup per run, or RLIMIT_DATA).")
+      + " The first column is stage 1's answer for batchfit's own model of the same architecture (what batchfit "
+      "answers without running your script).")
+    w("")
+    w("| model | batchfit's own model (stage 1) | `--exec` of job.py: trials, wall time | `--exec` answer | true max of job.py | `--exec` / true max | own model / true max of job.py | limit |")
+    w("|---|---:|---:|---:|---:|---:|---:|---|")
+    for slot in exec_slots(run):
+        key = slot["key"]
+        pr, ex, sc = s1.get(f"probe:{key}") or {}, s4.get(f"exec-probe:{key}") or {}, s4.get(f"exec-scan:{key}") or {}
+        zoo = pr.get("answer") if pr.get("status") == "ok" else None
+        tm = sc.get("true_max")
+        tm_text = "—"
+        if tm:
+            tm_text = str(tm) if sc.get("exact") else f"{tm}–{(sc.get('first_fail') or 0) - 1}" if sc.get("first_fail") else f"≥ {tm}"
+        if sc and sc.get("status") != "ok":
+            tm_text = f"{cell(sc.get('status'))}: {cell(sc.get('reason', ''))[:160]}" if not tm else tm_text + f" ({sc.get('status')})"
+        ans = ex.get("answer")
+        ans_text = str(ans) if ans is not None else f"{cell(ex.get('status', 'not run'))}: {cell(ex.get('reason', ''))[:160]}"
+        if ans is not None and ex.get("accumulation") and (ex.get("accumulation") > 1 or ex.get("micro_batch") != ans):
+            ans_text += f" (micro {ex.get('micro_batch')} × {ex.get('accumulation')})"
+        w(f"| `{key}` | {zoo if zoo is not None else '—'} | {ex.get('n_trials', '—')}, {fmt_s(ex.get('wall_seconds'))} | "
+          f"{ans_text} | {tm_text} | {ratio(ans, tm)} | {ratio(zoo, tm)} | "
+          f"{ex.get('limit_mechanism') or '—'}, {fmt_bytes(ex.get('limit_bytes'))} |")
+    w("")
+    for slot in exec_slots(run):
+        key = slot["key"]
+        ex, sc = s4.get(f"exec-probe:{key}") or {}, s4.get(f"exec-scan:{key}") or {}
+        if ex.get("trials"):
+            w(f"* `{key}` `--exec`: {ex.get('n_trials')} trials, stop `{ex.get('stop_reason')}`; budget "
+              f"{fmt_bytes(ex.get('budget_bytes'))}, limit {fmt_bytes(ex.get('limit_bytes'))} "
+              f"({ex.get('limit_mechanism')}); {ex.get('fits_with_report', 0)} fitting trials reported through the "
+              "helper. Sequence: " + " ".join(
+                  f"{t['batch']}{'/' + str(t['steps']) if t.get('purpose') == 'confirm' else ''}"
+                  f"{ {'fits': '✓', 'oom': '✗', 'retries': '↻'}.get(t.get('outcome'), '(' + str(t.get('outcome')) + ')') }"
+                  for t in ex["trials"])
+              + (f". cpu smoke: the job's batch-1 footprint {fmt_bytes(ex.get('cpu_floor_bytes'))} + headroom "
+                 f"{fmt_bytes(ex.get('cpu_headroom_bytes'))}" if ex.get("cpu_floor_bytes") else "")
+              + (f". Warnings: {'; '.join(ex['warnings'])}" if ex.get("warnings") else "") + ".")
+        if sc.get("runs"):
+            w(f"* `{key}` true maximum of job.py ({fmt_s(sc.get('seconds'))}): "
+              + (f"{sc['answer']}✓ (verified) " if sc.get("answer_verified_by") else "") + seq_text(sc.get("runs"))
+              + f"; {sc.get('memory_limit')}.")
+    w("")
 
 
 def render_all(run):
@@ -1113,7 +1421,7 @@ def cmd_init(a):
     if a.mode == "gpu":
         meta["gpu_apps_at_start"] = gpu_apps()
     save(os.path.join(out, "meta.json"), meta)
-    for n in ("1", "2", "3"):
+    for n in ("1", "2", "3", "4"):
         data = load(os.path.join(out, f"stage{n}.json"))
         # an item left "running" by a killed call is not a result
         changed = False
@@ -1135,7 +1443,7 @@ def cmd_stage(a):
     run = Run(a.out)
     signal.signal(signal.SIGTERM, procs.on_term)
     signal.signal(signal.SIGINT, procs.on_term)
-    {"1": stage1, "2": stage2, "3": stage3}[a.n](run)
+    {"1": stage1, "2": stage2, "3": stage3, "4": stage4}[a.n](run)
     st, why = stage_status(run, a.n)
     for line in why:
         log(f"stage {a.n}: {line}")
@@ -1195,14 +1503,14 @@ def main():
     i.add_argument("--commit", default="unknown")
     i.add_argument("--commit-source", default="?")
     i.add_argument("--batchfit-version", default="?")
-    i.add_argument("--stages", default="1,2,3")
+    i.add_argument("--stages", default="1,2,3,4")
     i.add_argument("--set", action="append")
     i.add_argument("--redo", action="store_true")
     s = sub.add_parser("stage")
-    s.add_argument("n", choices=["1", "2", "3"])
+    s.add_argument("n", choices=["1", "2", "3", "4"])
     s.add_argument("--out", required=True)
     f = sub.add_parser("finish")
-    f.add_argument("n", choices=["1", "2", "3"])
+    f.add_argument("n", choices=["1", "2", "3", "4"])
     f.add_argument("--out", required=True)
     f.add_argument("--rc", type=int, required=True)
     f.add_argument("--seconds", type=float, required=True)
@@ -1210,7 +1518,7 @@ def main():
     r.add_argument("--out", required=True)
     m = sub.add_parser("summary")
     m.add_argument("--out", required=True)
-    m.add_argument("--stages", default="1,2,3")
+    m.add_argument("--stages", default="1,2,3,4")
     k = sub.add_parser("knobs")
     k.add_argument("--mode", default="gpu")
     a = p.parse_args()

@@ -87,10 +87,19 @@ def each_trial(run, begin, fitted, failed):
         except BaseException as e:
             failure = failed(token, e)
             if failure is None or failure is e:
+                # no local may hold the exception as it leaves: its traceback holds this frame, and a
+                # frame that holds its own exception is a reference cycle, which keeps the failed trial's
+                # frames (its model, batch and optimizer state) alive until the garbage collector next
+                # runs -- after Accelerate's gc.collect(), which it calls while the exception is still
+                # bound, so into the next, smaller trial
+                del failure
                 raise
         else:
             fitted(token)
             return result
-        raise failure
+        try:
+            raise failure
+        finally:
+            del failure  # (the same cycle)
 
     return trial

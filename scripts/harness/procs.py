@@ -29,13 +29,15 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_ARENA_MAX": "2", "PYTHO
 CURRENT = {"pgid": None}
 
 
-def _child_setup():
+def _child_setup(then=None):
     os.setsid()
     try:
         import ctypes
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except Exception:  # noqa: BLE001
         pass
+    if then is not None:
+        then()
 
 
 def _kill_group(pgid, sig):
@@ -55,17 +57,21 @@ def on_term(signum, frame):
     sys.exit(128 + signum)
 
 
-def run_cmd(cmd, timeout, stdout_path=None, stderr_path=None, cwd=None, env=None):
+def run_cmd(cmd, timeout, stdout_path=None, stderr_path=None, cwd=None, env=None, child_setup=None,
+            stdin=None):
     """Runs cmd in its own session with stdout/stderr to the given files; on timeout (seconds; None: no
     limit) SIGTERM to its process group (batchfit writes its partial plan and stops its trial), SIGKILL 15 s
-    later. Returns {"rc", "timed_out", "seconds"}, plus "stdout"/"stderr" (text) for a stream given no file."""
+    later. Returns {"rc", "timed_out", "seconds"}, plus "stdout"/"stderr" (text) for a stream given no file.
+    child_setup: called in the child after it has its session, before exec (e.g. ``limits.Limit.child_setup``:
+    join a memory cgroup, or set RLIMIT_DATA); stdin: as subprocess's (None: inherited)."""
     t0 = time.monotonic()
     timed_out = False
     captured = {}
     with _sink(stdout_path, "stdout", captured) as so, _sink(stderr_path, "stderr", captured) as se:
         try:
-            p = subprocess.Popen(cmd, stdout=so, stderr=se, cwd=cwd, env=env, preexec_fn=_child_setup)
-        except OSError as e:
+            p = subprocess.Popen(cmd, stdout=so, stderr=se, cwd=cwd, env=env, stdin=stdin,
+                                 preexec_fn=lambda: _child_setup(child_setup))
+        except (OSError, subprocess.SubprocessError) as e:  # (a child_setup that raised: SubprocessError)
             se.write(f"cannot start {cmd[0]}: {e}\n".encode())
             return dict({"rc": 127, "timed_out": False, "seconds": 0.0}, **_read(captured))
         CURRENT["pgid"] = p.pid

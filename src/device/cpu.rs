@@ -9,8 +9,9 @@
 //! A user's command's tree is followed and measured ([`super::tree`]): the largest data segment of
 //! any of its processes, the summed resident memory, the cgroup's peak.
 //!
-//! Default budget: [`DEFAULT_BUDGET_FRACTION`] of the lower of `MemAvailable` and the cgroup memory limit,
-//! leaving room for the page cache and whatever else runs on the machine.
+//! Default budget: [`DEFAULT_BUDGET_FRACTION`] of the lower of `MemAvailable` and what the cgroup can
+//! still take (its limit less what it already holds), leaving room for the page cache and whatever
+//! else runs on the machine.
 
 use super::cgroup::{self, Group};
 use super::process::{self, Ran, Worker, WorkerRan};
@@ -48,11 +49,13 @@ impl CpuBackend {
         timeout: Duration,
         mode: IsolationMode,
     ) -> Result<Self, BackendError> {
-        let (total, avail) = sysmem::meminfo()
+        let (total, _) = sysmem::meminfo()
             .map_err(|e| BackendError::Environment(format!("cannot read /proc/meminfo: {e}")))?;
         let cg = sysmem::cgroup_limit();
         let total = cg.map_or(total, |c| c.min(total));
-        let available = cg.map_or(avail, |c| c.min(avail));
+        // what the cgroup already holds is not available (a half-full container has half)
+        let available = sysmem::available_bytes()
+            .map_err(|e| BackendError::Environment(format!("cannot read /proc/meminfo: {e}")))?;
         if total == 0 || available == 0 {
             return Err(BackendError::Environment(
                 "the machine reports 0 bytes of memory".into(),

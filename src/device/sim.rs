@@ -17,7 +17,9 @@
 //! * `seed=N`           seed for the noise;
 //! * `fail-at=N`        trials at exactly N samples end in `error` (to exercise error handling);
 //! * `retries=N`        fitting trials at N samples or more complete only with caching-allocator retries
-//!   (outcome `retries`, as a CUDA trial near the limit; see `--allow-retries`).
+//!   (outcome `retries`, as a CUDA trial near the limit; see `--allow-retries`);
+//! * `accumulation=SIZE` trials that accumulate gradients over more than one micro-batch hold SIZE
+//!   more (the gradients kept between micro-batches), as a real trainer does.
 //!
 //! peak(b) = base + per-sample × max(b, knee) + Σ jumps with N ≤ b (+ late × b when steps > 3).
 //! Step time is modeled as 1 ms + 1 µs × b.
@@ -56,6 +58,13 @@ pub struct SimSpec {
     pub fail_at: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retries_from: Option<u64>,
+    /// Extra bytes of a trial with gradient accumulation (`accumulation=SIZE`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub accumulation_extra: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl SimSpec {
@@ -72,6 +81,7 @@ impl SimSpec {
             seed: 0,
             fail_at: None,
             retries_from: None,
+            accumulation_extra: 0,
         }
     }
 
@@ -143,6 +153,7 @@ impl SimSpec {
                 "seed" => s.seed = count(v)?,
                 "fail-at" => s.fail_at = Some(count(v)?),
                 "retries" => s.retries_from = Some(count(v)?),
+                "accumulation" => s.accumulation_extra = size(v)?,
                 other => return Err(err(format!("unknown key {other:?}"))),
             }
         }
@@ -176,6 +187,16 @@ impl SimSpec {
             p = p.saturating_add(self.late_per_sample.saturating_mul(batch));
         }
         p
+    }
+
+    /// The true footprint of a trial of `accumulation` micro-batches per step.
+    pub fn peak_at(&self, batch: u64, steps: u32, accumulation: u32) -> u64 {
+        let p = self.peak(batch, steps);
+        if accumulation > 1 {
+            p.saturating_add(self.accumulation_extra)
+        } else {
+            p
+        }
     }
 
     /// The peak as reported, with deterministic measurement noise.
@@ -277,8 +298,9 @@ impl Backend for SimBackend {
                 message: format!("simulated failure at batch {}", req.batch),
             });
         }
-        let peak = self.spec.peak(req.batch, req.steps);
-        let reported = self.spec.reported_peak(req.batch, req.steps);
+        let peak = self.spec.peak_at(req.batch, req.steps, req.accumulation);
+        let reported = self.spec.reported_peak(req.batch, req.steps)
+            + (peak - self.spec.peak(req.batch, req.steps));
         let step_seconds = 1e-3 + 1e-6 * req.batch as f64;
         Ok(
             if peak <= self.limit && self.spec.retries_from.is_some_and(|r| req.batch >= r) {

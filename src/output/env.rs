@@ -23,15 +23,10 @@ pub fn shell_quote(s: &str) -> String {
     }
 }
 
-fn status_name(s: Status) -> &'static str {
-    match s {
-        Status::Complete => "complete",
-        Status::Partial => "partial",
-        Status::NothingFits => "nothing-fits",
-    }
-}
-
 /// `export BATCHFIT_*=...` lines for `eval`. Without a recommendation only `BATCHFIT_STATUS`.
+/// `BATCHFIT_UNEVEN` is `1` when the micro-batches of a step differ in size (`--allow-uneven`);
+/// then `BATCHFIT_MICRO_BATCHES` lists them, space-separated, and `BATCHFIT_MICRO_BATCH` is the
+/// largest.
 pub fn env(plan: &Plan, plan_path: Option<&Path>) -> String {
     let mut vars: Vec<(&str, String)> = vec![];
     match &plan.recommendation {
@@ -44,16 +39,30 @@ pub fn env(plan: &Plan, plan_path: Option<&Path>) -> String {
                 "BATCHFIT_MAX_FITTING_BATCH",
                 r.max_fitting_batch.to_string(),
             ));
+            // micro-batches of unequal size (--allow-uneven): say so, and list them for a loop
+            // (`for m in $BATCHFIT_MICRO_BATCHES`)
+            let uneven = r.uneven || r.micro_batches.iter().any(|&m| m != r.micro_batch);
+            vars.push(("BATCHFIT_UNEVEN", if uneven { "1" } else { "0" }.into()));
+            if uneven {
+                vars.push((
+                    "BATCHFIT_MICRO_BATCHES",
+                    r.micro_batches
+                        .iter()
+                        .map(u64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                ));
+            }
             if let Some(f) = r.fastest_micro_batch {
                 vars.push(("BATCHFIT_FASTEST_MICRO_BATCH", f.to_string()));
             }
-            vars.push(("BATCHFIT_STATUS", status_name(plan.status).into()));
+            vars.push(("BATCHFIT_STATUS", plan.status.as_str().into()));
             if let Some(p) = plan_path {
                 let p = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
                 vars.push(("BATCHFIT_PLAN", p.to_string_lossy().into_owned()));
             }
         }
-        _ => vars.push(("BATCHFIT_STATUS", status_name(plan.status).into())),
+        _ => vars.push(("BATCHFIT_STATUS", plan.status.as_str().into())),
     }
     vars.iter()
         .map(|(k, v)| format!("export {k}={}\n", shell_quote(v)))

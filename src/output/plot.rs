@@ -93,11 +93,25 @@ pub fn check_target(path: &Path) -> Result<PlotFormat, PlotError> {
     Ok(format)
 }
 
-/// Draws `plan` into `path` (SVG or PNG by the extension), atomically.
+/// The batch-size axis: linear, or logarithmic so that small sizes (a guided search tries 1 and 16
+/// before thousands) are not squashed against zero (`--plot-scale`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scale {
+    #[default]
+    Linear,
+    Log,
+}
+
+/// Draws `plan` into `path` (SVG or PNG by the extension), atomically, on a linear batch axis.
 pub fn render(plan: &Plan, path: &Path) -> Result<(), PlotError> {
+    render_scaled(plan, path, Scale::Linear)
+}
+
+/// [`render`] with the batch axis of `scale`.
+pub fn render_scaled(plan: &Plan, path: &Path, scale: Scale) -> Result<(), PlotError> {
     let bytes = match PlotFormat::of(path)? {
-        PlotFormat::Svg => svg(plan).map(String::into_bytes),
-        PlotFormat::Png => png(plan),
+        PlotFormat::Svg => svg_scaled(plan, scale).map(String::into_bytes),
+        PlotFormat::Png => png_scaled(plan, scale),
     }
     .map_err(|detail| PlotError::Draw {
         path: path.to_path_buf(),
@@ -108,7 +122,12 @@ pub fn render(plan: &Plan, path: &Path) -> Result<(), PlotError> {
 
 /// The plot as an SVG document.
 pub fn svg(plan: &Plan) -> Result<String, String> {
-    let view = View::of(plan);
+    svg_scaled(plan, Scale::Linear)
+}
+
+/// [`svg`] with the batch axis of `scale`.
+pub fn svg_scaled(plan: &Plan, scale: Scale) -> Result<String, String> {
+    let view = View::of(plan, scale);
     let mut out = String::new();
     {
         let height = HEIGHT + sweep::extra_height(plan);
@@ -121,7 +140,12 @@ pub fn svg(plan: &Plan) -> Result<String, String> {
 
 /// The plot as a PNG file's bytes (RGB, 8 bits per channel).
 pub fn png(plan: &Plan) -> Result<Vec<u8>, String> {
-    let view = View::of(plan);
+    png_scaled(plan, Scale::Linear)
+}
+
+/// [`png`] with the batch axis of `scale`.
+pub fn png_scaled(plan: &Plan, scale: Scale) -> Result<Vec<u8>, String> {
+    let view = View::of(plan, scale);
     let height = HEIGHT + sweep::extra_height(plan);
     let mut rgb = vec![0u8; (WIDTH * height * 3) as usize];
     {
@@ -220,14 +244,23 @@ struct View {
     speed_line: Vec<(f64, f64)>,
     /// `fastest_micro_batch` and its samples/s, when the plan names one.
     fastest: Option<(f64, f64)>,
-    /// Where to say what the proof is ("1845 fits, 1846 out of memory"): beside the largest fit.
+    /// Where to say what the proof is ("1845 fits, 1846 out of memory"): at the top of the chart,
+    /// above the largest fit (away from the points).
     proof: Option<(f64, f64, String)>,
+    /// `--max-batch` when the answer is that cap: where it is, and what it means.
+    cap: Option<(f64, String)>,
+    /// The batch axis is log10 of the batch size.
+    log_x: bool,
+    x_min: f64,
     x_max: f64,
     y_max: f64,
 }
 
 impl View {
-    fn of(plan: &Plan) -> View {
+    fn of(plan: &Plan, scale: Scale) -> View {
+        let log_x = scale == Scale::Log;
+        // where a batch size sits on the x axis
+        let xt = |b: f64| if log_x { b.max(1.0).log10() } else { b };
         let mut fits = vec![];
         let mut oom_bytes = vec![];
         let mut failed = vec![];
@@ -263,11 +296,31 @@ impl View {
             .as_ref()
             .map(|r| (r.micro_batch as f64, r.peak_bytes as f64));
 
+        // the answer is the --max-batch cap: draw the cap, so the plot says why the search stopped
+        let cap = match (plan.stop_reason, &plan.recommendation) {
+            (crate::plan::StopReason::MaxBatch, Some(r)) => Some((
+                plan.search.max_batch as f64,
+                format!(
+                    "--max-batch {}: the largest size allowed (it fits: no size above was tried)",
+                    plan.search.max_batch
+                ),
+            ))
+            .filter(|_| r.max_fitting_batch <= plan.search.max_batch),
+            _ => None,
+        };
         let x_max = plan
             .trials
             .iter()
             .map(|t| t.batch)
             .max()
+            .unwrap_or(1)
+            .max(1) as f64;
+        let x_max = cap.as_ref().map_or(x_max, |c| x_max.max(c.0));
+        let x_smallest = plan
+            .trials
+            .iter()
+            .map(|t| t.batch)
+            .min()
             .unwrap_or(1)
             .max(1) as f64;
         let top_bytes = fits
@@ -318,7 +371,11 @@ impl View {
             .and_then(|r| Some((r.fastest_micro_batch? as f64, r.fastest_samples_per_second?)));
 
         let proof = plan.recommendation.as_ref().and_then(|r| {
-            let f = r.first_failing_batch?;
+            let what = match (r.first_failing_batch, &cap) {
+                (Some(f), _) => format!("{} fits, {f} runs out of memory", r.max_fitting_batch),
+                (None, Some(_)) => format!("{} fits: the --max-batch cap", r.max_fitting_batch),
+                (None, None) => return None,
+            };
             let x = r.max_fitting_batch as f64;
             let y = fits
                 .iter()
@@ -326,11 +383,7 @@ impl View {
                 .map(|p| p.1)
                 .fold(f64::NAN, f64::max);
             let y = if y.is_nan() { u(limit) } else { y };
-            Some((
-                x,
-                y,
-                format!("{} fits, {f} runs out of memory", r.max_fitting_batch),
-            ))
+            Some((x, y, what))
         });
 
         let device = if plan.device.name.starts_with(plan.device.kind.as_str()) {
@@ -364,27 +417,37 @@ impl View {
             ),
         };
 
+        let at = |v: Vec<(f64, f64)>| -> Vec<(f64, f64)> {
+            v.into_iter().map(|(b, y)| (xt(b), y)).collect()
+        };
         View {
             title,
             subtitle,
             unit,
-            fits,
-            ooms: ooms_bytes.iter().map(|&(b, p)| (b, u(p))).collect(),
+            fits: at(fits),
+            ooms: at(ooms_bytes.iter().map(|&(b, p)| (b, u(p))).collect()),
             oom_measured,
-            retries: retries.iter().map(|&(b, p)| (b, u(p))).collect(),
-            failed,
+            retries: at(retries.iter().map(|&(b, p)| (b, u(p))).collect()),
+            failed: failed.into_iter().map(xt).collect(),
             fit_line,
             limit: u(limit),
             budget: u(budget),
             budget_label,
             limit_label,
-            recommended: recommended.map(|(b, p)| (b, u(p))),
-            speed,
-            speed_line,
-            fastest,
-            proof,
+            recommended: recommended.map(|(b, p)| (xt(b), u(p))),
+            speed: at(speed),
+            speed_line: at(speed_line),
+            fastest: fastest.map(|(b, s)| (xt(b), s)),
+            proof: proof.map(|(x, y, t)| (xt(x), y, t)),
+            cap: cap.map(|(x, t)| (xt(x), t)),
+            log_x,
+            x_min: if log_x { xt(x_smallest) - 0.15 } else { 0.0 },
             // room right of the largest size, and never a range so short that ticks fall between sizes
-            x_max: (x_max * 1.05).max(x_max + 1.0),
+            x_max: if log_x {
+                xt(x_max) + 0.1
+            } else {
+                (x_max * 1.05).max(x_max + 1.0)
+            },
             y_max: u(top_bytes) * 1.12,
         }
     }
@@ -722,12 +785,58 @@ where
     Ok(s)
 }
 
-/// Tick labels of the batch axis: whole sizes only (a tick between two sizes gets none).
+/// Tick labels of the batch axis: whole sizes only (a tick between two sizes gets none); on a log
+/// axis, the sizes 1, 2 and 5 × 10ⁿ.
 fn batch_tick(x: &f64) -> String {
     if (x - x.round()).abs() < 1e-6 {
         format!("{x:.0}")
     } else {
         String::new()
+    }
+}
+
+fn log_batch_tick(x: &f64) -> String {
+    let b = 10f64.powf(*x);
+    let p = 10f64.powf(b.log10().floor());
+    let nice = [1.0, 2.0, 5.0]
+        .iter()
+        .any(|m| (b - m * p).abs() < 1e-6 * b.max(1.0));
+    if nice && b >= 1.0 - 1e-9 {
+        format!("{:.0}", b.round())
+    } else {
+        String::new()
+    }
+}
+
+impl View {
+    fn x_label(&self, x: &f64) -> String {
+        if self.log_x {
+            log_batch_tick(x)
+        } else {
+            batch_tick(x)
+        }
+    }
+
+    fn x_desc(&self) -> &'static str {
+        if self.log_x {
+            "micro-batch size (samples, log scale)"
+        } else {
+            "micro-batch size (samples)"
+        }
+    }
+
+    /// The fitted line y = a·b + c (b the batch size), as points inside the chart.
+    fn fit_points(&self, a: f64, c: f64) -> Option<Vec<(f64, f64)>> {
+        if !self.log_x {
+            return clip_line(a, c, self.x_max, self.y_max);
+        }
+        let n = 200;
+        let pts: Vec<(f64, f64)> = (0..=n)
+            .map(|i| self.x_min + (self.x_max - self.x_min) * i as f64 / n as f64)
+            .map(|x| (x, a * 10f64.powf(x) + c))
+            .filter(|(_, y)| (0.0..=self.y_max).contains(y))
+            .collect();
+        (pts.len() >= 2).then_some(pts)
     }
 }
 
@@ -752,7 +861,7 @@ fn draw_memory<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, v: &View) -> D
 where
     DB::ErrorType: 'static,
 {
-    let (x_max, y_max) = (v.x_max, v.y_max);
+    let (x_min, x_max, y_max) = (v.x_min, v.x_max, v.y_max);
     let mut chart = ChartBuilder::on(area)
         .caption(
             "Peak memory of each trial against the micro-batch size",
@@ -762,13 +871,13 @@ where
         .margin_right(24)
         .x_label_area_size(52)
         .y_label_area_size(78)
-        .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
+        .build_cartesian_2d(x_min..x_max, 0f64..y_max)?;
     let decimals = tick_decimals(y_max);
     let y_fmt = |y: &f64| memory_tick(*y, decimals);
-    let x_fmt = batch_tick;
+    let x_fmt = |x: &f64| v.x_label(x);
     chart
         .configure_mesh()
-        .x_desc("micro-batch size (samples)")
+        .x_desc(v.x_desc())
         .y_desc(format!("peak memory ({})", v.unit.name))
         .y_labels(TICKS)
         .axis_desc_style((FONT, 18))
@@ -783,7 +892,7 @@ where
     // the budget before the margin, dashed, and the limit
     chart
         .draw_series(DashedLineSeries::new(
-            [(0.0, v.budget), (x_max, v.budget)],
+            [(x_min, v.budget), (x_max, v.budget)],
             10,
             6,
             BUDGET.stroke_width(2),
@@ -794,14 +903,14 @@ where
         });
     chart
         .draw_series(LineSeries::new(
-            [(0.0, v.limit), (x_max, v.limit)],
+            [(x_min, v.limit), (x_max, v.limit)],
             LIMIT.stroke_width(2),
         ))?
         .label(&v.limit_label)
         .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], LIMIT.stroke_width(2)));
 
     if let Some((a, b)) = v.fit_line {
-        if let Some(seg) = clip_line(a, b, x_max, y_max) {
+        if let Some(seg) = v.fit_points(a, b) {
             let unit = v.unit.bytes;
             chart
                 .draw_series(LineSeries::new(seg, LINE.stroke_width(2)))?
@@ -828,9 +937,24 @@ where
             });
     }
 
-    if let Some((x, y, text)) = &v.proof {
-        // below the pair of points, towards the middle of the chart
-        let (h, dx) = if *x > v.x_max / 2.0 {
+    if let Some((cx, text)) = &v.cap {
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(*cx, 0.0), (*cx, y_max)],
+                3,
+                4,
+                LIMIT.stroke_width(2),
+            ))?
+            .label(text.clone())
+            .legend(|(x, y)| {
+                DashedPathElement::new([(x, y), (x + 20, y)], 2, 3, LIMIT.stroke_width(2))
+            });
+    }
+    if let Some((x, _, text)) = &v.proof {
+        // at the top of the chart above the largest fit, towards the middle: the points lie at or
+        // below the budget line, so the band above it is free (the words do not crowd the points)
+        let y = &y_max;
+        let (h, dx) = if *x > (v.x_min + v.x_max) / 2.0 {
             (HPos::Right, -10)
         } else {
             (HPos::Left, 10)
@@ -843,7 +967,7 @@ where
         let (w, th) = area.estimate_text_size(text, &style)?;
         let (w, th) = (w as i32, th as i32);
         let left = if matches!(h, HPos::Right) { dx - w } else { dx };
-        let (top, pad) = (16, 4);
+        let (top, pad) = (6, 4);
         chart.draw_series(std::iter::once(
             EmptyElement::at((*x, *y))
                 + Rectangle::new(
@@ -932,7 +1056,7 @@ fn draw_speed<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, v: &View) -> Dr
 where
     DB::ErrorType: 'static,
 {
-    let x_max = v.x_max;
+    let (x_min, x_max) = (v.x_min, v.x_max);
     let top = v.speed.iter().map(|p| p.1).fold(0.0, f64::max).max(1.0);
     let y_max = top * 1.15;
     let mut chart = ChartBuilder::on(area)
@@ -941,13 +1065,13 @@ where
         .margin_right(24)
         .x_label_area_size(52)
         .y_label_area_size(78)
-        .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
-    let x_fmt = batch_tick;
+        .build_cartesian_2d(x_min..x_max, 0f64..y_max)?;
+    let x_fmt = |x: &f64| v.x_label(x);
     let empty = v.speed.is_empty();
     let y_fmt = |y: &f64| if empty { String::new() } else { compact(*y) };
     chart
         .configure_mesh()
-        .x_desc("micro-batch size (samples)")
+        .x_desc(v.x_desc())
         .y_desc("samples/s")
         .y_labels(TICKS)
         .axis_desc_style((FONT, 18))
@@ -961,7 +1085,7 @@ where
     if v.speed.is_empty() {
         chart.draw_series(std::iter::once(Text::new(
             "no trial that fit measured a step time",
-            (x_max * 0.3, y_max * 0.5),
+            (x_min + (x_max - x_min) * 0.3, y_max * 0.5),
             (FONT, 18).into_font().color(&LIMIT),
         )))?;
         return Ok(());
@@ -1091,7 +1215,7 @@ mod tests {
 
     #[test]
     fn view_places_every_trial() {
-        let v = View::of(&plan());
+        let v = View::of(&plan(), Scale::Linear);
         assert_eq!(v.unit.name, "GiB");
         assert_eq!(v.fits.len(), 5);
         assert_eq!(v.ooms.len(), 2);
@@ -1107,6 +1231,58 @@ mod tests {
         assert_eq!(v.speed.len(), 5);
         // one throughput value per tested size
         assert_eq!(v.speed_line.len(), 4);
+    }
+
+    #[test]
+    fn a_log_axis_spreads_small_sizes_and_the_cap_is_drawn() {
+        let v = View::of(&plan(), Scale::Log);
+        assert!(v.log_x);
+        // 1 and 19 are a decade apart, not squashed at the left edge
+        let xs: Vec<f64> = v.fits.iter().map(|p| p.0).collect();
+        assert!(
+            (xs[0] - 0.0).abs() < 1e-9 && (xs[1] - 19f64.log10()).abs() < 1e-9,
+            "{xs:?}"
+        );
+        assert!(v.x_min < 0.0 && v.x_max > 3000f64.log10());
+        assert_eq!(log_batch_tick(&2.0), "100");
+        assert_eq!(log_batch_tick(&(500f64).log10()), "500");
+        assert_eq!(log_batch_tick(&0.5), "");
+        let log_svg = svg_scaled(&plan(), Scale::Log).unwrap();
+        assert!(log_svg.contains("micro-batch size (samples, log scale)"));
+        assert!(log_svg.contains("1845 fits, 1846 runs out of memory"));
+        // the answer is the --max-batch cap: the cap is drawn and named
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from([
+            "batchfit",
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            "base=100MiB,per-sample=1MiB,capacity=2GiB",
+            "--max-batch",
+            "300",
+        ])
+        .unwrap();
+        let crate::cli::Command::Probe(args) = cli.command else {
+            panic!()
+        };
+        let cfg = crate::config::validate(&args).unwrap();
+        let capped = crate::probe::run(&cfg, Path::new("unused"), &mut |_| {})
+            .unwrap()
+            .plan;
+        assert_eq!(capped.stop_reason, crate::plan::StopReason::MaxBatch);
+        let v = View::of(&capped, Scale::Linear);
+        assert_eq!(v.cap.as_ref().unwrap().0, 300.0);
+        let capped_svg = svg(&capped).unwrap();
+        assert!(
+            capped_svg.contains("--max-batch 300: the largest size allowed"),
+            "no cap in the SVG"
+        );
+        assert!(capped_svg.contains("300 fits: the --max-batch cap"));
+        // the proof's words sit in the band above the budget line, away from the points
+        let v = View::of(&plan(), Scale::Linear);
+        assert!(v.proof.is_some());
+        assert!(v.fits.iter().all(|p| p.1 <= v.budget) && v.budget < v.y_max);
     }
 
     #[test]

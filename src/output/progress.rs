@@ -45,6 +45,40 @@ pub fn progress_line(n: usize, t: &TrialRecord, limit: u64) -> String {
     )
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Isolation, TrialOutcome};
+    use crate::search::Purpose;
+
+    #[test]
+    fn the_status_line_promises_no_further_trial() {
+        let t = TrialRecord {
+            batch: 4096,
+            steps: 5,
+            purpose: Purpose::Confirm,
+            isolation: Isolation::None,
+            accumulation: 1,
+            outcome: TrialOutcome::Fits {
+                peak_bytes: 1 << 30,
+                rss_peak_bytes: None,
+                step_seconds: 0.1,
+                gpu: None,
+            },
+            seconds: 1.0,
+            gpu_index: None,
+            details: None,
+        };
+        let s = status_line(5, &t, 2 << 30);
+        assert!(
+            s.starts_with("5 trials so far; last: batch 4096 fits"),
+            "{s}"
+        );
+        assert!(!s.contains("running"), "{s}");
+        assert!(status_line(1, &t, 2 << 30).starts_with("1 trial so far"));
+    }
+}
+
 /// Receives the probe's progress: lines for stderr, and every trial as it ends.
 pub trait Progress {
     fn line(&mut self, line: &str);
@@ -80,7 +114,7 @@ impl StderrProgress {
                 ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}")
                     .unwrap_or_else(|_| ProgressStyle::default_spinner()),
             );
-            pb.set_message("searching: trial 1 running");
+            pb.set_message("searching: the first trial is running");
             pb.enable_steady_tick(Duration::from_millis(120));
             StderrProgress::Live(pb)
         } else {
@@ -115,13 +149,14 @@ pub fn status_line(n: usize, t: &TrialRecord, limit: u64) -> String {
             )
         })
         .unwrap_or_default();
+    // Only what is known: whether another trial follows is the search's to decide, so the line does
+    // not promise one (it would still say "running" after the last trial).
     format!(
-        "{n} trial{} so far; last: batch {} {}{peak}, {:.2} s; trial {} running",
+        "{n} trial{} so far; last: batch {} {}{peak}, {:.2} s",
         if n == 1 { "" } else { "s" },
         t.batch,
         t.outcome.kind(),
         t.seconds,
-        n + 1
     )
 }
 

@@ -13,28 +13,46 @@ impl Exporter for Text {
     }
 }
 
+/// What "peak" measures on the plan's device, by the name `batchfit-train` uses too.
+fn measure(plan: &Plan) -> &'static str {
+    use crate::plan::DeviceKind;
+    match plan.device.kind {
+        DeviceKind::Cpu => "data segment",
+        DeviceKind::Cuda => "on the card (NVML)",
+        DeviceKind::Sim => "(simulated)",
+    }
+}
+
 /// A human summary of a plan.
 pub fn summary(plan: &Plan) -> String {
+    use crate::plan::count;
     let mut s = String::new();
     let n = plan.trials.len();
     let secs: f64 = plan.trials.iter().map(|t| t.seconds).sum();
     match &plan.recommendation {
         Some(r) if plan.status == Status::Complete => {
+            s += &r.describe();
+            s += "\n";
             s += &format!(
-                "micro-batch {} × accumulation {} × world size {} = global batch {}\n",
-                r.micro_batch, r.accumulation, r.world_size, r.global_batch
-            );
-            s += &format!(
-                "largest fitting micro-batch: {}{} ; peak {} of the {} limit ({:.0}%); {:.0} samples/s\n",
+                "largest fitting micro-batch: {}{}; peak {} {} of the {} limit ({:.0}%); {:.0} samples/s\n",
                 r.max_fitting_batch,
                 r.first_failing_batch.map(|f| bracket(plan, r.max_fitting_batch, f)).unwrap_or_default(),
+                measure(plan),
                 format_size(r.peak_bytes),
                 format_size(plan.limit_bytes),
                 100.0 * r.peak_bytes as f64 / plan.limit_bytes.max(1) as f64,
                 r.samples_per_second
             );
         }
-        _ => s += &format!("no recommendation: status {:?}\n", plan.status),
+        _ => {
+            s += &format!(
+                "no recommendation: {}\n",
+                match plan.status {
+                    Status::NothingFits => "nothing fits (status nothing-fits)".to_string(),
+                    other => format!("the plan is {other}"),
+                }
+            )
+        }
     }
     if plan.status == Status::Complete {
         if let Some(line) = crate::plan::throughput::summary_line(plan) {
@@ -42,7 +60,7 @@ pub fn summary(plan: &Plan) -> String {
         }
     }
     s += &format!("stopped: {}\n", plan.stop_detail);
-    s += &format!("{n} trials, {secs:.1} s of trials\n");
+    s += &format!("{}, {secs:.1} s of trials\n", count(n, "trial", "trials"));
     for w in &plan.warnings {
         s += &format!("warning: {w}\n");
     }

@@ -34,7 +34,8 @@ pub struct MergeOptions {
 }
 
 /// One plan from several: micro-batch = the smallest `max_fitting_batch`, the accumulation re-solved
-/// for `global_batch` over `world_size` ranks. Refuses plans of different models and plans that are
+/// for `global_batch` over `world_size` ranks on the sources' grid of sizes, below any size a source
+/// saw run out of memory with accumulation. Refuses plans of different models and plans that are
 /// not complete. The result is `verified: false` and lists its sources.
 pub fn merge(opts: &MergeOptions) -> Result<Plan, MergeError> {
     if opts.plans.is_empty() {
@@ -49,11 +50,11 @@ pub fn merge(opts: &MergeOptions) -> Result<Plan, MergeError> {
             (Status::Complete, Some(r)) => r.clone(),
             _ => {
                 return Err(MergeError::Usage(format!(
-                "{} is not a complete plan (status {:?}: {}); only complete plans can be merged",
-                p.display(),
-                plan.status,
-                plan.stop_detail
-            )))
+                    "{} is not a complete plan (status {}: {}); only complete plans can be merged",
+                    p.display(),
+                    plan.status.as_str(),
+                    plan.stop_detail
+                )))
             }
         };
         if !plan.model.fingerprint_matches() {
@@ -84,8 +85,62 @@ pub fn merge(opts: &MergeOptions) -> Result<Plan, MergeError> {
         .expect("at least one plan");
     let (base_path, base, base_rec) = &plans[base_idx];
     let max = base_rec.max_fitting_batch;
-    let s = accumulate::split(opts.global_batch, opts.world_size, max, opts.allow_uneven)
-        .map_err(|e| MergeError::Usage(e.to_string()))?;
+    // Sizes every source could have tried: multiples of all their --multiple-of, at least the
+    // largest --min-batch.
+    let sizes = accumulate::Sizes::new(
+        plans
+            .iter()
+            .fold(1, |k, (_, p, _)| lcm(k, p.search.multiple_of.max(1))),
+        plans
+            .iter()
+            .map(|(_, p, _)| p.search.min_batch)
+            .max()
+            .unwrap_or(1),
+    );
+    // A size that ran out of memory *with accumulation* on any source is not a size to accumulate
+    // with, whatever max_fitting_batch (measured at accumulation 1) says.
+    let failed_acc: Vec<Option<u64>> = plans
+        .iter()
+        .map(|(_, p, _)| smallest_failing_with_accumulation(p))
+        .collect();
+    let usage = |e: accumulate::SplitError| MergeError::Usage(e.to_string());
+    let mut s = accumulate::split_on(
+        opts.global_batch,
+        opts.world_size,
+        max,
+        opts.allow_uneven,
+        sizes,
+    )
+    .map_err(usage)?;
+    let mut notes = vec![];
+    if let Some((i, fail)) = failed_acc
+        .iter()
+        .enumerate()
+        .filter_map(|(i, f)| f.map(|f| (i, f)))
+        .min_by_key(|&(_, f)| f)
+    {
+        if s.accumulation > 1 && s.micro_batch >= fail {
+            s = accumulate::split_on(
+                opts.global_batch,
+                opts.world_size,
+                fail - 1,
+                opts.allow_uneven,
+                sizes,
+            )
+            .map_err(|e| {
+                MergeError::Usage(format!(
+                    "{e} ({} ran out of memory at micro-batch {fail} with gradient accumulation, \
+                     so the split must stay below it)",
+                    plans[i].0.display()
+                ))
+            })?;
+            notes.push(format!(
+                "{} ran out of memory at micro-batch {fail} with gradient accumulation, although \
+                 larger sizes fit alone there; the merged split stays below {fail}",
+                plans[i].0.display()
+            ));
+        }
+    }
     // Measurements of the chosen size, when the base plan ran it.
     let measured = base
         .trials
@@ -120,24 +175,55 @@ pub fn merge(opts: &MergeOptions) -> Result<Plan, MergeError> {
     merged.verified = Some(false);
     merged.sources = plans
         .iter()
-        .map(|(p, plan, r)| PlanSource {
+        .zip(&failed_acc)
+        .map(|((p, plan, r), f)| PlanSource {
             path: p.display().to_string(),
             device_kind: plan.device.kind,
             device_name: plan.device.name.clone(),
             max_fitting_batch: r.max_fitting_batch,
+            smallest_failing_with_accumulation: *f,
         })
         .collect();
     merged.stop_detail = format!(
-        "merged from {} plans: micro-batch limited by {} ({}, largest fitting {}); not verified on \
-         this machine: run `batchfit verify`",
+        "merged from {} plan{}: micro-batch limited by {} ({}, largest fitting {}); not verified on \
+         this machine: run `batchfit verify` (it confirms each size with the plan's accumulation)",
         plans.len(),
+        if plans.len() == 1 { "" } else { "s" },
         base_path.display(),
         base.device.name,
         max
     );
     merged.warnings = base.warnings.clone();
+    merged.warnings.extend(notes);
     if let Some(w) = &s.warning {
         merged.warnings.push(w.clone());
     }
     Ok(merged)
+}
+
+/// The smallest micro-batch that ran out of memory with gradient accumulation in `plan` (its own
+/// trials, and what its sources reported when it is itself a merged plan).
+pub fn smallest_failing_with_accumulation(plan: &Plan) -> Option<u64> {
+    plan.trials
+        .iter()
+        .filter(|t| t.accumulation > 1 && t.outcome.is_bound())
+        .map(|t| t.batch)
+        .chain(
+            plan.sources
+                .iter()
+                .filter_map(|s| s.smallest_failing_with_accumulation),
+        )
+        .min()
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+fn lcm(a: u64, b: u64) -> u64 {
+    (a / gcd(a, b).max(1)).saturating_mul(b)
 }

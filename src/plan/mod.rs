@@ -7,6 +7,7 @@
 //! plans) and [`throughput`] (samples/s advice from the recorded trials).
 
 pub mod capacity;
+pub mod check;
 pub mod input;
 pub mod merge;
 pub mod model;
@@ -34,6 +35,11 @@ pub enum PlanError {
     Newer { path: PathBuf, found: u64 },
     #[error("plan file {path} is not a batchfit plan: {detail}")]
     Invalid { path: PathBuf, detail: String },
+    #[error(
+        "plan file {path} contradicts itself: {detail}; it was edited or damaged, so nothing in it \
+         can be trusted: re-run `batchfit probe`"
+    )]
+    Inconsistent { path: PathBuf, detail: String },
     #[error(transparent)]
     Write(#[from] FileError),
 }
@@ -43,7 +49,7 @@ impl Plan {
         serde_json::to_string_pretty(self).expect("plan serialises")
     }
 
-    /// Reads and validates a plan file.
+    /// Reads and validates a plan file (JSON, schema version, the invariants of [`check`]).
     pub fn read(path: &Path) -> Result<Plan, PlanError> {
         let p = path.to_path_buf();
         let text = match std::fs::read_to_string(path) {
@@ -79,6 +85,7 @@ impl Plan {
             path: p.clone(),
             detail: e.to_string(),
         })?;
+        check::invariants(&plan).map_err(|detail| PlanError::Inconsistent { path: p, detail })?;
         Ok(plan)
     }
 
@@ -163,6 +170,138 @@ mod tests {
                 let _ = Plan::parse(&t, Path::new("p"));
             }
         }
+    }
+
+    /// A plan is never written in place: a reader holding the old file (here a hard link to it)
+    /// keeps the old bytes, and the new file appears whole, under a new inode, with the old mode.
+    #[test]
+    fn plans_replace_files_atomically_never_in_place() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("plan.json");
+        let mut plan = even_plan();
+        plan.write_atomic(&f).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let old = std::fs::read_to_string(&f).unwrap();
+        let reader = d.path().join("held-open.json");
+        std::fs::hard_link(&f, &reader).unwrap();
+        let ino = std::fs::metadata(&f).unwrap().ino();
+        plan.warnings.push("second write".into());
+        plan.write_atomic(&f).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&reader).unwrap(),
+            old,
+            "written in place"
+        );
+        assert_ne!(std::fs::metadata(&f).unwrap().ino(), ino);
+        assert_eq!(Plan::read(&f).unwrap(), plan);
+        assert_eq!(
+            std::fs::metadata(&f).unwrap().permissions().mode() & 0o777,
+            0o640
+        );
+        // nothing but the two names left in the directory
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 2);
+    }
+
+    /// One way to make a valid plan contradict itself (`d` ≥ 1 so the change is real).
+    fn corrupt(plan: &mut Plan, which: u8, d: u64) {
+        let r = plan.recommendation.as_mut().expect("complete plan");
+        match which {
+            0 => r.micro_batch += d,
+            1 => r.micro_batch = r.micro_batch.saturating_sub(d),
+            2 => r.accumulation += d,
+            3 => r.global_batch += d,
+            4 => r.world_size += d,
+            5 => r.micro_batches[0] += d,
+            6 => {
+                let m = r.micro_batch;
+                r.micro_batches.push(m)
+            }
+            7 => {
+                r.micro_batches.pop();
+            }
+            8 => r.max_fitting_batch = r.micro_batch - 1,
+            9 => r.first_failing_batch = Some(r.max_fitting_batch - (d % r.max_fitting_batch)),
+            10 => plan.recommendation = None,
+            11 => plan.status = Status::Partial,
+            12 => plan.schema_version = 0,
+            13 => r.micro_batch = 0,
+            14 => plan.limit_bytes = plan.budget_bytes + d,
+            15 => r.fastest_micro_batch = Some(r.micro_batch + d),
+            _ => plan.trials[0].steps = 0,
+        }
+    }
+
+    proptest! {
+        /// A plan edited into contradicting itself is refused by every reader (they all go through
+        /// `Plan::parse`), saying it contradicts itself; never trusted, never a panic.
+        #[test]
+        fn contradicting_plans_are_refused(which in 0u8..17, d in 1u64..100_000) {
+            for plan in [uneven_plan(), even_plan()] {
+                let mut bad = plan.clone();
+                corrupt(&mut bad, which, d);
+                let e = Plan::parse(&bad.to_json(), Path::new("p.json")).unwrap_err();
+                prop_assert!(
+                    matches!(e, PlanError::Inconsistent { .. }),
+                    "corruption {} by {}: {}", which, d, e
+                );
+                prop_assert!(e.to_string().contains("contradicts itself"));
+            }
+        }
+    }
+
+    /// A complete sim plan for `global` (8192 = 2 × 4096 exactly; 10007 --allow-uneven = 3336 × 2
+    /// + 3335), probed once per test binary.
+    fn sim_plan(global: &str) -> Plan {
+        use clap::Parser;
+        let mut argv = vec![
+            "batchfit",
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            "base=1GiB,per-sample=3MiB,capacity=16GiB",
+            "--global-batch",
+            global,
+        ];
+        if global == "10007" {
+            argv.push("--allow-uneven");
+        }
+        let cli = crate::cli::Cli::try_parse_from(argv).unwrap();
+        let crate::cli::Command::Probe(args) = cli.command else {
+            panic!()
+        };
+        let cfg = crate::config::validate(&args).unwrap();
+        crate::probe::run(&cfg, Path::new("unused"), &mut |_| {})
+            .unwrap()
+            .plan
+    }
+
+    fn even_plan() -> Plan {
+        static P: std::sync::OnceLock<Plan> = std::sync::OnceLock::new();
+        P.get_or_init(|| sim_plan("8192")).clone()
+    }
+
+    fn uneven_plan() -> Plan {
+        static P: std::sync::OnceLock<Plan> = std::sync::OnceLock::new();
+        P.get_or_init(|| sim_plan("10007")).clone()
+    }
+
+    #[test]
+    fn valid_plans_pass_the_checks() {
+        for plan in [sample_plan(), even_plan(), uneven_plan()] {
+            check::invariants(&plan).unwrap();
+            check::evidence(&plan).unwrap();
+        }
+        // the evidence check needs the trials: a plan whose split size never ran is not backed
+        let mut p = even_plan();
+        p.trials.retain(|t| t.batch != 4096);
+        assert!(check::evidence(&p).unwrap_err().contains("4096"));
+        let u = uneven_plan();
+        assert_eq!(
+            u.recommendation.as_ref().unwrap().micro_batches,
+            vec![3336, 3336, 3335]
+        );
     }
 
     #[test]

@@ -37,6 +37,23 @@ pub enum Status {
     NothingFits,
 }
 
+impl Status {
+    /// The name a plan (and `--format env`) uses: `complete`, `partial`, `nothing-fits`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Complete => "complete",
+            Status::Partial => "partial",
+            Status::NothingFits => "nothing-fits",
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Tool {
     pub name: String,
@@ -218,6 +235,25 @@ pub struct Runtime {
     pub seed: i64,
     pub malloc_mmap_threshold: i32,
     pub malloc_arena_max: i32,
+    /// The rest of the trial processes' set-up that changes their memory (absent in plans written
+    /// before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<ProcessSetup>,
+}
+
+/// How the trial processes were started, beyond threads and malloc: what `batchfit-train
+/// --memory-limit plan` applies (by starting itself again this way) so that the bound the plan
+/// proves is about the same kind of process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcessSetup {
+    /// `RLIMIT_STACK` (soft) of the trial processes, the default stack of every thread they start
+    /// (thread stacks count as data under `RLIMIT_DATA`); null when unlimited.
+    pub stack_limit_bytes: Option<u64>,
+    /// The variables of the memory-relevant environment (OpenMP and BLAS threads and stack sizes,
+    /// malloc tunables, `LD_PRELOAD`, …) that the trials had, with their values; one not listed was
+    /// unset.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -251,7 +287,50 @@ pub struct Recommendation {
     pub fastest_samples_per_second: Option<f64>,
 }
 
+/// `n` and the noun, singular or plural: `1 trial`, `3 trials`.
+pub fn count(n: usize, singular: &str, plural: &str) -> String {
+    format!("{n} {}", if n == 1 { singular } else { plural })
+}
+
+/// The micro-batches of one step as a product or a sum of products, grouped by size:
+/// `4096 × 2`, or for an uneven split `1430 × 4 + 1429 × 3`.
+pub fn describe_micro_batches(micro_batches: &[u64]) -> String {
+    let mut groups: Vec<(u64, usize)> = vec![];
+    for &m in micro_batches {
+        match groups.iter_mut().find(|(size, _)| *size == m) {
+            Some(g) => g.1 += 1,
+            None => groups.push((m, 1)),
+        }
+    }
+    groups.sort_by(|a, b| b.0.cmp(&a.0));
+    groups
+        .iter()
+        .map(|(m, n)| format!("{m} × {n}"))
+        .collect::<Vec<_>>()
+        .join(" + ")
+}
+
 impl Recommendation {
+    /// `micro-batch 4096 × accumulation 2 × world size 1 = global batch 8192`, or for an uneven
+    /// split `micro-batches 1430 × 4 + 1429 × 3 (uneven) per rank × world size 1 = global batch 10007`:
+    /// a line that is true as written.
+    pub fn describe(&self) -> String {
+        if self.uneven || self.micro_batches.iter().any(|&m| m != self.micro_batch) {
+            format!(
+                "micro-batches {} (uneven: {} per step) per rank × world size {} = global batch {}",
+                describe_micro_batches(&self.micro_batches),
+                count(self.micro_batches.len(), "micro-batch", "micro-batches"),
+                self.world_size,
+                self.global_batch
+            )
+        } else {
+            format!(
+                "micro-batch {} × accumulation {} × world size {} = global batch {}",
+                self.micro_batch, self.accumulation, self.world_size, self.global_batch
+            )
+        }
+    }
+
     pub fn from_split(
         s: &Split,
         max_fitting: u64,
@@ -444,6 +523,10 @@ pub struct PlanSource {
     pub device_kind: DeviceKind,
     pub device_name: String,
     pub max_fitting_batch: u64,
+    /// The smallest micro-batch that ran out of memory *with gradient accumulation* on that source
+    /// (its split was recomputed below it): the merged split stays below it. Absent when none did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smallest_failing_with_accumulation: Option<u64>,
 }
 
 /// The search flags as recorded (a copy of [`SearchConfig`] with the time limit in seconds).

@@ -145,6 +145,27 @@ fn umask() -> u32 {
     }
 }
 
+/// Whether two paths name the same file (the same path, or links to one target; for a file that
+/// does not exist yet, the same directory and name).
+pub fn same_target(a: &Path, b: &Path) -> bool {
+    let real = |p: &Path| -> PathBuf {
+        if let Ok(c) = std::fs::canonicalize(p) {
+            return c;
+        }
+        // not there yet: its directory's real path and its name
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
+        match p.file_name() {
+            Some(n) => dir.join(n),
+            None => dir,
+        }
+    };
+    real(a) == real(b)
+}
+
 /// Checks that `path` can be written by [`write_atomic`] (see the module doc), creating nothing but a
 /// short-lived probe file in its directory.
 pub fn check_target(path: &Path) -> Result<(), FileError> {
@@ -240,6 +261,18 @@ mod tests {
         );
         // nothing left beside it
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn same_target_sees_through_links_and_relative_paths() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("p.json");
+        assert!(same_target(&f, &d.path().join(".").join("p.json")));
+        assert!(!same_target(&f, &d.path().join("q.json")));
+        std::fs::write(&f, "x").unwrap();
+        let link = d.path().join("l.svg");
+        symlink(&f, &link).unwrap();
+        assert!(same_target(&f, &link));
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! Human byte sizes: `1.5GiB`, `800MiB`, `2G`, `4096`.
 //!
 //! User input, so every malformed form is an error that says what is accepted. Binary (`KiB`, `MiB`,
-//! `GiB`, `TiB`) and decimal (`KB`, `MB`, `GB`, `TB`) suffixes are both accepted; a bare `K/M/G/T` means
-//! the binary unit, as in `ulimit` and most job schedulers. Printing always uses binary units.
+//! `GiB`, `TiB`, ×1024) and decimal (`KB`, `MB`, `GB`, `TB`, ×1000) suffixes are both accepted; a bare
+//! `K/M/G/T` (or `Ki`, `Mi`, …) means the binary unit, as in `ulimit` and Slurm's `--mem`. Case does not
+//! matter (`2g`, `2gib`, `2GiB` are the same). A bare number is bytes. Printing always uses binary
+//! units. [`UNITS_HELP`] says the same in `--help`.
 
 use thiserror::Error;
 
@@ -11,6 +13,17 @@ use thiserror::Error;
 pub struct SizeError {
     pub input: String,
     pub reason: &'static str,
+}
+
+/// What sizes accept, for `--help` texts.
+pub const UNITS_HELP: &str =
+    "K, M, G, T and KiB, MiB, GiB, TiB are binary (×1024); KB, MB, GB, TB \
+     are decimal (×1000); case does not matter; a bare number is bytes";
+
+/// Whether `input` has no unit (a bare number of bytes).
+pub fn is_bare_number(input: &str) -> bool {
+    let s = input.trim();
+    !s.is_empty() && s.chars().all(|c| c.is_ascii_digit() || c == '.')
 }
 
 /// Parses a byte size. Zero is allowed here; callers that need a positive size check it.
@@ -33,16 +46,16 @@ pub fn parse_size(input: &str) -> Result<u64, SizeError> {
     if num.matches('.').count() > 1 || num.starts_with('.') || num.ends_with('.') {
         return Err(err("malformed number"));
     }
-    let mult: u64 = match unit.trim() {
-        "" | "B" | "b" => 1,
-        "K" | "k" | "KiB" | "kiB" | "Ki" => 1 << 10,
-        "M" | "m" | "MiB" | "Mi" => 1 << 20,
-        "G" | "g" | "GiB" | "Gi" => 1 << 30,
-        "T" | "t" | "TiB" | "Ti" => 1 << 40,
-        "KB" | "kB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        "TB" => 1_000_000_000_000,
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "ki" | "kib" => 1 << 10,
+        "m" | "mi" | "mib" => 1 << 20,
+        "g" | "gi" | "gib" => 1 << 30,
+        "t" | "ti" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
         _ => return Err(err("unknown unit")),
     };
     let value: f64 = num.parse().map_err(|_| err("malformed number"))?;
@@ -85,6 +98,22 @@ mod tests {
         assert_eq!(parse_size("2G").unwrap(), 2 << 30);
         assert_eq!(parse_size("1GB").unwrap(), 1_000_000_000);
         assert_eq!(parse_size(" 64 KiB ").unwrap(), 64 << 10);
+        // case does not matter: binary with or without "i", decimal only with "B" after the prefix
+        for (a, b) in [
+            ("2g", "2GiB"),
+            ("2gib", "2GiB"),
+            ("2GIB", "2GiB"),
+            ("2Gi", "2GiB"),
+            ("2gb", "2GB"),
+            ("1.5m", "1.5MiB"),
+            ("3tib", "3T"),
+            ("4kb", "4KB"),
+        ] {
+            assert_eq!(parse_size(a).unwrap(), parse_size(b).unwrap(), "{a} vs {b}");
+        }
+        assert_eq!(parse_size("2GB").unwrap(), 2_000_000_000);
+        assert_eq!(parse_size("2G").unwrap(), 2 << 30);
+        assert!(is_bare_number("12") && !is_bare_number("12G") && !is_bare_number(""));
     }
 
     #[test]

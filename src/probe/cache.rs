@@ -83,6 +83,9 @@ struct KeyInput<'a> {
     alloc_conf: Option<&'a str>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     compare_alloc_conf: bool,
+    /// The trial processes' stack limit and memory-relevant environment (threads' stacks are data).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    process: Option<&'a crate::plan::ProcessSetup>,
 }
 
 /// The cache key of a probe: `skeleton` is the plan before any trial (device, model, budget, search
@@ -116,6 +119,7 @@ pub fn key(skeleton: &Plan, cfg: &ProbeConfig) -> String {
         gpu_driver: skeleton.gpu.as_ref().map(|g| g.driver.as_str()),
         alloc_conf: skeleton.gpu.as_ref().and_then(|g| g.alloc_conf.as_deref()),
         compare_alloc_conf: cfg.compare_alloc_conf,
+        process: skeleton.runtime.process.as_ref(),
     };
     let json = serde_json::to_string(&input).expect("key serialises");
     let digest = Sha256::digest(json.as_bytes());
@@ -132,11 +136,73 @@ fn entry_path(dir: &Path, key: &str) -> PathBuf {
     dir.join(format!("{key}.json"))
 }
 
-/// The cached complete plan for `key`, if any (an unreadable entry counts as a miss).
-pub fn lookup(dir: &Path, key: &str) -> Option<Plan> {
-    Plan::read(&entry_path(dir, key))
-        .ok()
-        .filter(|p| p.status == Status::Complete && p.recommendation.is_some())
+/// What the cache holds for a key.
+#[derive(Debug)]
+pub enum Lookup {
+    Hit(Box<Plan>),
+    /// No entry.
+    Miss,
+    /// An entry that is not used, and why (unreadable, contradicting itself, its trials not backing
+    /// its recommendation, or made under other conditions than `skeleton`'s): a miss, to be said.
+    Rejected(String),
+}
+
+/// The cached complete plan for `key`, if any. An entry is used only if it reads as a plan (with
+/// its invariants, [`crate::plan::check::invariants`]), its trials back its recommendation
+/// ([`crate::plan::check::evidence`]), and, given the `skeleton` of this probe, it was made on the
+/// same device with the same model, limit, search flags and runtime; anything else is
+/// [`Lookup::Rejected`] (the probe runs, and overwrites the entry).
+pub fn lookup(dir: &Path, key: &str, skeleton: Option<&Plan>) -> Lookup {
+    let path = entry_path(dir, key);
+    let plan = match Plan::read(&path) {
+        Ok(p) => p,
+        Err(PlanError::Missing(_)) => return Lookup::Miss,
+        Err(e) => return Lookup::Rejected(e.to_string()),
+    };
+    let why = if plan.status != Status::Complete {
+        Some(format!(
+            "it is not a complete plan (status {})",
+            plan.status
+        ))
+    } else if let Err(e) = crate::plan::check::evidence(&plan) {
+        Some(format!("its trials do not back its recommendation: {e}"))
+    } else {
+        skeleton.and_then(|s| other_conditions(&plan, s))
+    };
+    match why {
+        None => Lookup::Hit(Box::new(plan)),
+        Some(why) => Lookup::Rejected(format!("{}: {why}", path.display())),
+    }
+}
+
+/// What differs between a cached plan and this probe's skeleton, if anything the answer depends on.
+fn other_conditions(plan: &Plan, skeleton: &Plan) -> Option<String> {
+    let checks = [
+        (
+            plan.device.kind == skeleton.device.kind
+                && plan.device.name == skeleton.device.name
+                && plan.device.total_bytes == skeleton.device.total_bytes,
+            "device",
+        ),
+        (
+            plan.model.fingerprint() == skeleton.model.fingerprint()
+                && plan.model.fingerprint_matches(),
+            "model",
+        ),
+        (
+            plan.budget_bytes == skeleton.budget_bytes
+                && plan.reserve_bytes == skeleton.reserve_bytes
+                && plan.limit_bytes == skeleton.limit_bytes,
+            "budget, reserve or limit",
+        ),
+        (plan.search == skeleton.search, "search settings"),
+        (plan.runtime == skeleton.runtime, "runtime"),
+        (plan.sim_spec == skeleton.sim_spec, "simulated device"),
+    ];
+    checks
+        .iter()
+        .find(|(same, _)| !same)
+        .map(|(_, what)| format!("its {what} differs from this probe's (edited?)"))
 }
 
 /// Stores a complete plan under `key` (atomically). Other plans are not stored.

@@ -100,17 +100,27 @@ pub fn run_cached(
     }
 }
 
-/// The plan for `key` from the cache, written to `--out`, when the cache has it.
+/// The plan for `key` from the cache, written to `--out`, when the cache has a usable one; a
+/// rejected entry adds a notice to `notices` (and the probe runs).
 fn from_cache(
     cfg: &ProbeConfig,
     cache: Option<&CacheOptions>,
     key: Option<&String>,
+    skeleton: Option<&Plan>,
+    notices: &mut Vec<String>,
 ) -> Result<Option<ProbeReport>, ProbeError> {
     let (Some(c), Some(key)) = (cache.filter(|c| c.read), key) else {
         return Ok(None);
     };
-    let Some(mut plan) = cache::lookup(&c.dir, key) else {
-        return Ok(None);
+    let mut plan = match cache::lookup(&c.dir, key, skeleton) {
+        cache::Lookup::Hit(p) => *p,
+        cache::Lookup::Miss => return Ok(None),
+        cache::Lookup::Rejected(why) => {
+            notices.push(format!(
+                "batchfit: warning: cache entry not used, probing again: {why}"
+            ));
+            return Ok(None);
+        }
     };
     // A plan cached by an earlier build has no capacity model: every plan gets one.
     if plan.capacity_model.is_none() {
@@ -137,9 +147,9 @@ fn finish(
     ending: Ending,
     cache: Option<&CacheOptions>,
     key: Option<&String>,
+    mut notices: Vec<String>,
 ) -> Result<ProbeReport, ProbeError> {
     let written = report::write(cfg.out.as_deref(), &plan)?;
-    let mut notices = vec![];
     if let (Some(c), Some(key), Status::Complete) = (cache.filter(|c| c.write), key, plan.status) {
         if let Err(e) = cache::store(&c.dir, key, &plan) {
             notices.push(format!("batchfit: warning: the plan was not cached: {e}"));
@@ -164,7 +174,8 @@ fn one_device(
 ) -> Result<ProbeReport, ProbeError> {
     let (skeleton, limit) = setup::skeleton(cfg, backend, gpu, reserve_note)?;
     let key = cache.map(|_| cache::key(&skeleton, cfg));
-    if let Some(hit) = from_cache(cfg, cache, key.as_ref())? {
+    let mut notices = vec![];
+    if let Some(hit) = from_cache(cfg, cache, key.as_ref(), Some(&skeleton), &mut notices)? {
         return Ok(hit);
     }
     progress.line(&format!(
@@ -184,6 +195,9 @@ fn one_device(
             ),
         }
     ));
+    if let Some(n) = first_contact(cfg, &skeleton) {
+        progress.line(&n);
+    }
     let (mut plan, ending) = single::run(cfg, backend, &skeleton, limit, progress)?;
     if cfg.compare_alloc_conf && plan.status == Status::Complete && plan.gpu.is_some() {
         let comparison = compare_alloc_conf(cfg, exe, progress, &plan)?;
@@ -191,7 +205,26 @@ fn one_device(
             g.alloc_conf_comparison = Some(comparison);
         }
     }
-    finish(cfg, plan, ending, cache, key.as_ref())
+    finish(cfg, plan, ending, cache, key.as_ref(), notices)
+}
+
+/// What a probe without `--memory-budget` on the cpu is about to do, said before it does it: it
+/// takes most of the machine's memory, runs real training steps, and may take minutes.
+fn first_contact(cfg: &ProbeConfig, skeleton: &Plan) -> Option<String> {
+    if cfg.budget.is_some() || skeleton.device.kind != crate::device::DeviceKind::Cpu {
+        return None;
+    }
+    Some(format!(
+        "batchfit: no --memory-budget given, so the budget is {:.0}% of the memory available now \
+         ({} of {}). Each trial is a fresh process running real training steps of {}; a cpu probe \
+         usually takes a few minutes (each trial is reported as it ends; Ctrl-C stops it and keeps \
+         a partial plan). --memory-budget SIZE sets the budget; --backend sim --sim \
+         base=1GiB,per-sample=3MiB,capacity=16GiB shows the search in milliseconds.",
+        crate::device::cpu::DEFAULT_BUDGET_FRACTION * 100.0,
+        format_size(skeleton.device.free_bytes_at_start),
+        format_size(skeleton.device.total_bytes),
+        skeleton.model.name()
+    ))
 }
 
 /// A user's command over several GPUs (`--exec -- torchrun --nproc-per-node N …`): one job, each
@@ -291,11 +324,12 @@ fn several_gpus(
             .collect();
         cache::combine(&keys)
     });
-    if let Some(hit) = from_cache(cfg, cache, key.as_ref())? {
+    let mut notices = vec![];
+    if let Some(hit) = from_cache(cfg, cache, key.as_ref(), None, &mut notices)? {
         return Ok(hit);
     }
     let (plan, ending) = multi_gpu::run(cfg, gpus, &mut devices, progress)?;
-    finish(cfg, plan, ending, cache, key.as_ref())
+    finish(cfg, plan, ending, cache, key.as_ref(), notices)
 }
 
 /// `--compare-alloc-conf`: the same probe once more with `expandable_segments:True` added to

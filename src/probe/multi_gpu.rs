@@ -175,7 +175,9 @@ pub fn run(
         .global
         .unwrap_or((smallest * cfg.world_size, cfg.world_size));
     let mut failures: Vec<String> = vec![];
-    let outcome = split::confirmed(g, w, smallest, cfg.allow_uneven, &mut |b, acc, retest| {
+    let sizes = crate::accumulate::Sizes::new(cfg.search.multiple_of, cfg.search.min_batch);
+    let uneven = cfg.allow_uneven;
+    let outcome = split::confirmed(g, w, smallest, uneven, sizes, &mut |b, acc, retest| {
         let purpose = if retest {
             Purpose::Retry
         } else {
@@ -249,11 +251,18 @@ pub fn run(
         plan.warnings.push(w.clone());
     }
     plan.stop_detail = format!(
-        "{}; the smallest of {} GPUs' answers (GPU {}), confirmed on every GPU",
+        "{}; the smallest of {} GPUs' answers (GPU {}), confirmed on every GPU{}",
         base_outcome.stop_reason.describe(),
         setup.indices.len(),
-        gpus[base].index
+        gpus[base].index,
+        if base_outcome.stop_reason == crate::search::StopReason::Proven {
+            super::single::LOCAL_PROOF
+        } else {
+            ""
+        }
     );
+    plan.warnings
+        .extend(super::single::non_monotone(&plan.trials));
     if let Some(gs) = plan.gpu.as_mut() {
         gs.per_gpu = per_gpu;
         gs.footprint_method = rec_trial.outcome.gpu().map(|m| m.method);

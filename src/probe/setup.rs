@@ -327,7 +327,13 @@ pub fn cuda_effective(
     if !c.world_size_given {
         c.world_size = setup.indices.len() as u64;
         if let Some((g, _)) = c.global {
-            accumulate::check_global(g, c.world_size).map_err(|e| {
+            accumulate::check_against_sizes(
+                g,
+                c.world_size,
+                accumulate::Sizes::new(c.search.multiple_of, c.search.min_batch),
+                c.search.max_batch,
+            )
+            .map_err(|e| {
                 ProbeError::Usage(format!(
                     "{e} (the world size defaults to the {} GPU(s) of --gpus; give --world-size)",
                     setup.indices.len()
@@ -410,6 +416,11 @@ pub fn skeleton(
             seed: cfg.seed,
             malloc_mmap_threshold: sysmem::MMAP_THRESHOLD,
             malloc_arena_max: sysmem::ARENA_MAX,
+            // trial processes inherit this process's stack limit and environment
+            process: (device.kind != DeviceKind::Sim).then(|| crate::plan::ProcessSetup {
+                stack_limit_bytes: sysmem::stack_limit(),
+                env: sysmem::memory_env(),
+            }),
         },
         budget_bytes: budget,
         reserve_bytes: cfg.reserve,

@@ -64,6 +64,7 @@ pub fn run(
                     w,
                     max,
                     cfg.allow_uneven,
+                    crate::accumulate::Sizes::new(cfg.search.multiple_of, cfg.search.min_batch),
                     &mut |b, acc, retest| {
                         let purpose = if retest {
                             Purpose::Retry
@@ -131,6 +132,9 @@ pub fn assemble(
                         plan.warnings.push(w.clone());
                     }
                     plan.status = Status::Complete;
+                    if outcome.stop_reason == StopReason::Proven {
+                        plan.stop_detail.push_str(LOCAL_PROOF);
+                    }
                 }
                 Err(stop) => {
                     ending = stopped(&mut plan, stop);
@@ -146,6 +150,7 @@ pub fn assemble(
             };
         }
     }
+    plan.warnings.extend(non_monotone(&plan.trials));
     plan.capacity_model = CapacityModel::fit(&plan.trials, plan.limit_bytes);
     if let (Some(g), Some(r)) = (plan.gpu.as_mut(), plan.recommendation.as_ref()) {
         g.footprint_method = plan
@@ -155,6 +160,40 @@ pub fn assemble(
             .find_map(|t| t.outcome.gpu().map(|m| m.method));
     }
     (plan, ending)
+}
+
+/// What a proof is: about the size and the next one up (docs/soundness.md).
+pub const LOCAL_PROOF: &str = " (a local proof: it assumes memory does not shrink as the batch \
+     grows; sizes above the failing one were not all tried, and trials that contradict the \
+     assumption are listed in the warnings)";
+
+/// Trials that contradict memory growing with the batch size: a size that fit above one that ran
+/// out of memory (with at least as many steps and as much accumulation, the failure in a fresh
+/// process). The proof is local; the plan says where it does not hold.
+pub fn non_monotone(trials: &[TrialRecord]) -> Option<String> {
+    use crate::protocol::Isolation;
+    let mut worst: Option<(&TrialRecord, &TrialRecord)> = None;
+    for f in trials.iter().filter(|t| t.outcome.fits()) {
+        for o in trials.iter().filter(|t| {
+            t.outcome.is_oom()
+                && t.isolation != Isolation::Worker
+                && t.batch < f.batch
+                && t.steps <= f.steps
+                && t.accumulation <= f.accumulation
+        }) {
+            if worst.is_none_or(|(wf, wo)| f.batch - o.batch > wf.batch - wo.batch) {
+                worst = Some((f, o));
+            }
+        }
+    }
+    worst.map(|(f, o)| {
+        format!(
+            "non-monotone memory: micro-batch {} fit although {} ran out of memory; memory does not \
+             grow with the batch size everywhere here, so the answer is only proven locally (the \
+             size and the next one up) and larger sizes may fit",
+            f.batch, o.batch
+        )
+    })
 }
 
 /// Records in `plan` why a stage after the search stopped; returns the ending.
@@ -220,5 +259,107 @@ fn unproven_accumulation(
              micro-batches per step: the split {} × {} may be proven at accumulation 1 only",
             r.accumulation, r.micro_batch, r.accumulation
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Isolation, TrialOutcome};
+
+    fn t(batch: u64, fits: bool, steps: u32, isolation: Isolation) -> TrialRecord {
+        TrialRecord {
+            batch,
+            steps,
+            purpose: Purpose::Explore,
+            isolation,
+            accumulation: 1,
+            outcome: if fits {
+                TrialOutcome::Fits {
+                    peak_bytes: 1,
+                    rss_peak_bytes: None,
+                    step_seconds: 0.1,
+                    gpu: None,
+                }
+            } else {
+                TrialOutcome::Oom {
+                    message: "oom".into(),
+                    peak_bytes: None,
+                    rss_peak_bytes: None,
+                    gpu: None,
+                }
+            },
+            seconds: 0.1,
+            gpu_index: None,
+            details: None,
+        }
+    }
+
+    /// While the search runs, only the partial plan is written, and it says `partial`: a probe
+    /// killed mid-search must not leave a plan that claims to be complete, nor touch `--out`.
+    #[test]
+    fn plans_written_during_the_search_say_partial() {
+        use clap::Parser;
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("plan.json");
+        let cli = crate::cli::Cli::try_parse_from([
+            "batchfit",
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            "base=1GiB,per-sample=3MiB,capacity=16GiB",
+            "--global-batch",
+            "8192",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .unwrap();
+        let crate::cli::Command::Probe(args) = cli.command else {
+            panic!()
+        };
+        let cfg = crate::config::validate(&args).unwrap();
+        let partial = crate::plan::partial_path(&out);
+        let mut seen = 0;
+        let report = {
+            let mut check = |line: &str| {
+                if !line.starts_with("trial") {
+                    return;
+                }
+                assert!(!out.exists(), "--out written during the search: {line}");
+                if let Ok(text) = std::fs::read_to_string(&partial) {
+                    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+                    assert_eq!(v["status"], "partial", "{line}");
+                    assert!(v["recommendation"].is_null(), "{line}");
+                    seen += 1;
+                }
+            };
+            crate::probe::run(&cfg, std::path::Path::new("unused"), &mut check).unwrap()
+        };
+        assert!(seen >= 3, "the partial plan was seen {seen} times");
+        assert_eq!(report.plan.status, crate::plan::Status::Complete);
+        assert!(out.exists() && !partial.exists());
+    }
+
+    #[test]
+    fn contradicting_trials_are_named() {
+        use Isolation::Process as P;
+        let ok = [t(100, true, 3, P), t(168, false, 3, P), t(167, true, 5, P)];
+        assert_eq!(non_monotone(&ok), None);
+        let bad = [t(168, false, 3, P), t(320, true, 3, P), t(400, false, 3, P)];
+        let w = non_monotone(&bad).unwrap();
+        assert!(
+            w.contains("micro-batch 320 fit although 168 ran out of memory"),
+            "{w}"
+        );
+        // a failure with more steps (late memory) or in the worker is no contradiction
+        assert_eq!(
+            non_monotone(&[t(168, false, 5, P), t(320, true, 3, P)]),
+            None
+        );
+        assert_eq!(
+            non_monotone(&[t(168, false, 3, Isolation::Worker), t(320, true, 3, P)]),
+            None
+        );
     }
 }

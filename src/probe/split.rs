@@ -13,7 +13,7 @@
 //! * an error or a timeout of a confirmation is never read as memory: the split is not proven, and
 //!   the plan is partial.
 
-use crate::accumulate::{self, Split};
+use crate::accumulate::{self, Sizes, Split};
 use crate::search::{Confirmation, Stop};
 
 /// How many times the split may be recomputed below a size that did not fit with accumulation.
@@ -25,20 +25,21 @@ pub struct SplitOutcome {
     pub warnings: Vec<String>,
 }
 
-/// The split of `global` over `world` ranks with micro-batches of at most `max_fitting`, each size
-/// confirmed by `confirm(size, accumulation, retest)` (on every device; `retest` marks the repeat of
+/// The split of `global` over `world` ranks with micro-batches of at most `max_fitting` on the
+/// search's grid (`sizes`), each size confirmed by `confirm(size, accumulation, retest)` (on every device; `retest` marks the repeat of
 /// a failure at accumulation 1).
 pub fn confirmed(
     global: u64,
     world: u64,
     max_fitting: u64,
     allow_uneven: bool,
+    sizes: Sizes,
     confirm: &mut dyn FnMut(u64, u32, bool) -> Result<Confirmation, Stop>,
 ) -> SplitOutcome {
     let mut warnings = vec![];
     let mut cap = max_fitting;
     for _ in 0..MAX_RESPLITS {
-        let s = match accumulate::split(global, world, cap, allow_uneven) {
+        let s = match accumulate::split_on(global, world, cap, allow_uneven, sizes) {
             Ok(s) => s,
             Err(e) => {
                 return SplitOutcome {

@@ -43,7 +43,7 @@ pub fn verify(
         (Status::Complete, Some(r)) => r.clone(),
         _ => {
             return Err(ProbeError::Usage(format!(
-                "the plan is not complete (status {:?}: {}); there is nothing to verify",
+                "the plan is not complete (status {}: {}); there is nothing to verify",
                 plan.status, plan.stop_detail
             )))
         }
@@ -84,8 +84,8 @@ pub fn verify(
         prior: None,
     };
     progress.line(&format!(
-        "batchfit: verifying micro-batches {:?} of {} on {} ({}): limit {}",
-        rec.micro_batches,
+        "batchfit: verifying micro-batches {} of {} on {} ({}): limit {}",
+        crate::plan::describe_micro_batches(&rec.micro_batches),
         plan.model.name(),
         device.kind,
         device.name,

@@ -410,6 +410,8 @@ pub struct Prober<'b> {
     accumulation: u32,
     /// The GPU to record in every trial (multi-GPU probes).
     gpu: Option<u32>,
+    /// A strategy given by the caller instead of `cfg.strategy`'s (tests of the engine's bracket).
+    strategy: Option<Box<dyn Strategy + 'b>>,
 }
 
 /// Why a run of trials stopped early.
@@ -444,7 +446,15 @@ impl<'b> Prober<'b> {
             worker_trusted: true,
             accumulation: 1,
             gpu: None,
+            strategy: None,
         }
+    }
+
+    /// Proposes sizes with `strategy` instead of the configured one (the engine still owns the
+    /// bracket and the proof).
+    pub fn with_strategy(mut self, strategy: Box<dyn Strategy + 'b>) -> Self {
+        self.strategy = Some(strategy);
+        self
     }
 
     /// Records `gpu` as the device of every trial (probes of several GPUs).
@@ -633,7 +643,10 @@ impl<'b> Prober<'b> {
                 self.cfg.multiple_of, self.cfg.min_batch, self.cfg.max_batch
             ));
         };
-        let mut strategy = make_strategy(self.cfg.strategy);
+        let mut strategy = self
+            .strategy
+            .take()
+            .unwrap_or_else(|| make_strategy(self.cfg.strategy));
         let tolerance = self.cfg.tolerance;
         let confirm_steps = self.cfg.confirm_steps.max(self.cfg.steps);
         // Whether the out-of-memory at grid index `h` closes the bracket above a fit at `l`.

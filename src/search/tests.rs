@@ -1,14 +1,46 @@
+use super::Strategy;
 use super::*;
 use crate::device::sim::{SimBackend, SimSpec};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
 
+/// The most trials any search test may run: a search that runs more fails its test at once instead
+/// of hanging it (the engine stops a strategy that re-proposes a settled size, but a test must not
+/// rely on the code it tests to end).
+const TRIAL_CAP: u64 = 500;
+
+/// A sim device that panics after [`TRIAL_CAP`] trials.
+struct Capped(SimBackend);
+
+impl Backend for Capped {
+    fn device(&self) -> &crate::device::DeviceInfo {
+        self.0.device()
+    }
+    fn default_budget(&self) -> u64 {
+        self.0.default_budget()
+    }
+    fn set_limit(&mut self, l: u64) {
+        self.0.set_limit(l)
+    }
+    fn isolation(&self, req: &TrialRequest) -> Isolation {
+        self.0.isolation(req)
+    }
+    fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
+        assert!(
+            self.0.trials_run < TRIAL_CAP,
+            "the search ran more than {TRIAL_CAP} trials (last: batch {}): it does not end",
+            req.batch
+        );
+        self.0.run_trial(req)
+    }
+}
+
 fn run(spec: SimSpec, cfg: SearchConfig) -> (SearchOutcome, u64) {
     let limit = spec.capacity;
-    let mut be = SimBackend::new(spec);
+    let mut be = Capped(SimBackend::new(spec));
     let out = Prober::new(&mut be, cfg, limit).search();
-    let n = be.trials_run;
+    let n = be.0.trials_run;
     (out, n)
 }
 
@@ -18,6 +50,68 @@ fn exact(cfg: SearchConfig) -> SearchConfig {
         tolerance: 0.0,
         ..cfg
     }
+}
+
+/// A strategy that proposes `bad` once the bracket has both ends (a settled size), else bisects.
+struct Misbehaving {
+    bad: fn(&SearchState) -> u64,
+}
+
+impl Strategy for Misbehaving {
+    fn propose(&mut self, st: &SearchState) -> Proposal {
+        Proposal::explore(match (st.lo, upper_bound(st.hi, st.ceiling)) {
+            (Some(_), Some(_)) => (self.bad)(st),
+            (Some(l), None) => (2 * l + 1).min(st.grid.last_index),
+            (None, Some(u)) => u / 2,
+            (None, None) => 0,
+        })
+    }
+}
+
+#[test]
+fn a_strategy_proposing_outside_the_bracket_stops_the_search() {
+    let proposals: [fn(&SearchState) -> u64; 3] = [
+        |st| st.hi.unwrap_or(st.grid.last_index), // the known failing size
+        |st| st.lo.unwrap(),                      // the known fit
+        |st| st.grid.last_index + 1,              // off the grid
+    ];
+    for bad in proposals {
+        let spec = SimSpec::affine(0, MIB, 1000 * MIB);
+        let mut be = Capped(SimBackend::new(spec));
+        let out = Prober::new(&mut be, SearchConfig::default(), 1000 * MIB)
+            .with_strategy(Box::new(Misbehaving { bad }))
+            .search();
+        assert_eq!(out.stop_reason, StopReason::TrialErrors);
+        assert_eq!(out.max_fitting, None, "nothing is reported as proven");
+        let fatal = out.fatal.expect("says why");
+        assert!(
+            fatal.contains("outside the open bracket (largest fit"),
+            "{fatal}"
+        );
+        assert!(be.0.trials_run < 40, "{} trials", be.0.trials_run);
+    }
+}
+
+#[test]
+#[should_panic(expected = "it does not end")]
+fn the_trial_cap_fails_a_search_that_does_not_end() {
+    // Fits never end when every size fits and there is no cap: the cap must catch that.
+    let spec = SimSpec::affine(0, 1, u64::MAX / 2);
+    let mut be = Capped(SimBackend::new(spec));
+    let cfg = SearchConfig {
+        max_batch: u64::MAX / 4,
+        ..SearchConfig::default()
+    };
+    // a strategy that only ever steps up by one
+    struct OneUp;
+    impl Strategy for OneUp {
+        fn propose(&mut self, st: &SearchState) -> Proposal {
+            Proposal::explore(st.lo.map_or(0, |l| l + 1))
+        }
+    }
+    let _ = Prober::new(&mut be, cfg, u64::MAX / 2)
+        .with_strategy(Box::new(OneUp))
+        .search();
 }
 
 /// Every reported size must have been tested with the confirm steps and fit, and a size above it
@@ -317,6 +411,7 @@ struct HybridSim {
     overhead: u64,
     limit: u64,
     device: crate::device::DeviceInfo,
+    trials: u64,
 }
 
 impl Backend for HybridSim {
@@ -337,6 +432,8 @@ impl Backend for HybridSim {
         }
     }
     fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
+        self.trials += 1;
+        assert!(self.trials <= TRIAL_CAP, "the search does not end");
         let extra = if req.fresh { 0 } else { self.overhead };
         let p = self.spec.peak(req.batch, req.steps) + extra;
         Ok(if p <= self.limit {
@@ -374,6 +471,7 @@ fn hybrid_proof_runs_fresh_and_survives_false_worker_ooms() {
                 overhead,
                 limit: 0,
                 device,
+                trials: 0,
             };
             let cfg = exact(SearchConfig {
                 strategy,
@@ -412,6 +510,7 @@ fn hybrid_proof_runs_fresh_and_survives_false_worker_ooms() {
                 overhead,
                 limit: 0,
                 device: be.device.clone(),
+                trials: 0,
             };
             let cfg = SearchConfig {
                 strategy,

@@ -8,11 +8,12 @@
 //! the one classifier ([`batchfit::protocol::classify`]) with the same evidence a trial has.
 
 use anyhow::{anyhow, Context};
+use batchfit::accumulate::MAX_ACCUMULATION;
 use batchfit::device::cuda;
 use batchfit::device::DeviceKind;
 use batchfit::exit::{self, fail, Exit, Fail};
 use batchfit::plan::model::{Architecture, ModelSpec};
-use batchfit::plan::{Plan, Status};
+use batchfit::plan::{count, Plan, Status};
 use batchfit::platform::sysmem;
 use batchfit::platform::units::{format_size, parse_size};
 use batchfit::protocol::classify::{classify, Evidence, Verdict};
@@ -48,7 +49,11 @@ struct Args {
     /// Train even with a plan that is partial or made for another model or device.
     #[arg(long)]
     force: bool,
-    /// Run under a data-segment limit (cpu): `plan` (the plan's limit), a size like 1GiB, or `none`.
+    /// Run under a memory limit: `plan` (the plan's limit_bytes: the probe's --memory-budget less
+    /// --reserve and --margin, the limit every trial ran under), a size like 1GiB, or `none`. On cpu
+    /// the limit is RLIMIT_DATA on the data segment (the "peak" the probe measured), with the trial
+    /// process's set-up from the plan's runtime (stack limit, OpenMP stack size, threads); on cuda,
+    /// the caching allocator's per-process memory fraction.
     #[arg(long, default_value = "none")]
     memory_limit: String,
     /// Train on real data: a .safetensors or .npz file with tensors `x` (inputs; `x0`, `x1`, … for
@@ -161,11 +166,56 @@ fn refusals(plan: &Plan) -> Vec<String> {
     r
 }
 
+/// Whether the device has less memory free now than at probe time (other processes may leave too
+/// little for the plan's micro-batch): cpu from `MemAvailable` (cgroup-aware), cuda from NVML.
+fn less_memory_than_at_probe_time(plan: &Plan) -> Option<String> {
+    let (now, what) = match plan.device.kind {
+        DeviceKind::Cpu => (
+            sysmem::available_bytes().ok()?,
+            "of memory is available".to_string(),
+        ),
+        DeviceKind::Cuda => {
+            let index = plan.gpu.as_ref().map_or(0, |g| g.index);
+            let g = cuda::gpus().and_then(|q| q.device(index)).ok()?;
+            let others: Vec<String> = g
+                .processes
+                .iter()
+                .filter(|p| p.pid != std::process::id())
+                .map(|p| match p.used_bytes {
+                    Some(b) => format!("PID {} holds {}", p.pid, format_size(b)),
+                    None => format!("PID {}", p.pid),
+                })
+                .collect();
+            (
+                g.free_bytes,
+                format!(
+                    "is free on GPU {index}{}",
+                    if others.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", others.join(", "))
+                    }
+                ),
+            )
+        }
+        DeviceKind::Sim => return None,
+    };
+    let then = plan.device.free_bytes_at_start;
+    ((now as f64) < then as f64 * 0.95 || now < plan.limit_bytes).then(|| {
+        format!(
+            "{} {what} now, less than the {} at probe time; other processes may leave too little \
+             for the plan's micro-batch",
+            format_size(now),
+            format_size(then)
+        )
+    })
+}
+
 /// For a cuda plan: the GPU's environment, set before anything touches CUDA (CUDA reads
 /// `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER` at its first call, the allocator its config at its
 /// first allocation): this machine's GPU at the plan's NVML index becomes `cuda:0`, with the plan's
 /// allocator settings and, with `--memory-limit`, the fraction that stops the allocator at the limit.
-fn cuda_environment(plan: &Plan, memory_limit: &str) -> Result<(), Fail> {
+fn cuda_environment(plan: &Plan, memory_limit: MemoryLimit) -> Result<(), Fail> {
     let index = plan.gpu.as_ref().map_or(0, |g| g.index);
     // CUDA's total, which the allocator multiplies the fraction by (NVML's total less the driver's
     // reserve), from this GPU when NVML answers.
@@ -176,16 +226,9 @@ fn cuda_environment(plan: &Plan, memory_limit: &str) -> Result<(), Fail> {
     }
     std::env::set_var("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
     let user = plan.gpu.as_ref().and_then(|g| g.alloc_conf.clone());
-    let conf = match memory_limit {
-        "none" => user,
-        v => {
-            let bytes = if v == "plan" {
-                plan.limit_bytes
-            } else {
-                parse_size(v).map_err(fail(Exit::Usage))?
-            };
-            Some(cuda::trial_alloc_conf(user.as_deref(), bytes, cuda_total))
-        }
+    let conf = match memory_limit.bytes(plan) {
+        None => user,
+        Some(bytes) => Some(cuda::trial_alloc_conf(user.as_deref(), bytes, cuda_total)),
     };
     match conf {
         Some(c) => std::env::set_var("PYTORCH_CUDA_ALLOC_CONF", c),
@@ -194,7 +237,169 @@ fn cuda_environment(plan: &Plan, memory_limit: &str) -> Result<(), Fail> {
     Ok(())
 }
 
+/// What `--memory-limit` says: none, the plan's limit, or a size.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum MemoryLimit {
+    None,
+    Plan,
+    Bytes(u64),
+}
+
+impl MemoryLimit {
+    fn parse(v: &str) -> Result<MemoryLimit, Fail> {
+        match v.trim() {
+            "none" => Ok(MemoryLimit::None),
+            "plan" => Ok(MemoryLimit::Plan),
+            other => match parse_size(other) {
+                Ok(0) => Err(Fail(
+                    Exit::Usage,
+                    anyhow!("--memory-limit must be greater than 0 (or `none`, or `plan`)"),
+                )),
+                Ok(b) => Ok(MemoryLimit::Bytes(b)),
+                Err(e) => Err(Fail(
+                    Exit::Usage,
+                    anyhow!("--memory-limit: {e}; or `plan` (the plan's limit), or `none`"),
+                )),
+            },
+        }
+    }
+    fn bytes(self, plan: &Plan) -> Option<u64> {
+        match self {
+            MemoryLimit::None => None,
+            MemoryLimit::Plan => Some(plan.limit_bytes),
+            MemoryLimit::Bytes(b) => Some(b),
+        }
+    }
+}
+
+/// Checks of the arguments alone, before the plan is read: a usage error is exit 2 whatever the
+/// plan is.
+fn check_args(a: &Args) -> Result<MemoryLimit, Fail> {
+    let usage = |m: String| Err(Fail(Exit::Usage, anyhow!(m)));
+    if !a.lr.is_finite() || a.lr <= 0.0 {
+        return usage(format!(
+            "--lr {} must be a positive number (e.g. 1e-3)",
+            a.lr
+        ));
+    }
+    if a.micro_batch == Some(0) || a.accumulation == Some(0) || a.steps == 0 {
+        return usage("--micro-batch, --accumulation and --steps must be at least 1".into());
+    }
+    if let Some(acc) = a.accumulation.filter(|&acc| acc > MAX_ACCUMULATION) {
+        return usage(format!(
+            "--accumulation {acc} is more than the {MAX_ACCUMULATION} micro-batches per step batchfit \
+             runs; use a larger --micro-batch"
+        ));
+    }
+    MemoryLimit::parse(&a.memory_limit)
+}
+
+/// Set in the trainer's own environment when it started itself again the way trials start.
+const SETUP_ENV: &str = "BATCHFIT_TRAIN_AS_TRIAL";
+
+/// Under a cpu memory limit, starts this trainer again as the probe's trial processes were started,
+/// so the limit bounds the same kind of process: `RLIMIT_DATA` set before exec (the loader's and
+/// libtorch's start-up count against it as in a trial), the plan's `RLIMIT_STACK` and
+/// memory-relevant environment (thread stacks are data), no backtraces. Returns only when this
+/// process already is that one (or on plans that do not record their set-up, where it applies
+/// what it can in place).
+fn start_as_trials_did(plan: &Plan, limit: u64, quiet: bool) -> Result<(), Fail> {
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os(SETUP_ENV).is_some() {
+        return Ok(());
+    }
+    let Some(setup) = plan.runtime.process.as_ref() else {
+        if !quiet {
+            eprintln!(
+                "batchfit-train: note: this plan does not record how its trial processes were \
+                 started (an older batchfit made it); the memory limit applies to this process as it \
+                 is (its stack limit and OpenMP settings may differ from the trials')"
+            );
+        }
+        return Ok(());
+    };
+    // What differs from the trials' set-up, said once (the job's own settings are overridden).
+    let mut changes = vec![];
+    let shown = |v: Option<u64>| v.map_or("unlimited".to_string(), format_size);
+    if sysmem::stack_limit() != setup.stack_limit_bytes {
+        changes.push(format!(
+            "RLIMIT_STACK {} → {}",
+            shown(sysmem::stack_limit()),
+            shown(setup.stack_limit_bytes)
+        ));
+    }
+    let now = sysmem::memory_env();
+    for k in sysmem::MEMORY_ENV {
+        match (now.get(*k), setup.env.get(*k)) {
+            (a, b) if a == b => {}
+            (Some(a), None) => changes.push(format!("{k}={a} → unset")),
+            (a, Some(b)) => changes.push(format!(
+                "{k}={} → {k}={b}",
+                a.map_or("(unset)", String::as_str)
+            )),
+            (None, None) => {}
+        }
+    }
+    if !quiet && !changes.is_empty() {
+        eprintln!(
+            "batchfit-train: under the memory limit, running as the probe's trials ran: {}",
+            changes.join(", ")
+        );
+    }
+    let exe = std::env::current_exe()
+        .context("cannot find my own executable to start under the plan's set-up")
+        .map_err(fail(Exit::Environment))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(std::env::args_os().skip(1))
+        .env(SETUP_ENV, "1")
+        .env("RUST_BACKTRACE", "0")
+        .env("RUST_LIB_BACKTRACE", "0");
+    for k in sysmem::MEMORY_ENV {
+        match setup.env.get(*k) {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    let stack = setup.stack_limit_bytes;
+    // SAFETY: only setrlimit between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let set = |res, v: Option<u64>| {
+                let v = v.map_or(libc::RLIM_INFINITY, |v| v as libc::rlim_t);
+                let mut cur = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                libc::getrlimit(res, &mut cur);
+                // the soft limit as the trials had it, within the hard limit we have
+                let lim = libc::rlimit {
+                    rlim_cur: v.min(cur.rlim_max),
+                    rlim_max: cur.rlim_max,
+                };
+                libc::setrlimit(res, &lim)
+            };
+            if set(libc::RLIMIT_STACK, stack) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let data = libc::rlimit {
+                rlim_cur: limit as libc::rlim_t,
+                rlim_max: limit as libc::rlim_t,
+            };
+            if libc::setrlimit(libc::RLIMIT_DATA, &data) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let e = cmd.exec();
+    Err(Fail(
+        Exit::Environment,
+        anyhow!("cannot start again under the plan's process set-up: {e}"),
+    ))
+}
+
 fn run(a: &Args) -> Result<(), Fail> {
+    let memory_limit = check_args(a)?;
     let plan = Plan::read(&a.plan).map_err(fail(Exit::Usage))?;
     let Some(model) = plan.model.model() else {
         return Err(Fail(
@@ -209,8 +414,11 @@ fn run(a: &Args) -> Result<(), Fail> {
             ),
         ));
     };
+    if let (DeviceKind::Cpu, Some(limit)) = (plan.device.kind, memory_limit.bytes(&plan)) {
+        start_as_trials_did(&plan, limit, a.quiet)?;
+    }
     if plan.device.kind == DeviceKind::Cuda {
-        cuda_environment(&plan, &a.memory_limit)?;
+        cuda_environment(&plan, memory_limit)?;
     }
     let refused = refusals(&plan);
     if !refused.is_empty() {
@@ -224,19 +432,8 @@ fn run(a: &Args) -> Result<(), Fail> {
             eprintln!("batchfit-train: warning (--force): {r}");
         }
     }
-    if plan.device.kind == DeviceKind::Cpu {
-        if let Ok((_, avail)) = sysmem::meminfo() {
-            if (avail as f64) < plan.device.free_bytes_at_start as f64 * 0.95
-                || avail < plan.limit_bytes
-            {
-                eprintln!(
-                    "batchfit-train: warning: {} of memory is available now, less than the {} at probe time; \
-                     other processes may leave too little for the plan's micro-batch",
-                    format_size(avail),
-                    format_size(plan.device.free_bytes_at_start)
-                );
-            }
-        }
+    if let Some(w) = less_memory_than_at_probe_time(&plan) {
+        eprintln!("batchfit-train: warning: {w}");
     }
     let rec = plan.recommendation.as_ref();
     let micro = a
@@ -252,12 +449,6 @@ fn run(a: &Args) -> Result<(), Fail> {
             )
         })?;
     let acc = a.accumulation.or(rec.map(|r| r.accumulation)).unwrap_or(1);
-    if micro == 0 || acc == 0 || a.steps == 0 {
-        return Err(Fail(
-            Exit::Usage,
-            anyhow!("--micro-batch, --accumulation and --steps must be at least 1"),
-        ));
-    }
     let micro_batches: Vec<u64> = match rec {
         Some(r) if a.micro_batch.is_none() && a.accumulation.is_none() => r.micro_batches.clone(),
         _ => vec![micro; acc as usize],
@@ -289,15 +480,10 @@ fn run(a: &Args) -> Result<(), Fail> {
         Some(i) => tch::Device::Cuda(i as usize),
         None => tch::Device::Cpu,
     };
-    match a.memory_limit.as_str() {
+    match memory_limit.bytes(&plan) {
         _ if cuda_index.is_some() => {}
-        "none" => {}
-        v => {
-            let bytes = if v == "plan" {
-                plan.limit_bytes
-            } else {
-                parse_size(v).map_err(fail(Exit::Usage))?
-            };
+        None => {}
+        Some(bytes) => {
             sysmem::set_data_limit(bytes)
                 .with_context(|| {
                     format!(
@@ -352,22 +538,41 @@ fn run(a: &Args) -> Result<(), Fail> {
     };
     if let (Some(d), false) = (&file_data, a.quiet) {
         eprintln!(
-            "batchfit-train: data: {} ({} samples)",
+            "batchfit-train: data: {} ({} samples, {} in memory)",
             a.data.as_ref().expect("set").display(),
-            d.rows()
+            d.rows(),
+            format_size(d.bytes())
         );
+    }
+    // The whole file is in this process's memory, which no trial had: on cpu it takes from the
+    // headroom the plan measured, unless the probe reserved room for it.
+    if let (Some(d), DeviceKind::Cpu) = (&file_data, plan.device.kind) {
+        if d.bytes() > plan.reserve_bytes.saturating_add(plan.limit_bytes / 100) {
+            eprintln!(
+                "batchfit-train: warning: --data holds {} in memory, which the probe's trials did not \
+                 have (its plan reserved {} with --reserve); the plan's micro-batch may not fit {}. \
+                 Re-probe with --reserve {} or more, or train without a memory limit",
+                format_size(d.bytes()),
+                format_size(plan.reserve_bytes),
+                if memory_limit == MemoryLimit::None {
+                    "in the memory the probe was given"
+                } else {
+                    "under --memory-limit"
+                },
+                format_size(d.bytes().next_power_of_two().max(1 << 20))
+            );
+        }
     }
     let per_step: u64 = micro_batches.iter().sum();
     if !a.quiet {
         eprintln!(
-            "batchfit-train: {} ({} params), {} optimizer steps of {} samples ({} micro-batch{} of {})",
+            "batchfit-train: {} ({} params), {} of {} samples ({}: {})",
             model.name,
             model.parameter_count,
-            a.steps,
+            count(a.steps as usize, "optimizer step", "optimizer steps"),
             per_step,
-            micro_batches.len(),
-            if micro_batches.len() == 1 { "" } else { "es" },
-            micro
+            count(micro_batches.len(), "micro-batch", "micro-batches"),
+            batchfit::plan::describe_micro_batches(&micro_batches),
         );
     }
     let oom = |e: String| {
@@ -390,7 +595,9 @@ fn run(a: &Args) -> Result<(), Fail> {
             .and_then(|i| batchfit::gpu::allocator::stats(i as usize).ok())
             .map_or(0, |s| s.ooms)
     };
-    let sampler = (cuda_index.is_none() && sysmem::data_limit().is_some()).then(DataSampler::start);
+    // On cpu the data segment is sampled as a trial samples it (the same thread, so the same
+    // set-up): the quantity a cpu plan's limit and "peak" are about.
+    let sampler = cuda_index.is_none().then(DataSampler::start);
     let step_err = |e: StepError| match e {
         StepError::Failed(m) => {
             let verdict = classify(&Evidence {
@@ -416,7 +623,7 @@ fn run(a: &Args) -> Result<(), Fail> {
                 Learner::new(&spec, device, a.lr, plan.runtime.seed).map_err(step_err)?;
             let mut data: Box<dyn DataSource> = match file_data {
                 Some(d) => Box::new(d),
-                None => Box::new(Synthetic::for_spec(&spec)),
+                None => Box::new(Synthetic::with_seed(&spec, plan.runtime.seed)),
             };
             let mut last = (f64::NAN, 0.0);
             for s in 1..=a.steps {
@@ -444,27 +651,39 @@ fn run(a: &Args) -> Result<(), Fail> {
             )));
         }
     };
-    let peak =
-        match cuda_index {
-            Some(i) => batchfit::gpu::allocator::stats(i as usize)
-                .map(|s| format!("peak CUDA reserved {}", format_size(s.peak_reserved_bytes)))
-                .map_err(|e| {
-                    Fail(
-                        Exit::Environment,
-                        anyhow!("cannot read the CUDA allocator's peak: {e}"),
-                    )
-                })?,
-            None => format!(
-                "peak RSS {}",
-                format_size(sysmem::proc_status().map(|s| s.vm_hwm).map_err(|e| Fail(
+    let peak = match cuda_index {
+        Some(i) => batchfit::gpu::allocator::stats(i as usize)
+            .map(|s| format!("peak CUDA reserved {}", format_size(s.peak_reserved_bytes)))
+            .map_err(|e| {
+                Fail(
                     Exit::Environment,
-                    anyhow!("cannot read the peak RSS: {e}")
-                ))?)
-            ),
-        };
+                    anyhow!("cannot read the CUDA allocator's peak: {e}"),
+                )
+            })?,
+        None => {
+            let st = sysmem::proc_status().map_err(|e| {
+                Fail(
+                    Exit::Environment,
+                    anyhow!("cannot read /proc/self/status: {e}"),
+                )
+            })?;
+            let data = sampler
+                .as_ref()
+                .map_or(0, DataSampler::peak)
+                .max(st.vm_data);
+            // the same measure, and the same words, as the probe's "peak" of a cpu trial
+            format!(
+                "peak data segment {} ({:.0}% of the plan's {} limit), peak RSS {}",
+                format_size(data),
+                100.0 * data as f64 / plan.limit_bytes.max(1) as f64,
+                format_size(plan.limit_bytes),
+                format_size(st.vm_hwm)
+            )
+        }
+    };
     println!(
-        "trained {} steps of {} samples in {:.1} s: final loss {loss:.4}, {sps:.0} samples/s, {peak}",
-        a.steps,
+        "trained {} of {} samples in {:.1} s: final loss {loss:.4}, {sps:.0} samples/s, {peak}",
+        count(a.steps as usize, "step", "steps"),
         per_step,
         t_start.elapsed().as_secs_f64(),
     );

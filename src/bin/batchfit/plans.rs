@@ -14,8 +14,9 @@ use batchfit::probe::cache;
 use batchfit::probe::verify::{self, VerifyEnding};
 use std::path::Path;
 
-fn print_plan(plan: &Plan, format: FormatArg, path: &Path) -> Result<(), Fail> {
-    let s = output::render(plan, format.into(), Some(path)).map_err(fail(Exit::Usage))?;
+fn print_plan(plan: &Plan, format: Option<FormatArg>, path: &Path) -> Result<(), Fail> {
+    let format = batchfit::cli::format_or_default(format);
+    let s = output::render(plan, format, Some(path)).map_err(fail(Exit::Usage))?;
     print_stdout(&s)
 }
 
@@ -27,18 +28,28 @@ fn write_plan(plan: &Plan, out: &Path) -> Result<(), Fail> {
 pub fn show(args: &ShowArgs) -> Result<Exit, Fail> {
     if let Some(p) = args.plot.as_deref() {
         output::plot::check_target(p).map_err(fail(Exit::Usage))?;
+        if files::same_target(p, &args.plan) {
+            return Err(Fail(
+                Exit::Usage,
+                anyhow::anyhow!(
+                    "--plot {} is the plan file itself: the picture would replace the plan; give \
+                     the plot its own name",
+                    p.display()
+                ),
+            ));
+        }
     }
     let plan = Plan::read(&args.plan).map_err(fail(Exit::Usage))?;
     print_plan(&plan, args.format, &args.plan)?;
     if let Some(p) = args.plot.as_deref() {
-        crate::probe::draw(&plan, p)?;
+        crate::probe::draw(&plan, p, args.plot_scale.into())?;
     }
     Ok(Exit::Success)
 }
 
 /// `batchfit merge A B … --global-batch G --out M`.
 pub fn merge(a: &MergeArgs) -> Result<Exit, Fail> {
-    if a.format == FormatArg::Deepspeed && a.allow_uneven {
+    if a.format == Some(FormatArg::Deepspeed) && a.allow_uneven {
         return Err(Fail(
             Exit::Usage,
             anyhow::anyhow!(
@@ -158,9 +169,14 @@ pub fn predict(a: &PredictArgs) -> Result<Exit, Fail> {
     if let Some(out) = &a.out {
         files::write_atomic(out, json.as_bytes()).map_err(fail(Exit::Environment))?;
     }
-    match a.format {
-        PredictFormat::Text => print_stdout(&report.text())?,
-        PredictFormat::Json => print_stdout(&json)?,
+    let text = match a.format {
+        Some(f) => f == PredictFormat::Text,
+        None => std::io::IsTerminal::is_terminal(&std::io::stdout()),
+    };
+    if text {
+        print_stdout(&report.text())?;
+    } else {
+        print_stdout(&json)?;
     }
     Ok(Exit::Success)
 }

@@ -49,7 +49,7 @@ pub fn probe(args: &ProbeArgs) -> Result<Exit, Fail> {
     // Drawn after the plan is written (partial plans too); a failure leaves the plan as written and
     // exits 3, unless the probe's own exit code already says something went wrong.
     let plotted = match cfg.plot.as_deref() {
-        Some(p) => match draw(&report.plan, p) {
+        Some(p) => match draw(&report.plan, p, cfg.plot_scale) {
             Ok(()) => {
                 if !quiet {
                     eprintln!("batchfit: plot drawn to {}", p.display());
@@ -71,8 +71,8 @@ pub fn probe(args: &ProbeArgs) -> Result<Exit, Fail> {
 
 /// `--plot FILE`: draws the plan; a bad file name is a usage error, a failure to draw or write an
 /// environment error.
-pub fn draw(plan: &Plan, path: &std::path::Path) -> Result<(), Fail> {
-    plot::render(plan, path).map_err(|e| {
+pub fn draw(plan: &Plan, path: &std::path::Path, scale: plot::Scale) -> Result<(), Fail> {
+    plot::render_scaled(plan, path, scale).map_err(|e| {
         let exit = match e {
             plot::PlotError::Target(_) => Exit::Usage,
             _ => Exit::Environment,

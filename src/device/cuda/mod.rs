@@ -304,7 +304,11 @@ impl CudaBackend {
                               GPU memory"
                                 .into(),
                     },
-                    Some(g) if out.fits() && g.nvml_peak_bytes > self.limit => TrialOutcome::Oom {
+                    // A `retries` outcome is held to the limit too: retries happen when the
+                    // allocator reaches its fraction cap, so NVML's footprint (the cap plus the
+                    // CUDA context) is then typically above the limit, and `--allow-retries` must
+                    // not accept it as a fit.
+                    Some(g) if g.nvml_peak_bytes > self.limit => TrialOutcome::Oom {
                         message: format!(
                             "the trial's footprint on the card ({}, {}) is above the {} limit",
                             format_size(g.nvml_peak_bytes),
@@ -373,7 +377,7 @@ impl Backend for CudaBackend {
         match &mut self.exec {
             Executor::Fake(sim) => {
                 let out = sim.run_trial(req)?;
-                let peak = sim.spec().peak(req.batch, req.steps);
+                let peak = sim.spec().peak_at(req.batch, req.steps, req.accumulation);
                 let g = GpuMeasure {
                     nvml_peak_bytes: peak,
                     method: FootprintMethod::NvmlProcess,
@@ -466,6 +470,41 @@ mod tests {
         let o = b.decide(fits(Some(child)), Some(11 << 30), None);
         assert!(o.is_oom(), "{o:?}");
         assert!(o.message().unwrap().contains("above the"), "{o:?}");
+    }
+
+    #[test]
+    fn retries_above_the_limit_are_out_of_memory() {
+        // --allow-retries turns a `retries` outcome into a fit; one whose footprint on the card is
+        // above the limit (the allocator at its cap plus the CUDA context) must not get that far
+        let b = backend(10 << 30);
+        let child = GpuMeasure {
+            nvml_peak_bytes: (10 << 30) + (500 << 20),
+            method: FootprintMethod::NvmlProcess,
+            allocator: Some(alloc(10 << 30)),
+        };
+        let retries = TrialOutcome::Retries {
+            retries: 3,
+            peak_bytes: 1,
+            step_seconds: 0.1,
+            gpu: Some(child),
+        };
+        let o = b.decide(retries.clone(), None, None);
+        assert!(o.is_oom(), "{o:?}");
+        assert!(o.message().unwrap().contains("above the"), "{o:?}");
+        // under the limit it stays `retries` (the search's --allow-retries decides)
+        let mut under = child;
+        under.nvml_peak_bytes = 9 << 30;
+        let o = b.decide(
+            TrialOutcome::Retries {
+                retries: 3,
+                peak_bytes: 1,
+                step_seconds: 0.1,
+                gpu: Some(under),
+            },
+            None,
+            None,
+        );
+        assert_eq!(o.kind(), "retries", "{o:?}");
     }
 
     #[test]

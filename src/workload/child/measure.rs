@@ -24,8 +24,9 @@ impl DataSampler {
         let (s, p) = (stop.clone(), peak.clone());
         let handle = std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
-                if let Ok(st) = sysmem::proc_status() {
-                    p.fetch_max(st.vm_data, Ordering::Relaxed);
+                // no heap allocation here: near the limit one could fail and abort the process
+                if let Some(d) = sysmem::vm_data_no_alloc() {
+                    p.fetch_max(d, Ordering::Relaxed);
                 }
                 std::thread::sleep(Duration::from_millis(1));
             }

@@ -105,7 +105,7 @@ pub fn run(spec: &TrialSpec) -> TrialOutcome {
 fn train(spec: &TrialSpec, device: tch::Device) -> Steps {
     std::panic::catch_unwind(|| -> Result<Vec<f64>, StepError> {
         let mut learner = Learner::new(&spec.model, device, 1e-3, spec.seed)?;
-        let mut data = Synthetic::for_spec(&spec.model);
+        let mut data = Synthetic::with_seed(&spec.model, spec.seed);
         let mut times = Vec::with_capacity(spec.steps as usize);
         let micro = vec![spec.batch; spec.accumulation.max(1) as usize];
         for _ in 0..spec.steps {
@@ -227,7 +227,16 @@ pub fn child_main(spec_json: &str) -> ! {
     // A hook that does nothing: it cannot allocate, so it cannot deadlock after an OOM.
     std::panic::set_hook(Box::new(|_| {}));
     let spec = match serde_json::from_str::<TrialSpec>(spec_json) {
-        Ok(spec) => spec,
+        Ok(spec) if u64::from(spec.accumulation) <= crate::accumulate::MAX_ACCUMULATION => spec,
+        Ok(spec) => {
+            eprintln!(
+                "batchfit: error: bad trial spec (an internal subcommand): accumulation {} is more \
+                 than {}",
+                spec.accumulation,
+                crate::accumulate::MAX_ACCUMULATION
+            );
+            std::process::exit(crate::exit::Exit::Usage.code().into());
+        }
         Err(e) => {
             eprintln!("batchfit: error: bad trial spec (an internal subcommand): {e}");
             std::process::exit(crate::exit::Exit::Usage.code().into());

@@ -216,6 +216,15 @@ impl FileData {
     pub fn rows(&self) -> u64 {
         self.rows as u64
     }
+
+    /// Bytes the loaded tensors hold (the whole file is in memory while training).
+    pub fn bytes(&self) -> u64 {
+        self.inputs
+            .iter()
+            .chain(self.target.as_ref())
+            .map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
+            .sum()
+    }
 }
 
 enum TargetKind {

@@ -46,7 +46,7 @@ def build_mlp(inputs, hidden, classes):
     return nn.Sequential(*layers)
 
 
-def main():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch-size", type=int, default=None, help="micro-batch (default: helper, else 64)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: helper, else 100)")
@@ -57,16 +57,14 @@ def main():
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
-    batch = args.batch_size if args.batch_size is not None else helper_default("batch_size", 64)
-    steps = args.steps if args.steps is not None else helper_default("steps", 100)
-    accumulation = args.accumulation if args.accumulation is not None else helper_default("accumulation", 1)
-    if min(batch, steps, accumulation) < 1:
-        sys.exit(f"train_mlp.py: batch {batch}, steps {steps}, accumulation {accumulation} must be >= 1")
-    if bt is None and os.environ.get("BATCHFIT_RESULT"):
-        print("train_mlp.py: BATCHFIT_RESULT is set but batchfit_trial is not importable: no report",
-              file=sys.stderr)
+    return p.parse_args(argv)
 
+
+def train(args, batch, steps, accumulation, log=True):
+    """Builds the model and optimizer and runs `steps` optimizer steps of `accumulation` micro-batches of
+    `batch` samples; returns each step's wall seconds. (A function of its own so that a batch-size finder
+    that wraps a training function, e.g. Accelerate's find_executable_batch_size, can call it: the
+    benchmark in benches/exec_peers/ does.)"""
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -87,7 +85,23 @@ def main():
         now = time.perf_counter()
         step_seconds.append(now - last)
         last = now
-        print(f"step {step + 1}/{steps} loss {loss.item() * accumulation:.4f} {step_seconds[-1]:.3f}s", flush=True)
+        if log:
+            print(f"step {step + 1}/{steps} loss {loss.item() * accumulation:.4f} {step_seconds[-1]:.3f}s", flush=True)
+    return step_seconds
+
+
+def main():
+    args = parse_args()
+    batch = args.batch_size if args.batch_size is not None else helper_default("batch_size", 64)
+    steps = args.steps if args.steps is not None else helper_default("steps", 100)
+    accumulation = args.accumulation if args.accumulation is not None else helper_default("accumulation", 1)
+    if min(batch, steps, accumulation) < 1:
+        sys.exit(f"train_mlp.py: batch {batch}, steps {steps}, accumulation {accumulation} must be >= 1")
+    if bt is None and os.environ.get("BATCHFIT_RESULT"):
+        print("train_mlp.py: BATCHFIT_RESULT is set but batchfit_trial is not importable: no report",
+              file=sys.stderr)
+
+    step_seconds = train(args, batch, steps, accumulation)
 
     print(f"train_mlp: trained batch {batch} x accumulation {accumulation} for {steps} steps, "
           f"{sum(step_seconds):.2f}s", flush=True)
