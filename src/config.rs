@@ -9,7 +9,7 @@ use crate::device::sim::SimSpec;
 use crate::device::IsolationMode;
 use crate::output::Format;
 use crate::plan::model::{Architecture, InputSpec, LossSpec, ModelSpec, OptimizerKind, Precision};
-use crate::plan::schema::{exec_fingerprint, ExecInfo, ExecKind, FileHash};
+use crate::plan::schema::{exec_fingerprint, ExecInfo, ExecKind, FileHash, ExecSweepPoint};
 use crate::platform::files;
 use crate::platform::units::parse_size;
 use crate::search::{Grid, SearchConfig, StrategyKind};
@@ -93,6 +93,20 @@ impl SweepParam {
             SweepParam::ImageSize => "image-size",
         }
     }
+    /// The placeholder `--exec`'s command takes the point in.
+    pub fn placeholder(self) -> &'static str {
+        match self {
+            SweepParam::SeqLen => "{seq}",
+            SweepParam::ImageSize => "{image-size}",
+        }
+    }
+    /// The environment variable an `--exec` command's trials get the point in.
+    pub fn variable(self) -> &'static str {
+        match self {
+            SweepParam::SeqLen => "BATCHFIT_SEQ",
+            SweepParam::ImageSize => "BATCHFIT_IMAGE_SIZE",
+        }
+    }
     /// How per-sample memory grows with the parameter, to first order (activations: linear in the
     /// tokens; an image's pixels: the square of its side). Only the first point's guess for the second.
     pub fn exponent(self) -> f64 {
@@ -170,12 +184,18 @@ fn sweep(a: &ProbeArgs, base: &ProbeConfig) -> Result<Option<SweepConfig>, Confi
             "--sweep {spec:?}: give 2 to {MAX_SWEEP_POINTS} points (one point is a plain probe)"
         ));
     }
-    if a.exec {
-        return err(
-            "--sweep with --exec: substituting the point into the command ({seq}) is not supported \
-             yet; run one probe per value"
-                .into(),
-        );
+    if a.exec && !a.command.iter().any(|w| w.contains(param.placeholder())) {
+        return err(format!(
+            "--sweep {} with --exec: the command has no {} in its arguments; batchfit passes each \
+             point there (and as {} in the environment), so write {} where the command takes its {} \
+             (an environment variable alone is refused: nothing would show the command read it, \
+             and every point could train the same thing)",
+            param.as_str(),
+            param.placeholder(),
+            param.variable(),
+            param.placeholder(),
+            param.as_str()
+        ));
     }
     if a.compare_alloc_conf {
         return err("--sweep with --compare-alloc-conf: compare one probe at a time".into());
@@ -184,6 +204,7 @@ fn sweep(a: &ProbeArgs, base: &ProbeConfig) -> Result<Option<SweepConfig>, Confi
     let has_s = inputs_have_s(a);
     let torchscript = Architecture::preset(&a.model).is_none();
     let (flag, given, default) = match (param, &base.model.architecture) {
+        _ if a.exec => (param.placeholder(), None, None),
         _ if torchscript && has_s => ("the S dimension", None, None),
         (SweepParam::SeqLen, Architecture::Gpt { seq_len, .. }) => {
             ("--seq-len", a.seq_len, Some(*seq_len))
@@ -231,7 +252,13 @@ fn sweep(a: &ProbeArgs, base: &ProbeConfig) -> Result<Option<SweepConfig>, Confi
     for &v in &points {
         let mut p = a.clone();
         p.sweep = None;
-        if torchscript && has_s {
+        if a.exec {
+            p.command = a
+                .command
+                .iter()
+                .map(|w| w.replace(param.placeholder(), &v.to_string()))
+                .collect();
+        } else if torchscript && has_s {
             p.inputs = a.inputs.iter().map(|i| substitute_s(i, v)).collect();
         } else {
             match param {
@@ -246,6 +273,15 @@ fn sweep(a: &ProbeArgs, base: &ProbeConfig) -> Result<Option<SweepConfig>, Confi
         if let BackendChoice::Sim(s) = &mut c.backend {
             let f = (v as f64 / points[0] as f64).powf(param.exponent());
             s.per_sample = ((s.per_sample as f64) * f).round().max(1.0) as u64;
+        }
+        // The command's point, also in its environment (the argv above already carries it, so the
+        // fingerprint, and the cache, tell the points apart).
+        if let Some(x) = &mut c.exec {
+            x.info.environment.push(param.variable().to_string());
+            x.info.sweep_point = Some(ExecSweepPoint {
+                variable: param.variable().to_string(),
+                value: v,
+            });
         }
         c.out = None;
         c.plot = None;
@@ -711,6 +747,17 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
+    for param in [SweepParam::SeqLen, SweepParam::ImageSize] {
+        let ph = param.placeholder();
+        let swept = a.sweep.as_deref().and_then(|s| s.split_once('=')).map(|x| x.0.trim());
+        if swept != Some(param.as_str()) && a.command.iter().any(|w| w.contains(ph)) {
+            return err(format!(
+                "the command has {ph} in its arguments but there is no --sweep {}=V1,V2,…: \
+                 {ph} is the sweep's point (give that --sweep, or write the value itself)",
+                param.as_str()
+            ));
+        }
+    }
     let mut warnings = vec![];
     if !a.command.iter().any(|w| w.contains("{batch}")) {
         warnings.push(
@@ -735,6 +782,7 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
         environment,
         oom_patterns: a.oom_pattern.clone(),
         threads,
+        sweep_point: None,
     };
     Ok((
         Some(ExecConfig {

@@ -151,7 +151,78 @@ fn sweep_refusals() {
         ])
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("--sweep with --exec"));
+        .stderr(predicate::str::contains(
+            "--sweep seq-len with --exec: the command has no {seq}",
+        ));
+    // {seq} without its sweep (or with the other one) would reach the command as text
+    for sweep in [None, Some("image-size=32,64")] {
+        let mut c = batchfit();
+        c.args(["probe", "--backend", "cpu"]);
+        if let Some(s) = sweep {
+            c.args(["--sweep", s]);
+        }
+        c.args(["--exec", "--", "echo", "{batch}", "{seq}"])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(
+                "the command has {seq} in its arguments but there is no --sweep seq-len",
+            ));
+    }
+}
+
+/// `--sweep seq-len=…` of an `--exec` command: each point in `{seq}` and `BATCHFIT_SEQ`, proven
+/// exactly (a shell command that fits while 8 + batch × seq ≤ 200).
+#[test]
+fn exec_sweep_passes_each_point_as_seq() {
+    let d = tmp();
+    let out = path(&d, "sweep.json");
+    let seen = path(&d, "seen.txt");
+    let script = format!(
+        "echo \"$1 $2 $BATCHFIT_SEQ\" >> {}; \
+         [ $((8 + $1 * $2)) -le 200 ] || {{ echo 'MemoryError' >&2; exit 1; }}",
+        seen.display()
+    );
+    batchfit()
+        .args(["probe", "--backend", "cpu", "--memory-budget", "2GiB"])
+        .args(["--cpu-limit", "rlimit", "--max-batch", "256", "--quiet"])
+        .args(["--sweep", "seq-len=1,2,4", "--no-cache", "--out"])
+        .arg(&out)
+        .args(["--exec", "--", "sh", "-c", &script, "sh", "{batch}", "{seq}"])
+        .assert()
+        .success();
+    let plan = read_json(&out);
+    let points = plan["sweep"]["points"].as_array().unwrap();
+    let answers: Vec<(u64, u64)> = points
+        .iter()
+        .map(|p| {
+            (
+                p["value"].as_u64().unwrap(),
+                p["max_fitting_batch"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    // exact: the sizes are small, so the tolerance's gap is 1
+    assert_eq!(answers, [(1, 192), (2, 96), (4, 48)]);
+    for p in points {
+        assert_eq!(
+            p["first_failing_batch"].as_u64().unwrap(),
+            p["max_fitting_batch"].as_u64().unwrap() + 1
+        );
+    }
+    // the plan is the first point's: its command with the point substituted, and the variable
+    assert_eq!(plan["sweep"]["plan_point"], 1);
+    assert_eq!(plan["model"]["argv"][5], "1");
+    assert_eq!(plan["model"]["sweep_point"]["variable"], "BATCHFIT_SEQ");
+    assert!(plan["model"]["environment"].to_string().contains("BATCHFIT_SEQ"));
+    // every trial got the point in its arguments and its environment, and every point was tried
+    let lines = std::fs::read_to_string(&seen).unwrap();
+    let mut values = std::collections::BTreeSet::new();
+    for l in lines.lines() {
+        let w: Vec<&str> = l.split(' ').collect();
+        assert_eq!(w[1], w[2], "{{seq}} and BATCHFIT_SEQ agree: {l}");
+        values.insert(w[1].to_string());
+    }
+    assert_eq!(values.into_iter().collect::<Vec<_>>(), ["1", "2", "4"]);
 }
 
 #[test]

@@ -203,6 +203,18 @@ pub struct ExecInfo {
     /// `--threads`: `OMP_NUM_THREADS` of every trial (absent: the user's environment).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<u32>,
+    /// A point of `--sweep` (`{seq}` or `{image-size}`, already substituted in `argv`): the
+    /// environment variable every trial also gets it in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep_point: Option<ExecSweepPoint>,
+}
+
+/// The point of a `--sweep` an exec plan was probed at.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecSweepPoint {
+    /// `BATCHFIT_SEQ` or `BATCHFIT_IMAGE_SIZE`.
+    pub variable: String,
+    pub value: u64,
 }
 
 impl ExecInfo {
