@@ -993,4 +993,27 @@ mod tests {
         assert_eq!(limit(1000, 200, 0.5), 400);
         assert_eq!(limit(1000, 0, 0.0), 1000);
     }
+
+    /// A TorchScript input's `S` dimension takes the sweep's point; other dimensions, the dtype and
+    /// the range stay.
+    #[test]
+    fn the_s_dimension_takes_the_point() {
+        assert_eq!(substitute_s("i64[B,S]<50257", 512), "i64[B,512]<50257");
+        assert_eq!(substitute_s("f32[B, S ,S]", 8), "f32[B,8,8]");
+        assert_eq!(substitute_s("f32[B,3,224,224]", 8), "f32[B,3,224,224]");
+        let args = |inputs: &[&str]| {
+            use clap::Parser;
+            let mut v = vec!["batchfit", "probe", "--model", "m.pt"];
+            for i in inputs {
+                v.extend(["--input", i]);
+            }
+            match crate::cli::Cli::try_parse_from(v).unwrap().command {
+                crate::cli::Command::Probe(a) => a,
+                _ => unreachable!(),
+            }
+        };
+        assert!(inputs_have_s(&args(&["i64[B,S]<100"])));
+        assert!(inputs_have_s(&args(&["f32[B,4]", "i64[B,S]<100"])));
+        assert!(!inputs_have_s(&args(&["f32[B,SS]", "f32[B,3]"])));
+    }
 }
