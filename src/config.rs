@@ -9,7 +9,7 @@ use crate::device::sim::SimSpec;
 use crate::device::IsolationMode;
 use crate::output::Format;
 use crate::plan::model::{Architecture, InputSpec, LossSpec, ModelSpec, OptimizerKind, Precision};
-use crate::plan::schema::{exec_fingerprint, ExecInfo, ExecKind, FileHash, ExecSweepPoint};
+use crate::plan::schema::{exec_fingerprint, ExecInfo, ExecKind, ExecSweepPoint, FileHash};
 use crate::platform::files;
 use crate::platform::units::parse_size;
 use crate::search::{Grid, SearchConfig, StrategyKind};
@@ -749,7 +749,11 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
         .collect::<Result<Vec<_>, _>>()?;
     for param in [SweepParam::SeqLen, SweepParam::ImageSize] {
         let ph = param.placeholder();
-        let swept = a.sweep.as_deref().and_then(|s| s.split_once('=')).map(|x| x.0.trim());
+        let swept = a
+            .sweep
+            .as_deref()
+            .and_then(|s| s.split_once('='))
+            .map(|x| x.0.trim());
         if swept != Some(param.as_str()) && a.command.iter().any(|w| w.contains(ph)) {
             return err(format!(
                 "the command has {ph} in its arguments but there is no --sweep {}=V1,V2,…: \

@@ -120,7 +120,13 @@ fn check_archive(archive: &Path, out: &Path) {
     assert!(o.status.success(), "{}: {}", archive.display(), text(&o));
     let names = String::from_utf8_lossy(&o.stdout);
     let base = out.file_name().unwrap().to_string_lossy();
-    for f in ["results.md", "stage1.json", "stage2.json", "stage3.json", "stage4.json"] {
+    for f in [
+        "results.md",
+        "stage1.json",
+        "stage2.json",
+        "stage3.json",
+        "stage4.json",
+    ] {
         assert!(
             names.lines().any(|l| l == format!("{base}/{f}")),
             "{f} not in the archive:\n{names}"
@@ -259,7 +265,10 @@ fn check_exec_stage(dir: &Path, results: &str, s1: &Value) {
         assert_eq!(plan["status"], "complete", "{m}: {plan}");
         assert_eq!(plan["model"]["kind"], "exec", "{m}: {}", plan["model"]);
         let argv = plan["model"]["argv"].to_string();
-        assert!(argv.contains("job.py") && argv.contains("{batch}"), "{argv}");
+        assert!(
+            argv.contains("job.py") && argv.contains("{batch}"),
+            "{argv}"
+        );
         assert_eq!(
             plan["model"]["fingerprint_files"].as_array().unwrap().len(),
             2,
@@ -282,14 +291,19 @@ fn check_exec_stage(dir: &Path, results: &str, s1: &Value) {
             trials.iter().any(|t| t["outcome"] == "oom"),
             "the search saw no out-of-memory: {plan}"
         );
-        let answer = plan["recommendation"]["max_fitting_batch"].as_u64().unwrap();
+        let answer = plan["recommendation"]["max_fitting_batch"]
+            .as_u64()
+            .unwrap();
         assert_eq!(probe["answer"].as_u64(), Some(answer));
         // the job's own true maximum, under the probe's whole budget with the plan's mechanism: at or
         // above the answer (the answer keeps a margin)
         let scan = &s4["items"][format!("exec-scan:{m}")];
         assert_eq!(scan["status"], "ok", "{m}: {scan}");
         let true_max = scan["true_max"].as_u64().unwrap();
-        assert!(true_max >= answer, "{m}: true max {true_max} < --exec answer {answer}: {scan}");
+        assert!(
+            true_max >= answer,
+            "{m}: true max {true_max} < --exec answer {answer}: {scan}"
+        );
         assert!(scan["first_fail"].as_u64().unwrap() > true_max, "{scan}");
         // the table row: stage 1's answer for batchfit's own model, the --exec answer, the job's true max
         let row = section
@@ -297,7 +311,9 @@ fn check_exec_stage(dir: &Path, results: &str, s1: &Value) {
             .find(|l| l.starts_with(&format!("| `{m}` |")))
             .unwrap_or_else(|| panic!("no stage-4 row for {m} in:\n{section}"));
         let r = cells(row);
-        let zoo = s1["items"][format!("probe:{m}")]["answer"].as_u64().unwrap();
+        let zoo = s1["items"][format!("probe:{m}")]["answer"]
+            .as_u64()
+            .unwrap();
         assert_eq!(r[1], zoo.to_string(), "{r:?}");
         assert_eq!(r[3], answer.to_string(), "{r:?}");
         assert!(r[4].starts_with(&true_max.to_string()), "{r:?}");

@@ -187,7 +187,9 @@ fn exec_sweep_passes_each_point_as_seq() {
         .args(["--cpu-limit", "rlimit", "--max-batch", "256", "--quiet"])
         .args(["--sweep", "seq-len=1,2,4", "--no-cache", "--out"])
         .arg(&out)
-        .args(["--exec", "--", "sh", "-c", &script, "sh", "{batch}", "{seq}"])
+        .args([
+            "--exec", "--", "sh", "-c", &script, "sh", "{batch}", "{seq}",
+        ])
         .assert()
         .success();
     let plan = read_json(&out);
@@ -213,7 +215,9 @@ fn exec_sweep_passes_each_point_as_seq() {
     assert_eq!(plan["sweep"]["plan_point"], 1);
     assert_eq!(plan["model"]["argv"][5], "1");
     assert_eq!(plan["model"]["sweep_point"]["variable"], "BATCHFIT_SEQ");
-    assert!(plan["model"]["environment"].to_string().contains("BATCHFIT_SEQ"));
+    assert!(plan["model"]["environment"]
+        .to_string()
+        .contains("BATCHFIT_SEQ"));
     // every trial got the point in its arguments and its environment, and every point was tried
     let lines = std::fs::read_to_string(&seen).unwrap();
     let mut values = std::collections::BTreeSet::new();
@@ -333,7 +337,13 @@ fn predict_matches_affine_sim_curves() {
         batchfit()
             .arg("predict")
             .arg(&plan)
-            .args(["--memory", "24GiB,40GiB,80GiB,141GiB", "--format", "text", "--out"])
+            .args([
+                "--memory",
+                "24GiB,40GiB,80GiB,141GiB",
+                "--format",
+                "text",
+                "--out",
+            ])
             .arg(&pred)
             .assert()
             .success()
@@ -468,4 +478,28 @@ fn predict_bad_input_exits_2() {
         .args(["predict", "/nonexistent/plan.json", "--memory", "8GiB"])
         .assert()
         .code(2);
+}
+
+/// `--tolerance` is a fraction in [0, 0.1]: a percentage, a negative or NaN is refused before any trial.
+#[test]
+fn tolerance_outside_its_range_is_refused() {
+    for t in [
+        "--tolerance=0.5",
+        "--tolerance=-0.01",
+        "--tolerance=NaN",
+        "--tolerance=5",
+    ] {
+        batchfit()
+            .args([
+                "probe",
+                "--backend",
+                "sim",
+                "--sim",
+                "base=1GiB,per-sample=3MiB,capacity=16GiB",
+            ])
+            .arg(t)
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains("is outside [0, 0.1]"));
+    }
 }

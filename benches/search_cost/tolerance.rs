@@ -30,7 +30,11 @@ pub struct Run {
     pub sequence: Vec<(u64, u32, bool)>,
 }
 
-fn search(spec: &SimSpec, limit: u64, cfg: SearchConfig) -> (Run, Vec<batchfit::search::TrialRecord>) {
+fn search(
+    spec: &SimSpec,
+    limit: u64,
+    cfg: SearchConfig,
+) -> (Run, Vec<batchfit::search::TrialRecord>) {
     let mut be = SimBackend::new(spec.clone());
     let out = Prober::new(&mut be, cfg, limit).search();
     let seconds = out
@@ -113,7 +117,11 @@ fn sweep_family(
         let (run, trials) = search(&spec, limit, cfg);
         let (plain, _) = search(&spec, limit, SearchConfig::default());
         let truth = spec.true_max(limit, 5, 1_000_000);
-        assert!(run.answer <= truth, "{name} at {v}: {} > {truth}", run.answer);
+        assert!(
+            run.answer <= truth,
+            "{name} at {v}: {} > {truth}",
+            run.answer
+        );
         last_miss = prior
             .as_ref()
             .and_then(|p| prior_miss(p, &trials, run.answer));
@@ -154,7 +162,11 @@ pub fn run(cases: &[Case]) -> Results {
                 ..SearchConfig::default()
             };
             let (r, t) = search(&c.spec, limit, cfg);
-            assert!(r.answer <= truth, "{} at {tolerance}: above the truth", c.name);
+            assert!(
+                r.answer <= truth,
+                "{} at {tolerance}: above the truth",
+                c.name
+            );
             if tolerance == DEFAULT_TOLERANCE {
                 default_trials = t;
             }
@@ -189,8 +201,24 @@ pub fn run(cases: &[Case]) -> Results {
     }
     let seq = vec![256, 512, 1024, 2048];
     let sweeps = vec![
-        sweep_family("tokens, linear", 2 * GIB, 3 * MIB, 80 * GIB, seq.clone(), 1.0, |_, _| {}),
-        sweep_family("attention, ^1.3", 2 * GIB, 3 * MIB, 80 * GIB, seq.clone(), 1.3, |_, _| {}),
+        sweep_family(
+            "tokens, linear",
+            2 * GIB,
+            3 * MIB,
+            80 * GIB,
+            seq.clone(),
+            1.0,
+            |_, _| {},
+        ),
+        sweep_family(
+            "attention, ^1.3",
+            2 * GIB,
+            3 * MIB,
+            80 * GIB,
+            seq.clone(),
+            1.3,
+            |_, _| {},
+        ),
         sweep_family(
             "image side, ^2",
             6 * GIB,
@@ -209,13 +237,27 @@ pub fn run(cases: &[Case]) -> Results {
             1.5,
             |_, _| {},
         ),
-        sweep_family("noisy 0.5 %, ^1.2", 2 * GIB, 3 * MIB, 80 * GIB, seq.clone(), 1.2, |s, v| {
-            s.noise = 0.005;
-            s.seed = v;
-        }),
-        sweep_family("knee at 8, linear", 4 * GIB, 2 * MIB, 24 * GIB, seq, 1.0, |s, _| {
-            s.knee = 8
-        }),
+        sweep_family(
+            "noisy 0.5 %, ^1.2",
+            2 * GIB,
+            3 * MIB,
+            80 * GIB,
+            seq.clone(),
+            1.2,
+            |s, v| {
+                s.noise = 0.005;
+                s.seed = v;
+            },
+        ),
+        sweep_family(
+            "knee at 8, linear",
+            4 * GIB,
+            2 * MIB,
+            24 * GIB,
+            seq,
+            1.0,
+            |s, _| s.knee = 8,
+        ),
     ];
     Results {
         runs,
@@ -334,21 +376,31 @@ pub fn render(r: &Results) -> String {
     let _ = writeln!(w, "|---|---|---|");
     let _ = writeln!(w, "| median trials ≤ 6 | {med} | {} |", verdict(med <= 6.0));
     let _ = writeln!(w, "| max trials ≤ 15 | {max} | {} |", verdict(max <= 15.0));
-    let _ = writeln!(w, "| never above the truth | {above} above | {} |", verdict(above == 0));
+    let _ = writeln!(
+        w,
+        "| never above the truth | {above} above | {} |",
+        verdict(above == 0)
+    );
     let _ = writeln!(
         w,
         "| answer ≥ 0.99 × the exact answer | min {min_ratio:.4} | {} |",
         verdict(min_ratio >= 0.99)
     );
     let _ = writeln!(w);
-    let di = TOLERANCES.iter().position(|&t| t == DEFAULT_TOLERANCE).unwrap();
+    let di = TOLERANCES
+        .iter()
+        .position(|&t| t == DEFAULT_TOLERANCE)
+        .unwrap();
     let _ = writeln!(
         w,
         "Per curve, exact (`--tolerance 0`) and default: trials · answer, and the default's bracket (fit at b, \
          out of memory at b'; the gap allowed is max(1, ⌊{DEFAULT_TOLERANCE}·b⌋)) and trial sequence \
          (✓ fits, ✗ out of memory, /5 with the confirmation's steps).\n"
     );
-    let _ = writeln!(w, "| curve | truth | exact | default | bracket | allowed gap | default sequence |");
+    let _ = writeln!(
+        w,
+        "| curve | truth | exact | default | bracket | allowed gap | default sequence |"
+    );
     let _ = writeln!(w, "|---|---:|---:|---:|---|---:|---|");
     for (ci, name) in r.names.iter().enumerate() {
         let (e, d) = (&r.runs[ci][0], &r.runs[ci][di]);
@@ -383,7 +435,10 @@ pub fn render(r: &Results) -> String {
     let _ = writeln!(w, "Default stop reasons: {}.\n", stops.join(", "));
 
     // --- capacity model ---
-    let _ = writeln!(w, "### Capacity model: predicted against the truth at larger memories\n");
+    let _ = writeln!(
+        w,
+        "### Capacity model: predicted against the truth at larger memories\n"
+    );
     let _ = writeln!(
         w,
         "Each curve's default probe (at its capacity) → `capacity_model` → `predict` at 1.5× and 2× the \

@@ -709,9 +709,7 @@ pub fn report(
         split: plan
             .recommendation
             .as_ref()
-            .filter(|r| {
-                r.accumulation > 1 || r.global_batch != r.max_fitting_batch * r.world_size
-            })
+            .filter(|r| r.accumulation > 1 || r.global_batch != r.max_fitting_batch * r.world_size)
             .map(|r| SplitTarget {
                 global_batch: r.global_batch,
                 world_size: r.world_size,
