@@ -532,3 +532,44 @@ fn fresh_oom(out: &SearchOutcome, b: u64) -> bool {
         .iter()
         .any(|t| t.batch == b && t.isolation == Isolation::Process && t.outcome.is_oom())
 }
+
+/// A near miss of an exact line (seen on CPU: the quickstart's line through 4096 and 6538 put 8280
+/// 30 KB under the limit, 8280 ran out of memory at 5 steps, 8277 fit): the next trial is the lowest
+/// size whose fit closes the bracket within the tolerance, not a climb back up from far below.
+#[test]
+fn a_near_miss_of_the_line_is_closed_by_one_fit() {
+    // flat to 2048, then 4681046 bytes per sample; 5-step trials hold 0.1 % more per sample
+    let spec =
+        SimSpec::parse("base=1GiB,per-sample=4681046,capacity=24GiB,knee=2048,late=4681").unwrap();
+    let limit = crate::config::limit(spec.capacity, 0, 0.05);
+    let truth = spec.true_max(limit, 5, 1_000_000);
+    let mut be = Capped(SimBackend::new(spec));
+    let out = Prober::new(&mut be, SearchConfig::default(), limit).search();
+    let seq: Vec<String> = out
+        .trials
+        .iter()
+        .map(|t| {
+            format!(
+                "{}{}/{}",
+                t.batch,
+                if t.outcome.fits() { "✓" } else { "✗" },
+                t.steps
+            )
+        })
+        .collect();
+    let b = out.max_fitting.unwrap();
+    assert!(
+        b <= truth && b + tolerance_gap(b, 0.005, 1) >= truth,
+        "{truth}: {seq:?}"
+    );
+    assert_eq!(
+        out.stop_reason,
+        StopReason::ProvenWithinTolerance,
+        "{seq:?}"
+    );
+    assert!(
+        out.trials.len() <= 7,
+        "{truth}: {} trials: {seq:?}",
+        out.trials.len()
+    );
+}
