@@ -83,6 +83,41 @@ pub enum Command {
     /// Run trials read from stdin in one process (hybrid isolation; used internally).
     #[command(name = "__worker", hide = true)]
     Worker { template: String },
+    /// Predict the largest micro-batch for other memory sizes from a plan's capacity model (its
+    /// measured memory line): predicted, not proven, with an error bar, refused where the line cannot
+    /// be extended (a knee or a jump).
+    Predict(PredictArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PredictFormat {
+    /// A table, one line per memory size.
+    Text,
+    /// The predictions as JSON.
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct PredictArgs {
+    /// The plan (written by `batchfit probe --out`).
+    #[arg(value_name = "PLAN")]
+    pub plan: PathBuf,
+    /// Memory budgets to predict for, comma-separated, as --memory-budget takes them (the memory the
+    /// job gets, e.g. 24GiB,40GiB,80GiB,141GiB).
+    #[arg(long, value_name = "SIZE,…", value_delimiter = ',', required = true)]
+    pub memory: Vec<String>,
+    /// Memory kept free (default: the plan's --reserve).
+    #[arg(long, value_name = "SIZE")]
+    pub reserve: Option<String>,
+    /// Safety margin (default: the plan's --margin).
+    #[arg(long, value_name = "F")]
+    pub margin: Option<f64>,
+    /// Also write the predictions as JSON here (atomically).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// What to print on stdout (default: text on a terminal, JSON otherwise, as `show` does).
+    #[arg(long, value_enum)]
+    pub format: Option<PredictFormat>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -184,7 +219,7 @@ impl From<PlotScaleArg> for crate::output::plot::Scale {
     }
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct ProbeArgs {
     /// Device to probe.
     #[arg(long, value_enum, default_value = "auto")]
@@ -391,6 +426,19 @@ pub struct ProbeArgs {
     /// The command (after `--`).
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
+
+    /// Tolerance of the proof, a fraction in [0, 0.1]: the search may stop when b fits (confirmed)
+    /// and a size b' ≤ b + max(1, ⌊F·b⌋) runs out of memory (multiples of --multiple-of: at least
+    /// one step). 0: exact (b + 1 runs out of memory). Sizes below 1/F are always exact.
+    #[arg(long, value_name = "F", default_value_t = crate::search::DEFAULT_TOLERANCE)]
+    pub tolerance: f64,
+    /// Probe at several sequence lengths (gpt; a TorchScript model's `S` dimension) or image sizes
+    /// (resnet18, resnet50, vit; `S` too): one proven largest micro-batch per point, each point's
+    /// search started from what the points before it measured, e.g. seq-len=256,512,1024,2048. The
+    /// plan's recommendation is for --seq-len/--image-size (the model's default, else the first
+    /// point) and its `sweep` table has every point.
+    #[arg(long, value_name = "seq-len|image-size=V1,V2,…")]
+    pub sweep: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -9,7 +9,7 @@ use crate::device::sim::SimSpec;
 use crate::device::IsolationMode;
 use crate::output::Format;
 use crate::plan::model::{Architecture, InputSpec, LossSpec, ModelSpec, OptimizerKind, Precision};
-use crate::plan::schema::{exec_fingerprint, ExecInfo, ExecKind, FileHash};
+use crate::plan::schema::{exec_fingerprint, ExecInfo, ExecKind, ExecSweepPoint, FileHash};
 use crate::platform::files;
 use crate::platform::units::parse_size;
 use crate::search::{Grid, SearchConfig, StrategyKind};
@@ -73,8 +73,227 @@ pub struct ProbeConfig {
     pub warnings: Vec<String>,
     /// What batchfit decided for the user, said before the search (`batchfit: …` on stderr).
     pub notes: Vec<String>,
+    /// `--sweep`: every point's own validated configuration.
+    pub sweep: Option<SweepConfig>,
     /// `--plot-scale`: the batch axis of the plot.
     pub plot_scale: crate::output::plot::Scale,
+}
+
+/// What `--sweep` varies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SweepParam {
+    /// Tokens per sample: gpt's `--seq-len`, or a TorchScript input's `S` dimension.
+    SeqLen,
+    /// Pixels per side: resnet's and vit's `--image-size`, or a TorchScript input's `S` dimension.
+    ImageSize,
+}
+
+impl SweepParam {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SweepParam::SeqLen => "seq-len",
+            SweepParam::ImageSize => "image-size",
+        }
+    }
+    /// The placeholder `--exec`'s command takes the point in.
+    pub fn placeholder(self) -> &'static str {
+        match self {
+            SweepParam::SeqLen => "{seq}",
+            SweepParam::ImageSize => "{image-size}",
+        }
+    }
+    /// The environment variable an `--exec` command's trials get the point in.
+    pub fn variable(self) -> &'static str {
+        match self {
+            SweepParam::SeqLen => "BATCHFIT_SEQ",
+            SweepParam::ImageSize => "BATCHFIT_IMAGE_SIZE",
+        }
+    }
+    /// How per-sample memory grows with the parameter, to first order (activations: linear in the
+    /// tokens; an image's pixels: the square of its side). Only the first point's guess for the second.
+    pub fn exponent(self) -> f64 {
+        match self {
+            SweepParam::SeqLen => 1.0,
+            SweepParam::ImageSize => 2.0,
+        }
+    }
+}
+
+/// `--sweep PARAM=V1,V2,…`, each point validated as its own probe.
+#[derive(Debug, Clone)]
+pub struct SweepConfig {
+    pub param: SweepParam,
+    /// (value, the probe of that point), in the order given.
+    pub points: Vec<(u64, ProbeConfig)>,
+    /// The point whose plan carries the recommendation.
+    pub plan_point: u64,
+}
+
+impl SweepConfig {
+    /// Tokens of one sample at `value` for `cfg`'s model: the sequence length; a ViT's patches; a
+    /// CNN's (or a TorchScript image's) pixels.
+    pub fn tokens_per_sample(&self, cfg: &ProbeConfig, value: u64) -> u64 {
+        match (self.param, &cfg.model.architecture) {
+            (SweepParam::SeqLen, _) => value,
+            (SweepParam::ImageSize, Architecture::Vit { patch, .. }) => {
+                (value / (*patch).max(1)).pow(2)
+            }
+            (SweepParam::ImageSize, _) => value * value,
+        }
+    }
+}
+
+/// Most points a sweep takes (each is a whole probe).
+const MAX_SWEEP_POINTS: usize = 16;
+
+/// `--sweep`: parsed, and every point's configuration validated (the substituted model, the sim
+/// curve scaled), so a bad point is refused before any trial. The exec workload would substitute
+/// the point into its command (`{seq}`): not yet.
+fn sweep(a: &ProbeArgs, base: &ProbeConfig) -> Result<Option<SweepConfig>, ConfigError> {
+    let Some(spec) = a.sweep.as_deref() else {
+        return Ok(None);
+    };
+    let err = |m: String| Err(ConfigError(m));
+    let Some((name, values)) = spec.split_once('=') else {
+        return err(format!(
+            "--sweep {spec:?}: expected seq-len=V1,V2,… or image-size=V1,V2,…"
+        ));
+    };
+    let param = match name.trim() {
+        "seq-len" => SweepParam::SeqLen,
+        "image-size" => SweepParam::ImageSize,
+        other => {
+            return err(format!(
+                "--sweep {other:?}: only seq-len (gpt, a TorchScript input's S) and image-size \
+                 (resnet18, resnet50, vit, a TorchScript input's S) can be swept"
+            ))
+        }
+    };
+    let mut points = vec![];
+    for v in values.split(',') {
+        let n: u64 = v.trim().parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+            ConfigError(format!(
+                "--sweep {spec:?}: {v:?} is not a positive whole number"
+            ))
+        })?;
+        if points.contains(&n) {
+            return err(format!("--sweep {spec:?}: {n} is given twice"));
+        }
+        points.push(n);
+    }
+    if points.len() < 2 || points.len() > MAX_SWEEP_POINTS {
+        return err(format!(
+            "--sweep {spec:?}: give 2 to {MAX_SWEEP_POINTS} points (one point is a plain probe)"
+        ));
+    }
+    if a.exec && !a.command.iter().any(|w| w.contains(param.placeholder())) {
+        return err(format!(
+            "--sweep {} with --exec: the command has no {} in its arguments; batchfit passes each \
+             point there (and as {} in the environment), so write {} where the command takes its {} \
+             (an environment variable alone is refused: nothing would show the command read it, \
+             and every point could train the same thing)",
+            param.as_str(),
+            param.placeholder(),
+            param.variable(),
+            param.placeholder(),
+            param.as_str()
+        ));
+    }
+    if a.compare_alloc_conf {
+        return err("--sweep with --compare-alloc-conf: compare one probe at a time".into());
+    }
+    // Where the point goes: the model's knob, or an input's S.
+    let has_s = inputs_have_s(a);
+    let torchscript = Architecture::preset(&a.model).is_none();
+    let (flag, given, default) = match (param, &base.model.architecture) {
+        _ if a.exec => (param.placeholder(), None, None),
+        _ if torchscript && has_s => ("the S dimension", None, None),
+        (SweepParam::SeqLen, Architecture::Gpt { seq_len, .. }) => {
+            ("--seq-len", a.seq_len, Some(*seq_len))
+        }
+        (
+            SweepParam::ImageSize,
+            Architecture::Resnet18 { image_size, .. }
+            | Architecture::Resnet50 { image_size, .. }
+            | Architecture::Vit { image_size, .. },
+        ) => ("--image-size", a.image_size, Some(*image_size)),
+        (SweepParam::SeqLen, Architecture::Vit { patch, .. }) => {
+            return err(format!(
+                "--sweep seq-len with --model {}: a ViT's sequence is (image-size / {patch})² patches; \
+                 sweep image-size instead",
+                a.model
+            ))
+        }
+        _ if torchscript => {
+            return err(format!(
+                "--sweep {}: write the swept dimension of the TorchScript model's --input as S, e.g. \
+                 --input 'i64[B,S]<50257'",
+                param.as_str()
+            ))
+        }
+        _ => {
+            return err(format!(
+                "--sweep {}: --model {} has no {}; sweep seq-len with gpt, image-size with resnet18, \
+                 resnet50 or vit",
+                param.as_str(),
+                a.model,
+                param.as_str()
+            ))
+        }
+    };
+    if let Some(g) = given.filter(|g| !points.contains(g)) {
+        return err(format!(
+            "{flag} {g} is not one of the --sweep points {values}: the plan's recommendation is for \
+             {flag}, so give it among them (or drop it)"
+        ));
+    }
+    let plan_point = given
+        .or(default.filter(|d| points.contains(d)))
+        .unwrap_or(points[0]);
+    let mut configs = vec![];
+    for &v in &points {
+        let mut p = a.clone();
+        p.sweep = None;
+        if a.exec {
+            p.command = a
+                .command
+                .iter()
+                .map(|w| w.replace(param.placeholder(), &v.to_string()))
+                .collect();
+        } else if torchscript && has_s {
+            p.inputs = a.inputs.iter().map(|i| substitute_s(i, v)).collect();
+        } else {
+            match param {
+                SweepParam::SeqLen => p.seq_len = Some(v),
+                SweepParam::ImageSize => p.image_size = Some(v),
+            }
+        }
+        let mut c = validate_one(&p)
+            .map_err(|e| ConfigError(format!("--sweep {}={v}: {}", param.as_str(), e.0)))?;
+        // The simulated device has no model: per-sample memory scales with the point as activations
+        // do (linear in the tokens, the square of an image's side), relative to the first point.
+        if let BackendChoice::Sim(s) = &mut c.backend {
+            let f = (v as f64 / points[0] as f64).powf(param.exponent());
+            s.per_sample = ((s.per_sample as f64) * f).round().max(1.0) as u64;
+        }
+        // The command's point, also in its environment (the argv above already carries it, so the
+        // fingerprint, and the cache, tell the points apart).
+        if let Some(x) = &mut c.exec {
+            x.info.environment.push(param.variable().to_string());
+            x.info.sweep_point = Some(ExecSweepPoint {
+                variable: param.variable().to_string(),
+                value: v,
+            });
+        }
+        c.out = None;
+        c.plot = None;
+        configs.push((v, c));
+    }
+    Ok(Some(SweepConfig {
+        param,
+        points: configs,
+        plan_point,
+    }))
 }
 
 /// `--exec`: the command and how its trials are judged and limited.
@@ -113,6 +332,27 @@ pub const HYBRID_ON_CUDA: &str = "--isolation hybrid is for the cpu backend: on 
      --isolation hybrid";
 
 pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
+    // With --sweep, an input's S is the point: the probe's own settings are checked at the first.
+    let first = a
+        .sweep
+        .as_deref()
+        .and_then(|s| s.split_once('='))
+        .and_then(|(_, v)| v.split(',').next())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let mut c = match first.filter(|_| inputs_have_s(a)) {
+        Some(v) => {
+            let mut b = a.clone();
+            b.inputs = a.inputs.iter().map(|i| substitute_s(i, v)).collect();
+            validate_one(&b)?
+        }
+        None => validate_one(a)?,
+    };
+    c.sweep = sweep(a, &c)?;
+    Ok(c)
+}
+
+/// [`validate`] of one probe (a `--sweep` is taken apart by [`sweep`]).
+fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     let err = |m: String| Err(ConfigError(m));
     let backend = match (a.backend, &a.sim) {
         (BackendArg::Sim, Some(s)) => {
@@ -317,6 +557,12 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             a.throughput_tolerance
         ));
     }
+    if !a.tolerance.is_finite() || !(0.0..=0.1).contains(&a.tolerance) {
+        return err(format!(
+            "--tolerance {} is outside [0, 0.1]; it is a fraction, e.g. 0.005 for 0.5% (0: exact)",
+            a.tolerance
+        ));
+    }
     if a.format == Some(crate::cli::FormatArg::Deepspeed) && a.allow_uneven {
         return err(
             "--format deepspeed cannot express micro-batches of unequal size; drop --allow-uneven \
@@ -389,6 +635,8 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             max_trials: a.max_trials,
             time_limit,
             allow_retries: a.allow_retries,
+            tolerance: a.tolerance,
+            prior: None,
         },
         trial_timeout,
         isolation: match a.isolation {
@@ -407,6 +655,7 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         logs: a.logs.clone(),
         warnings: std::mem::take(&mut warnings),
         notes,
+        sweep: None,
         plot_scale: a.plot_scale.into(),
     })
 }
@@ -523,6 +772,36 @@ fn check_out_is_no_input(
     Ok(())
 }
 
+/// An input spec with its `S` dimension(s) replaced by `v`.
+fn substitute_s(input: &str, v: u64) -> String {
+    let Some((head, rest)) = input.split_once('[') else {
+        return input.to_string();
+    };
+    let Some((dims, tail)) = rest.split_once(']') else {
+        return input.to_string();
+    };
+    let dims: Vec<String> = dims
+        .split(',')
+        .map(|d| {
+            if d.trim() == "S" {
+                v.to_string()
+            } else {
+                d.to_string()
+            }
+        })
+        .collect();
+    format!("{head}[{}]{tail}", dims.join(","))
+}
+
+/// Whether a TorchScript `--input` has an `S` dimension (the `--sweep` point).
+fn inputs_have_s(a: &ProbeArgs) -> bool {
+    a.inputs.iter().any(|i| {
+        i.split(['[', ']'])
+            .nth(1)
+            .is_some_and(|dims| dims.split(',').any(|d| d.trim() == "S"))
+    })
+}
+
 /// `--exec -- CMD ARG…`: the command checked (it can be started), its fingerprint files hashed, its
 /// patterns compiled, the built-in model's flags refused (the command trains its own model).
 fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError> {
@@ -614,6 +893,21 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
+    for param in [SweepParam::SeqLen, SweepParam::ImageSize] {
+        let ph = param.placeholder();
+        let swept = a
+            .sweep
+            .as_deref()
+            .and_then(|s| s.split_once('='))
+            .map(|x| x.0.trim());
+        if swept != Some(param.as_str()) && a.command.iter().any(|w| w.contains(ph)) {
+            return err(format!(
+                "the command has {ph} in its arguments but there is no --sweep {}=V1,V2,…: \
+                 {ph} is the sweep's point (give that --sweep, or write the value itself)",
+                param.as_str()
+            ));
+        }
+    }
     let mut warnings = vec![];
     if !a
         .command
@@ -640,6 +934,7 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
         oom_patterns: a.oom_pattern.clone(),
         threads,
         auto_fingerprint_files: crate::plan::schema::auto_fingerprint(&a.command),
+        sweep_point: None,
     };
     Ok((
         Some(ExecConfig {
@@ -855,5 +1150,28 @@ mod tests {
         assert_eq!(limit(1000, 0, 0.05), 950);
         assert_eq!(limit(1000, 200, 0.5), 400);
         assert_eq!(limit(1000, 0, 0.0), 1000);
+    }
+
+    /// A TorchScript input's `S` dimension takes the sweep's point; other dimensions, the dtype and
+    /// the range stay.
+    #[test]
+    fn the_s_dimension_takes_the_point() {
+        assert_eq!(substitute_s("i64[B,S]<50257", 512), "i64[B,512]<50257");
+        assert_eq!(substitute_s("f32[B, S ,S]", 8), "f32[B,8,8]");
+        assert_eq!(substitute_s("f32[B,3,224,224]", 8), "f32[B,3,224,224]");
+        let args = |inputs: &[&str]| {
+            use clap::Parser;
+            let mut v = vec!["batchfit", "probe", "--model", "m.pt"];
+            for i in inputs {
+                v.extend(["--input", i]);
+            }
+            match crate::cli::Cli::try_parse_from(v).unwrap().command {
+                crate::cli::Command::Probe(a) => a,
+                _ => unreachable!(),
+            }
+        };
+        assert!(inputs_have_s(&args(&["i64[B,S]<100"])));
+        assert!(inputs_have_s(&args(&["f32[B,4]", "i64[B,S]<100"])));
+        assert!(!inputs_have_s(&args(&["f32[B,SS]", "f32[B,3]"])));
     }
 }

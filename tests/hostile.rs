@@ -875,7 +875,7 @@ fn words_are_plain_and_plurals_right() {
     let a = sim_probe(SIM16, &["--format", "text"]).assert().success();
     let text = String::from_utf8_lossy(&a.get_output().stdout).into_owned();
     assert!(
-        text.contains("largest fitting micro-batch: 290 (291 ran out of memory); peak (simulated)"),
+        text.contains("largest fitting micro-batch: 290 (fits at 290, 291 runs out of memory); peak (simulated)"),
         "{text}"
     );
     assert!(!text.contains(" ;"), "{text}");

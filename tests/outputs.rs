@@ -312,6 +312,8 @@ fn bisect_plan(d: &tempfile::TempDir, tolerance: &str) -> serde_json::Value {
     probe(&[
         "--strategy",
         "bisect",
+        "--tolerance",
+        "0",
         "--throughput-tolerance",
         tolerance,
         "--quiet",

@@ -20,6 +20,8 @@ fn sim_probe_writes_complete_plan_with_exact_answer() {
             SIM,
             "--global-batch",
             "8192",
+            "--tolerance",
+            "0",
             "--quiet",
             "--out",
         ])
@@ -134,6 +136,67 @@ fn max_trials_gives_partial_plan_and_exit_5() {
 }
 
 #[test]
+fn default_tolerance_records_the_bracket_and_the_capacity_model() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    batchfit()
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            SIM,
+            "--global-batch",
+            "8192",
+        ])
+        .args(["--quiet", "--out"])
+        .arg(&out)
+        .assert()
+        .success();
+    let plan = read_json(&out);
+    assert_eq!(plan["status"], "complete");
+    assert_eq!(plan["stop_reason"], "proven-within-tolerance");
+    assert_eq!(plan["search"]["tolerance"], 0.005);
+    let r = &plan["recommendation"];
+    let (b, f) = (
+        r["max_fitting_batch"].as_u64().unwrap(),
+        r["first_failing_batch"].as_u64().unwrap(),
+    );
+    // the truth is 4846: never above it, and the failure within max(1, ⌊0.005 b⌋)
+    assert!(
+        b <= 4846 && f > 4846 && f - b <= (b as f64 * 0.005) as u64,
+        "{b} {f}"
+    );
+    let trials = plan["trials"].as_array().unwrap();
+    assert!(trials
+        .iter()
+        .any(|t| t["batch"] == b && t["outcome"] == "fits" && t["steps"] == 5));
+    assert!(trials
+        .iter()
+        .any(|t| t["batch"] == f && t["outcome"] == "oom"));
+    // the capacity model: 1 GiB + 3 MiB per sample, exactly (the sim curve is a line)
+    let m = &plan["capacity_model"];
+    assert_eq!(
+        m["fixed_bytes"].as_f64().unwrap().round(),
+        (1u64 << 30) as f64
+    );
+    assert_eq!(
+        m["per_sample_bytes"].as_f64().unwrap().round(),
+        (3u64 << 20) as f64
+    );
+    assert!(m["points"].as_array().unwrap().len() >= 2);
+    // the text names the bracket
+    batchfit()
+        .args(["show", "--format", "text"])
+        .arg(&out)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(format!(
+            "fits at {b}, {f} runs out of memory; proven within the 0.5% tolerance"
+        )));
+}
+
+#[test]
 fn trial_errors_exit_4() {
     // 4847 (the size right above the max) always errors: no proof is possible.
     batchfit()
@@ -143,6 +206,8 @@ fn trial_errors_exit_4() {
             "sim",
             "--sim",
             &format!("{SIM},fail-at=4847"),
+            "--tolerance",
+            "0",
             "--quiet",
         ])
         .assert()

@@ -25,11 +25,14 @@
 //!
 //! Layout: `suite.rs` holds the curves, the cost model and the runs of every tool (the only module that
 //! uses batchfit's library); `peers.rs` the re-implementations and their replay; `report.rs` turns the
-//! results into the Markdown section; this file wires them: run, replay, render, print, write.
+//! results into the Markdown section; `tolerance.rs` measures and reports the proof's tolerance, the
+//! capacity model's predictions and the cost of a sweep; this file wires them: run, replay, render,
+//! print, write.
 
 mod peers;
 mod report;
 mod suite;
+mod tolerance;
 
 use std::path::PathBuf;
 
@@ -56,7 +59,9 @@ fn main() {
             replays.push(rep);
         }
     }
-    let md = report::render(&s, self_check, &replays);
+    let mut md = report::render(&s, self_check, &replays);
+    // Issue #15: tolerance, capacity model, sweep (its own section after the tables above).
+    md += &tolerance::render(&tolerance::run(&s.cases));
 
     print!("{md}");
     let doc = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/benchmarks.md");

@@ -4,6 +4,7 @@
 //! Its own module because it only formats: it computes nothing that the suite did not measure, so a change
 //! of wording cannot change a number, and the numbers can be checked without reading the prose.
 
+use batchfit::search::DEFAULT_TOLERANCE;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -111,7 +112,10 @@ fn intro(w: &mut String, s: &Suite) {
          {confirm_steps} steps (batchfit's confirmation length, which catches late memory) fits, up to batchfit's \
          default `--max-batch`.\n\
          * **batchfit**: `Prober` with `SearchConfig {{ strategy, ..Default::default() }}` ({STEPS} steps per trial, \
-         {confirm_steps} for the confirmation; trials counted including the confirmation).\n\
+         {confirm_steps} for the confirmation; trials counted including the confirmation; the default `--tolerance` \
+         {DEFAULT_TOLERANCE}: an answer b is proven by an out-of-memory at most max(1, ⌊{DEFAULT_TOLERANCE}·b⌋) above it, \
+         so it can be that much below the truth — *exact answers* counts the answers equal to it, and the \
+         tolerance section below the tables has the exact search too).\n\
          * **Lightning 2.6.6** `scale_batch_size`: `init_val` {LIGHTNING_INIT_VAL}, `max_trials` {LIGHTNING_MAX_TRIALS}, \
          `steps_per_trial` {STEPS}, `margin` {LIGHTNING_MARGIN} (binsearch), `max_val` {LIGHTNING_MAX_VAL_DEFAULT} (default) \
          or {LIGHTNING_MAX_VAL_RAISED} (raised); re-implemented with its flaws: a size that reaches `max_val` is \

@@ -30,7 +30,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Once;
 use thiserror::Error;
 
-/// Image size in pixels (both formats).
+mod sweep;
+
+/// Image size in pixels (both formats); a `--sweep` adds its panel below ([`sweep::extra_height`]).
 pub const WIDTH: u32 = 1200;
 pub const HEIGHT: u32 = 1100;
 
@@ -128,8 +130,9 @@ pub fn svg_scaled(plan: &Plan, scale: Scale) -> Result<String, String> {
     let view = View::of(plan, scale);
     let mut out = String::new();
     {
-        let root = SVGBackend::with_string(&mut out, (WIDTH, HEIGHT)).into_drawing_area();
-        draw(&root, &view).map_err(|e| e.to_string())?;
+        let height = HEIGHT + sweep::extra_height(plan);
+        let root = SVGBackend::with_string(&mut out, (WIDTH, height)).into_drawing_area();
+        draw_all(&root, &view, plan).map_err(|e| e.to_string())?;
         root.present().map_err(|e| e.to_string())?;
     }
     Ok(out)
@@ -143,16 +146,17 @@ pub fn png(plan: &Plan) -> Result<Vec<u8>, String> {
 /// [`png`] with the batch axis of `scale`.
 pub fn png_scaled(plan: &Plan, scale: Scale) -> Result<Vec<u8>, String> {
     let view = View::of(plan, scale);
-    let mut rgb = vec![0u8; (WIDTH * HEIGHT * 3) as usize];
+    let height = HEIGHT + sweep::extra_height(plan);
+    let mut rgb = vec![0u8; (WIDTH * height * 3) as usize];
     {
         let root =
-            glyph_text::GlyphText::new(BitMapBackend::with_buffer(&mut rgb, (WIDTH, HEIGHT)))?
+            glyph_text::GlyphText::new(BitMapBackend::with_buffer(&mut rgb, (WIDTH, height)))?
                 .into_drawing_area();
-        draw(&root, &view).map_err(|e| e.to_string())?;
+        draw_all(&root, &view, plan).map_err(|e| e.to_string())?;
         root.present().map_err(|e| e.to_string())?;
     }
     let mut out = Vec::new();
-    let mut enc = ::png::Encoder::new(&mut out, WIDTH, HEIGHT);
+    let mut enc = ::png::Encoder::new(&mut out, WIDTH, height);
     enc.set_color(::png::ColorType::Rgb);
     enc.set_depth(::png::BitDepth::Eight);
     // mostly flat colour: the best compression and per-row filters make it several times smaller
@@ -724,6 +728,22 @@ mod glyph_text {
 
 type DrawResult = Result<(), Box<dyn std::error::Error>>;
 
+/// The plan's panels, and below them the sweep's when it has one.
+fn draw_all<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, v: &View, plan: &Plan) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    match &plan.sweep {
+        None => draw(root, v),
+        Some(sw) => {
+            let (top, bottom) = root.split_vertically(HEIGHT);
+            draw(&top, v)?;
+            bottom.fill(&WHITE)?;
+            sweep::draw(&bottom, sw)
+        }
+    }
+}
+
 fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, v: &View) -> DrawResult
 where
     DB::ErrorType: 'static,
@@ -1119,10 +1139,10 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
-    /// A real sim probe's plan (base 100 MiB, 1 MiB per sample, 2 GiB; global batch 4096): fits at
-    /// 1, 19 and 1845 (twice: exploration and confirmation) and 1024 (the split, 4 × 1024), out of
-    /// memory at 1846 (no peak measured). Two trials are added by hand: out of memory at 3000 with a
-    /// measured peak, and an error at 2500.
+    /// A real sim probe's plan (base 100 MiB, 1 MiB per sample, 2 GiB; global batch 4096; exact):
+    /// fits at 1, 19 and 1845 (with the confirmation's steps at once) and 1024 (the split, 4 × 1024),
+    /// out of memory at 1846 (no peak measured). Three trials are added by hand: a 3-step fit at
+    /// 1845, out of memory at 3000 with a measured peak, and an error at 2500.
     fn plan() -> Plan {
         use clap::Parser;
         let cli = crate::cli::Cli::try_parse_from([
@@ -1134,6 +1154,8 @@ mod tests {
             "base=100MiB,per-sample=1MiB,capacity=2GiB",
             "--global-batch",
             "4096",
+            "--tolerance",
+            "0",
         ])
         .unwrap();
         let crate::cli::Command::Probe(args) = cli.command else {
@@ -1155,11 +1177,12 @@ mod tests {
                 (19, "fits"),
                 (1845, "fits"),
                 (1846, "oom"),
-                (1845, "fits"),
                 (1024, "fits")
             ]
         );
         let extra: Vec<TrialRecord> = serde_json::from_value(serde_json::json!([
+            {"batch": 1845, "steps": 3, "purpose": "explore", "isolation": "none",
+             "outcome": "fits", "peak_bytes": 1945 * MIB, "step_seconds": 0.002845, "seconds": 0.01},
             {"batch": 3000, "steps": 3, "purpose": "explore", "isolation": "none",
              "outcome": "oom", "message": "oom", "peak_bytes": 2100 * MIB, "seconds": 0.01},
             {"batch": 2500, "steps": 3, "purpose": "explore", "isolation": "none",

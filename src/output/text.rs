@@ -42,9 +42,7 @@ pub fn summary(plan: &Plan) -> String {
             s += &format!(
                 "largest fitting micro-batch: {}{}; peak {} {} of the {} limit ({:.0}%); {:.0} samples/s\n",
                 r.max_fitting_batch,
-                r.first_failing_batch
-                    .map(|f| format!(" ({f} ran out of memory)"))
-                    .unwrap_or_default(),
+                r.first_failing_batch.map(|f| bracket(plan, r.max_fitting_batch, f)).unwrap_or_default(),
                 measure(plan),
                 format_size(r.peak_bytes),
                 format_size(plan.limit_bytes),
@@ -72,5 +70,48 @@ pub fn summary(plan: &Plan) -> String {
     for w in &plan.warnings {
         s += &format!("warning: {w}\n");
     }
+    if let Some(sw) = &plan.sweep {
+        s += &sweep_table(sw);
+    }
+    s
+}
+
+/// ` (fits at b, b' runs out of memory)`, with the tolerance when b' is not the next size.
+fn bracket(plan: &Plan, b: u64, f: u64) -> String {
+    let tol = match (plan.stop_reason, plan.search.tolerance) {
+        (crate::plan::StopReason::ProvenWithinTolerance, Some(t)) => {
+            format!("; proven within the {}% tolerance", t * 100.0)
+        }
+        _ => String::new(),
+    };
+    format!(" (fits at {b}, {f} runs out of memory{tol})")
+}
+
+/// The `--sweep` table: one line per point.
+pub fn sweep_table(sw: &crate::plan::Sweep) -> String {
+    let mut s = format!(
+        "sweep of {}: {:>8} {:>19} {:>22} {:>12} {:>7}\n",
+        sw.parameter, "point", "largest micro-batch", "tokens per micro-batch", "peak", "trials"
+    );
+    let pad = " ".repeat(format!("sweep of {}: ", sw.parameter).chars().count());
+    for p in &sw.points {
+        let mark = if p.value == sw.plan_point { "*" } else { " " };
+        s += &format!(
+            "{pad}{:>7}{mark} {:>19} {:>22} {:>12} {:>7}\n",
+            p.value,
+            p.max_fitting_batch
+                .map(|b| b.to_string())
+                .unwrap_or_else(|| format!("{:?}", p.status).to_lowercase()),
+            p.tokens_per_micro_batch
+                .map(|t| t.to_string())
+                .unwrap_or_else(|| "-".into()),
+            p.peak_bytes.map(format_size).unwrap_or_else(|| "-".into()),
+            p.trials
+        );
+    }
+    s += &format!(
+        "{pad}(* the point this plan's recommendation is for; {} trials in all)\n",
+        sw.points.iter().map(|p| p.trials).sum::<usize>()
+    );
     s
 }

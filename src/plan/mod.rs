@@ -6,6 +6,7 @@
 //! Also here, because they are functions of plans alone: [`merge`] (one plan from several machines'
 //! plans) and [`throughput`] (samples/s advice from the recorded trials).
 
+pub mod capacity;
 pub mod check;
 pub mod input;
 pub mod merge;
@@ -160,7 +161,11 @@ mod tests {
         #[test]
         fn corrupted_plans_never_panic(cut in 0.0f64..1.0, pos in 0.0f64..1.0, byte in 0u8..128) {
             let text = sample_plan().to_json();
-            let n = (text.len() as f64 * cut) as usize;
+            // cut at a character boundary (a plan holds non-ASCII text: ⌊tolerance × size⌋)
+            let mut n = (text.len() as f64 * cut) as usize;
+            while !text.is_char_boundary(n) {
+                n -= 1;
+            }
             prop_assert!(Plan::parse(&text[..n], Path::new("p")).is_err());
             let mut bytes = text.clone().into_bytes();
             let i = ((bytes.len() - 1) as f64 * pos) as usize;

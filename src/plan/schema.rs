@@ -5,11 +5,13 @@
 //! * [`crate::search`]: [`TrialRecord`], [`StopReason`], [`StrategyKind`], [`Purpose`];
 //! * [`crate::protocol`]: [`TrialOutcome`] and its measurements, [`Isolation`], [`GpuProcess`];
 //! * [`crate::device`]: [`DeviceInfo`], [`DeviceKind`], [`IsolationMode`], [`SimSpec`];
-//! * [`super::model`]: [`ModelSpec`] (the model's `config`) with its architecture, input and loss specs.
+//! * [`super::model`]: [`ModelSpec`] (the model's `config`) with its architecture, input and loss specs;
+//! * [`super::capacity`]: [`CapacityModel`] (the measured memory line, `capacity_model`).
 //!
 //! `tests/data/plan-v1.json` is parsed and re-serialised unchanged by a test: renaming any of these
 //! types' fields changes the contract and fails it.
 
+pub use super::capacity::{AccumulationOffset, CapacityModel, CapacityPoint};
 pub use super::model::ModelSpec;
 pub use crate::device::{sim::SimSpec, DeviceInfo, DeviceKind, IsolationMode, LimitMechanism};
 pub use crate::protocol::{
@@ -206,6 +208,18 @@ pub struct ExecInfo {
     /// every argument that is a regular file ending in `.py`, `.sh`, `.yaml`, `.yml` or `.json`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub auto_fingerprint_files: Vec<FileHash>,
+    /// A point of `--sweep` (`{seq}` or `{image-size}`, already substituted in `argv`): the
+    /// environment variable every trial also gets it in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep_point: Option<ExecSweepPoint>,
+}
+
+/// The point of a `--sweep` an exec plan was probed at.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecSweepPoint {
+    /// `BATCHFIT_SEQ` or `BATCHFIT_IMAGE_SIZE`.
+    pub variable: String,
+    pub value: u64,
 }
 
 /// The file extensions of a command's arguments whose content is hashed into the cache key.
@@ -449,6 +463,60 @@ pub struct Plan {
     /// budget's limit as headroom. Absent: none (`rlimit-data`, cuda, sim; plans made before it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guard_band: Option<f64>,
+    /// The memory curve the trials measured, as a line (`batchfit predict`); absent in plans written
+    /// before it existed and when no trial fit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_model: Option<CapacityModel>,
+    /// `--sweep`: the largest micro-batch proven at each point (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<Sweep>,
+}
+
+/// `--sweep PARAM=V1,V2,…`: one probe per point, each proven on its own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sweep {
+    /// `seq-len` (tokens per sample) or `image-size` (pixels per side).
+    pub parameter: String,
+    /// The point this plan's model, trials and recommendation are of.
+    pub plan_point: u64,
+    pub points: Vec<SweepPoint>,
+}
+
+/// One point of a sweep.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SweepPoint {
+    /// The parameter's value.
+    pub value: u64,
+    pub status: Status,
+    pub stop_reason: StopReason,
+    /// The largest micro-batch proven to fit at this point (absent unless `status` is complete).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_fitting_batch: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_failing_batch: Option<u64>,
+    /// Tokens of one sample: the sequence length; for `image-size`, the ViT's patches or a CNN's
+    /// pixels (height × width).
+    pub tokens_per_sample: u64,
+    /// `max_fitting_batch × tokens_per_sample`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_micro_batch: Option<u64>,
+    /// Measured peak of `max_fitting_batch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_bytes: Option<u64>,
+    /// How many trials this point took.
+    pub trials: usize,
+    /// Seconds inside this point's trials.
+    pub seconds: f64,
+    pub model_fingerprint: String,
+    /// What the points before it predicted for this one (the size its search started near); never
+    /// evidence: only this point's own trials prove its answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_batch: Option<u64>,
+    /// This point's memory line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_model: Option<CapacityModel>,
+    /// Every trial of this point (the plan's own `trials` are those of `plan_point`).
+    pub trial_records: Vec<TrialRecord>,
 }
 
 /// The cuda backend's view of the card(s).
@@ -539,6 +607,11 @@ pub struct SearchSettings {
     /// `--allow-retries`: trials that needed allocator retries counted as fits.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_retries: bool,
+    /// `--tolerance`: the proof's relative tolerance (absent in plans written before it existed:
+    /// exact). With it, `recommendation.max_fitting_batch` fits and `first_failing_batch` is at most
+    /// `max(multiple_of, ⌊tolerance × max_fitting_batch⌋)` above it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<f64>,
 }
 
 impl SearchSettings {
@@ -559,6 +632,7 @@ impl SearchSettings {
             trial_timeout_seconds,
             isolation,
             allow_retries: c.allow_retries,
+            tolerance: Some(c.tolerance),
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod report;
 pub mod setup;
 pub mod single;
 pub mod split;
+pub mod sweep;
 pub mod verify;
 
 pub use report::{progress_line, Ending, ProbeError, ProbeReport, Progress};
@@ -58,6 +59,9 @@ pub fn run_cached(
     progress: &mut dyn Progress,
     cache: Option<&CacheOptions>,
 ) -> Result<ProbeReport, ProbeError> {
+    if let Some(sw) = &cfg.sweep {
+        return sweep::run(cfg, sw, exe, progress, cache);
+    }
     let mut notices = vec![];
     let devices = setup::resolve(cfg, &mut notices)?;
     // The device choice and the config's warnings are news before the search, not after it.
@@ -116,7 +120,7 @@ fn from_cache(
     let (Some(c), Some(key)) = (cache.filter(|c| c.read), key) else {
         return Ok(None);
     };
-    let plan = match cache::lookup(&c.dir, key, skeleton) {
+    let mut plan = match cache::lookup(&c.dir, key, skeleton) {
         cache::Lookup::Hit(p) => *p,
         cache::Lookup::Miss => return Ok(None),
         cache::Lookup::Rejected(why) => {
@@ -126,6 +130,10 @@ fn from_cache(
             return Ok(None);
         }
     };
+    // A plan cached by an earlier build has no capacity model: every plan gets one.
+    if plan.capacity_model.is_none() {
+        plan.capacity_model = plan::CapacityModel::fit(&plan.trials, plan.limit_bytes);
+    }
     let notice = format!(
         "batchfit: plan from cache ({}, probed {}; --refresh re-probes, --no-cache ignores the cache)",
         c.dir.join(format!("{key}.json")).display(),

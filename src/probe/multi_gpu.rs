@@ -219,6 +219,7 @@ pub fn run(
     // 3. The plan: the smallest GPU's measurements, every GPU's result, the confirmed split.
     let mut plan = gpus[base].skeleton.clone();
     plan.trials = gpus[base].trials.clone();
+    plan.capacity_model = crate::plan::CapacityModel::fit(&plan.trials, plan.limit_bytes);
     plan.warnings.extend(outcome.warnings);
     plan.warnings.extend(failures);
     plan.stop_reason = base_outcome.stop_reason;

@@ -446,6 +446,8 @@ pub fn skeleton(
         reserve_note,
         limit_mechanism: Some(backend.limit_mechanism()),
         guard_band,
+        capacity_model: None,
+        sweep: None,
     };
     Ok((plan, limit))
 }

@@ -6,7 +6,7 @@ use super::report::{self, Ending, ProbeError, Progress};
 use super::split::{self, SplitOutcome};
 use crate::config::ProbeConfig;
 use crate::device::Backend;
-use crate::plan::{Plan, Recommendation, Status};
+use crate::plan::{CapacityModel, Plan, Recommendation, Status};
 use crate::search::{Prober, Purpose, SearchOutcome, Stop, StopReason, TrialRecord};
 
 /// A search on one device, with the prober kept for the split's confirmations.
@@ -185,6 +185,7 @@ pub fn assemble(
         plan.warnings
             .retain(|w| w != crate::config::NO_BATCH_WARNING);
     }
+    plan.capacity_model = CapacityModel::fit(&plan.trials, plan.limit_bytes);
     if let (Some(g), Some(r)) = (plan.gpu.as_mut(), plan.recommendation.as_ref()) {
         g.footprint_method = plan
             .trials

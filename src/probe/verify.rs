@@ -84,6 +84,8 @@ pub fn verify(
         max_trials: None,
         time_limit: None,
         allow_retries: plan.search.allow_retries,
+        tolerance: plan.search.tolerance.unwrap_or(0.0),
+        prior: None,
     };
     progress.line(&format!(
         "batchfit: verifying micro-batches {} of {} on {} ({}): limit {}",

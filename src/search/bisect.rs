@@ -1,7 +1,7 @@
 //! Doubling, then bisection: the classic strategy (Lightning's `binsearch` without its flaws: every
 //! answer is a tested size, the bracket is proven, and the grid honours `multiple_of`).
 
-use super::{upper_bound, SearchState, Strategy};
+use super::{upper_bound, Proposal, SearchState, Strategy};
 
 #[derive(Default)]
 pub struct DoublingBisection {
@@ -16,7 +16,13 @@ impl DoublingBisection {
 }
 
 impl Strategy for DoublingBisection {
-    fn propose(&mut self, st: &SearchState) -> u64 {
+    fn propose(&mut self, st: &SearchState) -> Proposal {
+        Proposal::explore(self.index(st))
+    }
+}
+
+impl DoublingBisection {
+    fn index(&self, st: &SearchState) -> u64 {
         let g = st.grid;
         let upper = upper_bound(st.hi, st.ceiling);
         match (st.lo, upper) {

@@ -1,13 +1,33 @@
 //! The search for the largest micro-batch that fits, and the proof that it does.
 //!
 //! The engine ([`Prober`]) owns the **proof invariant**: a size is reported only when a trial at it fit
-//! (re-run with `confirm_steps` when those are more than the exploration steps, because some memory only
+//! (run with `confirm_steps` when those are more than the exploration steps, because some memory only
 //! appears after several steps) and a trial at the next size up (the next multiple of `multiple_of`)
 //! failed with `oom`, or a stated cap (`max_batch`) was reached. An `error` or `timeout` is never
 //! proof of anything. Strategies ([`Strategy`]) only propose which size to try next; whatever they
 //! propose, the engine keeps the bracket `[largest fit, smallest oom]` and decides when the proof is
 //! complete. If a cap on trials or time, or an interruption, stops the search first, the result is
 //! marked partial.
+//!
+//! **With a tolerance** `F` ([`SearchConfig::tolerance`], `--tolerance`), "the next size up" widens:
+//! a size b is reported when it fit with `confirm_steps` (and, later, at the accumulation it will run
+//! with: [`Prober::confirm_split`]) and a size b' with `b < b' ≤ b + max(multiple_of, ⌊F·b⌋)` ran out
+//! of memory ([`within_tolerance`]); the stop reason is then [`StopReason::ProvenWithinTolerance`]
+//! (complete) unless b' is the next size anyway ([`StopReason::Proven`]). The reported size is still one
+//! that ran and fit, so it is never above the true largest size; it may be below it by less than the
+//! gap. `F = 0` is the exact proof. The tolerance never turns an `error` or a `timeout` into
+//! evidence: only an `oom` (or allocator retries) can close a bracket.
+//!
+//! A strategy may ask for a size to run with `confirm_steps` at once ([`Proposal::confirm`]), and
+//! the engine does so by itself for a size whose fit would close the bracket: such a fit is both an
+//! exploration fit and the confirmation. Its out-of-memory is an upper bound for the answer (the
+//! answer must fit with `confirm_steps`), but it says nothing about the shorter exploration trials:
+//! [`SearchState::confirm_ooms`] tells the strategy which bounds came from confirmation-length trials,
+//! so that memory that appears only after the exploration steps (late memory) is not read as a miss
+//! of its line.
+//!
+//! A [`Prior`] (a predicted line from earlier probes, e.g. the points before this one in a
+//! `--sweep`) only helps the strategy choose sizes; it is never evidence of a fit or of a failure.
 //!
 //! This module knows nothing of clap, tch or NVML: it talks to a [`Backend`] (a device) and sees only
 //! outcomes.
@@ -47,6 +67,68 @@ pub struct SearchConfig {
     pub time_limit: Option<Duration>,
     /// Count a CUDA trial that completed only with allocator retries as a fit (`--allow-retries`).
     pub allow_retries: bool,
+    /// Relative tolerance of the proof (`--tolerance`): the search may stop with a fit at b and an
+    /// out-of-memory at b' ≤ b + max(multiple_of, ⌊F·b⌋). 0: exact (b' = the next size).
+    #[serde(default)]
+    pub tolerance: f64,
+    /// Prior knowledge of the memory curve (a sweep's earlier points), used only to propose sizes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prior: Option<Prior>,
+}
+
+/// The default `--tolerance`: 0.5 %. Measured on CPU (docs/benchmarks.md, "Tolerance"): the peak
+/// data segment of one trial repeats to the byte in fresh processes, but the largest size that fits
+/// moves with the process that runs it (the probe's trial child against `batchfit-train`: 0.33 %, two
+/// builds of the probe: 0.02 %, Lightning's fit on re-run: 0.04 %), so the last few samples of an exact
+/// proof are below what a training job can rely on. With 0.5 %, every size below 400 is still proven
+/// exactly (⌊0.005·b⌋ ≤ 1) and the answer is at least 99.5 % of the exact one.
+pub const DEFAULT_TOLERANCE: f64 = 0.005;
+
+/// The largest gap `b' − b` between a fit at b and an out-of-memory at b' that proves b within the
+/// tolerance: `max(step, ⌊tolerance·b⌋)` (`step` = `multiple_of`, so 0 means exact).
+pub fn tolerance_gap(b: u64, tolerance: f64, step: u64) -> u64 {
+    let t = if tolerance.is_finite() && tolerance > 0.0 {
+        (tolerance * b as f64).floor() as u64
+    } else {
+        0
+    };
+    t.max(step.max(1))
+}
+
+/// Whether a fit at `fit` and an out-of-memory at `oom` prove `fit` within the tolerance.
+pub fn within_tolerance(fit: u64, oom: u64, tolerance: f64, step: u64) -> bool {
+    oom > fit && oom - fit <= tolerance_gap(fit, tolerance, step)
+}
+
+/// What earlier probes predict about this one's memory curve: `peak(b) ≈ fixed_bytes +
+/// per_sample_bytes · b`, each with a relative uncertainty. Used by strategies to propose sizes;
+/// never evidence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Prior {
+    pub fixed_bytes: f64,
+    pub per_sample_bytes: f64,
+    /// Relative uncertainty of `fixed_bytes` (e.g. 0.05).
+    pub fixed_error: f64,
+    /// Relative uncertainty of `per_sample_bytes` (e.g. 0.3 when extrapolated from one point).
+    pub per_sample_error: f64,
+}
+
+impl Prior {
+    /// The predicted largest size under `limit` and its relative uncertainty, if the prior says
+    /// anything (a positive slope and a fixed part below the limit).
+    pub fn predict(&self, limit: u64) -> Option<(f64, f64)> {
+        let free = limit as f64 - self.fixed_bytes;
+        if self.per_sample_bytes.is_nan()
+            || self.per_sample_bytes <= 0.0
+            || free.is_nan()
+            || free <= 0.0
+        {
+            return None;
+        }
+        let b = free / self.per_sample_bytes;
+        let rel = self.per_sample_error + self.fixed_error * self.fixed_bytes / free;
+        Some((b, rel))
+    }
 }
 
 impl Default for SearchConfig {
@@ -61,6 +143,8 @@ impl Default for SearchConfig {
             max_trials: None,
             time_limit: None,
             allow_retries: false,
+            tolerance: DEFAULT_TOLERANCE,
+            prior: None,
         }
     }
 }
@@ -129,6 +213,8 @@ pub enum StopReason {
     /// Trials above the best fit ended in `error`/`timeout`, so no limit could be proven.
     TrialErrors,
     Interrupted,
+    /// Fit at b (confirmed) and oom at b' with b + 1 < b' ≤ b + max(1, ⌊tolerance·b⌋): complete.
+    ProvenWithinTolerance,
 }
 
 impl StopReason {
@@ -144,13 +230,20 @@ impl StopReason {
                 "trials failed with errors or timeouts, so no limit could be proven"
             }
             StopReason::Interrupted => "interrupted",
+            StopReason::ProvenWithinTolerance => {
+                "proven within the tolerance: the size fits and a size at most max(1, ⌊tolerance × \
+                 size⌋) above it runs out of memory"
+            }
         }
     }
     /// Whether the answer is a finished result (vs. partial).
     pub fn is_complete(self) -> bool {
         matches!(
             self,
-            StopReason::Proven | StopReason::MaxBatch | StopReason::PowerResolution
+            StopReason::Proven
+                | StopReason::MaxBatch
+                | StopReason::PowerResolution
+                | StopReason::ProvenWithinTolerance
         )
     }
 }
@@ -196,6 +289,59 @@ pub struct SearchState<'a> {
     pub ceiling: Option<u64>,
     pub trials: &'a [TrialRecord],
     pub limit_bytes: u64,
+    /// Steps of an exploration trial now (raised to `confirm_steps` once late memory was seen).
+    pub steps: u32,
+    /// The configured exploration steps (`steps` until late memory raised them).
+    pub base_steps: u32,
+    pub confirm_steps: u32,
+    /// [`SearchConfig::tolerance`].
+    pub tolerance: f64,
+    /// Whether `hi` is the out-of-memory of a confirmation-length trial (then it bounds the answer,
+    /// but says nothing about exploration-length trials at that size).
+    pub confirm_ooms: bool,
+    pub prior: Option<&'a Prior>,
+}
+
+impl SearchState<'_> {
+    /// [`tolerance_gap`] at `b` on this grid.
+    pub fn gap(&self, b: u64) -> u64 {
+        tolerance_gap(b, self.tolerance, self.grid.step)
+    }
+    /// Whether a fit at index `i` would close the bracket against the smallest out-of-memory.
+    pub fn fit_would_close(&self, i: u64) -> bool {
+        self.hi.is_some_and(|h| {
+            h > i
+                && within_tolerance(
+                    self.grid.batch(i),
+                    self.grid.batch(h),
+                    self.tolerance,
+                    self.grid.step,
+                )
+        })
+    }
+}
+
+/// What a strategy proposes: a grid index, and whether to run it with the confirmation steps at once
+/// (when its fit is expected to be the answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Proposal {
+    pub index: u64,
+    pub confirm: bool,
+}
+
+impl Proposal {
+    pub fn explore(index: u64) -> Self {
+        Proposal {
+            index,
+            confirm: false,
+        }
+    }
+    pub fn candidate(index: u64) -> Self {
+        Proposal {
+            index,
+            confirm: true,
+        }
+    }
 }
 
 /// The exclusive upper end of the open bracket: the smallest oom or error/timeout ceiling, if any.
@@ -207,9 +353,9 @@ pub fn upper_bound(hi: Option<u64>, ceiling: Option<u64>) -> Option<u64> {
 }
 
 /// Proposes the next grid index to try. Must return an index strictly between `lo` and
-/// `min(hi, ceiling)` (or index 0 when nothing has been tried).
+/// `min(hi, ceiling)` (or, when nothing has fit yet, below the upper bound).
 pub trait Strategy {
-    fn propose(&mut self, st: &SearchState) -> u64;
+    fn propose(&mut self, st: &SearchState) -> Proposal;
 }
 
 pub fn make_strategy(kind: StrategyKind) -> Box<dyn Strategy> {
@@ -467,17 +613,24 @@ impl<'b> Prober<'b> {
         r
     }
 
+    /// Whether a trial at `batch` already fit with the confirmation steps (at the current
+    /// accumulation or more).
+    fn confirmed(&self, batch: u64) -> bool {
+        let steps = self.cfg.confirm_steps.max(self.cfg.steps);
+        self.trials.iter().any(|t| {
+            t.batch == batch
+                && t.steps >= steps
+                && t.outcome.fits()
+                && t.accumulation >= self.accumulation
+        })
+    }
+
     /// Confirms `batch` with `confirm_steps` (at the current accumulation), unless a fitting trial
     /// already did. An error or a timeout is retried once and then reported as
     /// [`Confirmation::Failed`]: never read as an out-of-memory.
     pub fn confirm(&mut self, batch: u64, purpose: Purpose) -> Result<Confirmation, Stop> {
         let steps = self.cfg.confirm_steps.max(self.cfg.steps);
-        if self.trials.iter().any(|t| {
-            t.batch == batch
-                && t.steps >= steps
-                && t.outcome.fits()
-                && t.accumulation >= self.accumulation
-        }) {
+        if self.confirmed(batch) {
             return Ok(Confirmation::Fits);
         }
         let o = self.trial_with_retry(batch, steps, purpose)?;
@@ -506,6 +659,12 @@ impl<'b> Prober<'b> {
             .strategy
             .take()
             .unwrap_or_else(|| make_strategy(self.cfg.strategy));
+        let tolerance = self.cfg.tolerance;
+        let confirm_steps = self.cfg.confirm_steps.max(self.cfg.steps);
+        // Whether the out-of-memory at grid index `h` closes the bracket above a fit at `l`.
+        let closes = |l: u64, h: u64| {
+            h > l && within_tolerance(grid.batch(l), grid.batch(h), tolerance, grid.step)
+        };
         // Exploration steps; raised to the confirm steps once a confirmation shows that memory keeps
         // growing after the exploration steps (then only trials of that length are evidence).
         let mut steps = self.cfg.steps;
@@ -515,7 +674,7 @@ impl<'b> Prober<'b> {
             // Is the bracket closed?
             let upper = upper_bound(hi, ceiling);
             let closed = match (lo, upper) {
-                (Some(l), Some(u)) => l + 1 >= u,
+                (Some(l), Some(u)) => l + 1 >= u || hi.is_some_and(|h| closes(l, h)),
                 (Some(l), None) => l == grid.last_index,
                 (None, Some(0)) => true,
                 _ => false,
@@ -534,7 +693,7 @@ impl<'b> Prober<'b> {
                 };
                 let b = grid.batch(l);
                 // The failure above must hold in a fresh process, as the training job will run.
-                if let Some(h) = hi.filter(|&h| h == l + 1) {
+                if let Some(h) = hi.filter(|&h| closes(l, h)) {
                     let hb = grid.batch(h);
                     let fresh_oom = self.trials.iter().any(|t| {
                         t.batch == hb && t.outcome.is_bound() && t.isolation != Isolation::Worker
@@ -564,7 +723,7 @@ impl<'b> Prober<'b> {
                             Ok(_) => {
                                 // No fresh proof possible: the error is a ceiling, the worker's oom
                                 // is not evidence.
-                                ceiling = Some(h);
+                                ceiling = Some(ceiling.map_or(h, |c| c.min(h)));
                                 hi = None;
                                 continue;
                             }
@@ -588,6 +747,8 @@ impl<'b> Prober<'b> {
                         found.1 = hi.map(|h| grid.batch(h));
                         let reason = if hi == Some(l + 1) {
                             StopReason::Proven
+                        } else if hi.is_some_and(|h| closes(l, h)) {
+                            StopReason::ProvenWithinTolerance
                         } else if l == grid.last_index && hi.is_none() {
                             StopReason::MaxBatch
                         } else if power_done && hi.is_some() {
@@ -602,7 +763,7 @@ impl<'b> Prober<'b> {
                         // only fits with the confirm steps count (a walk down one size at a time,
                         // confirming each, would cost hundreds of trials).
                         hi = Some(l);
-                        steps = self.cfg.confirm_steps.max(self.cfg.steps);
+                        steps = confirm_steps;
                         lo = self
                             .trials
                             .iter()
@@ -613,6 +774,55 @@ impl<'b> Prober<'b> {
                     }
                 }
             }
+            // Whether the smallest out-of-memory came only from confirmation-length trials.
+            let confirm_ooms = hi.is_some_and(|h| {
+                let hb = grid.batch(h);
+                let mut bound = self
+                    .trials
+                    .iter()
+                    .filter(|t| t.batch == hb && t.outcome.is_bound());
+                bound.clone().next().is_some() && bound.all(|t| t.steps > steps)
+            });
+            // A confirmation-length out-of-memory just above a fit of fewer steps: memory that grows
+            // after the exploration steps, or a candidate a little too large. Confirm the fit first
+            // instead of walking down to it with confirmation-length trials.
+            if let (Some(l), Some(h), true) = (lo, hi, confirm_ooms) {
+                let b = grid.batch(l);
+                let near = grid.batch(h) - b
+                    <= (2 * tolerance_gap(b, tolerance, grid.step)).max(4 * grid.step);
+                // Two confirmation-length failures above it: the fit below is the suspect.
+                let failed_above = self
+                    .trials
+                    .iter()
+                    .filter(|t| t.batch > b && t.steps > steps && t.outcome.is_bound())
+                    .count();
+                if (near || failed_above >= 2) && steps < confirm_steps && !self.confirmed(b) {
+                    match self.confirm(b, Purpose::Confirm) {
+                        Err(s) => {
+                            found.0 = None;
+                            return s;
+                        }
+                        Ok(Confirmation::Failed(why)) => {
+                            found.0 = None;
+                            return Stop::Fatal(format!(
+                                "the confirmation trial of {b} failed ({why}); no size is proven"
+                            ));
+                        }
+                        Ok(Confirmation::Fits) => continue,
+                        Ok(Confirmation::OutOfMemory) => {
+                            hi = Some(l);
+                            steps = confirm_steps;
+                            lo = self
+                                .trials
+                                .iter()
+                                .filter(|t| t.outcome.fits() && t.batch < b && t.steps >= steps)
+                                .map(|t| grid.index_at_or_below(t.batch))
+                                .max();
+                            continue;
+                        }
+                    }
+                }
+            }
             let state = SearchState {
                 grid,
                 lo,
@@ -620,8 +830,15 @@ impl<'b> Prober<'b> {
                 ceiling,
                 trials: &self.trials,
                 limit_bytes: self.limit_bytes,
+                steps,
+                base_steps: self.cfg.steps,
+                confirm_steps,
+                tolerance,
+                confirm_ooms,
+                prior: self.cfg.prior.as_ref(),
             };
-            let i = strategy.propose(&state);
+            let proposal = strategy.propose(&state);
+            let i = proposal.index;
             // The engine owns the bracket: a proposal outside it would re-run a settled size (and a
             // strategy that keeps doing so would never end), so it stops the search instead.
             if lo.is_some_and(|l| i <= l) || upper.is_some_and(|u| i >= u) || i > grid.last_index {
@@ -636,15 +853,27 @@ impl<'b> Prober<'b> {
                 ));
             }
             let b = grid.batch(i);
+            // A size whose fit would close the bracket is the answer if it fits: run it with the
+            // confirm steps at once (its fit is then also its confirmation), as a strategy may ask
+            // for a size it predicts to be the answer.
+            // Once the largest fit is confirmed, every trial above it runs so too: a fit there is then a
+            // confirmed bound at once, and an out-of-memory closes the proof just as well.
+            let lo_confirmed = lo.is_some_and(|l| self.confirmed(grid.batch(l)));
+            let as_candidate = (proposal.confirm || lo_confirmed || state.fit_would_close(i))
+                && confirm_steps > steps;
             // A trial next to either end of the bracket may close it: run it fresh, so it is already
             // the proof (saves the worker trial plus its fresh re-run under hybrid isolation).
-            let closing = lo.is_some_and(|l| i == l + 1) || upper.is_some_and(|u| i + 1 == u);
+            let closing = as_candidate
+                || lo.is_some_and(|l| closes(l, i))
+                || state.fit_would_close(i)
+                || upper.is_some_and(|u| i + 1 == u);
             let purpose = if closing {
                 Purpose::Proof
             } else {
                 Purpose::Explore
             };
-            match self.trial_with_retry(b, steps, purpose) {
+            let trial_steps = if as_candidate { confirm_steps } else { steps };
+            match self.trial_with_retry(b, trial_steps, purpose) {
                 Err(s) => {
                     found.0 = None;
                     return s;

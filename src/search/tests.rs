@@ -44,19 +44,27 @@ fn run(spec: SimSpec, cfg: SearchConfig) -> (SearchOutcome, u64) {
     (out, n)
 }
 
+/// The exact proof (`--tolerance 0`).
+fn exact(cfg: SearchConfig) -> SearchConfig {
+    SearchConfig {
+        tolerance: 0.0,
+        ..cfg
+    }
+}
+
 /// A strategy that proposes `bad` once the bracket has both ends (a settled size), else bisects.
 struct Misbehaving {
     bad: fn(&SearchState) -> u64,
 }
 
 impl Strategy for Misbehaving {
-    fn propose(&mut self, st: &SearchState) -> u64 {
-        match (st.lo, upper_bound(st.hi, st.ceiling)) {
+    fn propose(&mut self, st: &SearchState) -> Proposal {
+        Proposal::explore(match (st.lo, upper_bound(st.hi, st.ceiling)) {
             (Some(_), Some(_)) => (self.bad)(st),
             (Some(l), None) => (2 * l + 1).min(st.grid.last_index),
             (None, Some(u)) => u / 2,
             (None, None) => 0,
-        }
+        })
     }
 }
 
@@ -97,8 +105,8 @@ fn the_trial_cap_fails_a_search_that_does_not_end() {
     // a strategy that only ever steps up by one
     struct OneUp;
     impl Strategy for OneUp {
-        fn propose(&mut self, st: &SearchState) -> u64 {
-            st.lo.map_or(0, |l| l + 1)
+        fn propose(&mut self, st: &SearchState) -> Proposal {
+            Proposal::explore(st.lo.map_or(0, |l| l + 1))
         }
     }
     let _ = Prober::new(&mut be, cfg, u64::MAX / 2)
@@ -106,16 +114,22 @@ fn the_trial_cap_fails_a_search_that_does_not_end() {
         .search();
 }
 
-/// Every reported size must have been tested with the confirm steps and fit, and the size above
-/// must have been tested and run out of memory (or the cap reached).
+/// Every reported size must have been tested with the confirm steps and fit, and a size above it
+/// (the next one, or one within the tolerance) must have been tested and run out of memory (or the
+/// cap reached).
 fn check_invariant(out: &SearchOutcome, cfg: &SearchConfig) {
     if let Some(b) = out.max_fitting {
         let rec = out.best_record(b).expect("reported size was tested");
         assert!(rec.steps >= cfg.confirm_steps, "reported size confirmed");
         match out.stop_reason {
-            StopReason::Proven => {
+            StopReason::Proven | StopReason::ProvenWithinTolerance => {
                 let f = out.first_failing.unwrap();
-                assert_eq!(f, b + cfg.multiple_of);
+                if out.stop_reason == StopReason::Proven {
+                    assert_eq!(f, b + cfg.multiple_of);
+                } else {
+                    assert!(f > b + cfg.multiple_of);
+                    assert!(within_tolerance(b, f, cfg.tolerance, cfg.multiple_of));
+                }
                 assert!(out
                     .trials
                     .iter()
@@ -137,10 +151,10 @@ fn finds_exact_max_on_generated_curves() {
                     let mut spec = SimSpec::affine(base, per, cap);
                     spec.knee = knee;
                     for strategy in [StrategyKind::Guided, StrategyKind::Bisect] {
-                        let cfg = SearchConfig {
+                        let cfg = exact(SearchConfig {
                             strategy,
                             ..SearchConfig::default()
-                        };
+                        });
                         let truth = spec.true_max(cap, cfg.confirm_steps, cfg.max_batch);
                         let (out, _) = run(spec.clone(), cfg.clone());
                         if truth == 0 {
@@ -169,7 +183,7 @@ proptest! {
         spec.knee = knee;
         spec.jumps = vec![(jump_at, jump)];
         spec.late_per_sample = late;
-        let cfg = SearchConfig { multiple_of: mult, strategy, ..SearchConfig::default() };
+        let cfg = exact(SearchConfig { multiple_of: mult, strategy, ..SearchConfig::default() });
         let (out, n) = run(spec.clone(), cfg.clone());
         prop_assert!(n <= 80, "{} trials", n);
         // Ground truth on the grid with the confirm steps (the stricter); the curve is monotonic.
@@ -184,6 +198,91 @@ proptest! {
     }
 }
 
+proptest! {
+    /// With a tolerance: the answer is never above the truth, it ran and fit with the confirmation's
+    /// steps, and the out-of-memory above it lies within the tolerance (so the answer is less than
+    /// one gap below the truth).
+    #[test]
+    fn tolerance_property(base in 0u64..(4u64<<30), per in 1u64..(64*MIB), cap in (64*MIB)..(100u64<<30),
+                          knee in 0u64..200, jump_at in 1u64..100_000, jump in 0u64..(512*MIB),
+                          late in 0u64..(64*1024), noise in prop::sample::select(vec![0.0, 0.002, 0.01]),
+                          mult in prop::sample::select(vec![1u64, 2, 8, 64]),
+                          tolerance in prop::sample::select(vec![0.001, DEFAULT_TOLERANCE, 0.01, 0.05, 0.1]),
+                          strategy in prop::sample::select(vec![StrategyKind::Bisect, StrategyKind::Guided])) {
+        let mut spec = SimSpec::affine(base, per, cap);
+        spec.knee = knee;
+        spec.jumps = vec![(jump_at, jump)];
+        spec.late_per_sample = late;
+        spec.noise = noise;
+        spec.seed = base ^ per;
+        let cfg = SearchConfig { multiple_of: mult, strategy, tolerance, ..SearchConfig::default() };
+        let (out, n) = run(spec.clone(), cfg.clone());
+        prop_assert!(n <= 80, "{} trials", n);
+        let grid = Grid::new(cfg.min_batch, cfg.max_batch, mult).unwrap();
+        let (mut a, mut b, mut truth) = (0u64, grid.last_index + 1, None);
+        while a < b {
+            let m = a + (b - a) / 2;
+            if spec.peak(grid.batch(m), cfg.confirm_steps) <= cap { truth = Some(grid.batch(m)); a = m + 1 } else { b = m }
+        }
+        match (truth, out.max_fitting) {
+            (None, found) => prop_assert_eq!(found, None),
+            (Some(t), Some(found)) => {
+                prop_assert!(found <= t, "answer {} above the truth {}", found, t);
+                let gap = tolerance_gap(found, tolerance, mult);
+                prop_assert!(found + gap > t, "answer {} more than a gap ({}) below the truth {}", found, gap, t);
+                if let Some(f) = out.first_failing {
+                    prop_assert!(within_tolerance(found, f, tolerance, mult), "bracket {}..{} wider than {}", found, f, gap);
+                }
+                check_invariant(&out, &cfg);
+            }
+            (Some(t), None) => prop_assert!(false, "no answer, truth {}", t),
+        }
+    }
+}
+
+#[test]
+fn tolerance_gap_is_at_least_one_step() {
+    assert_eq!(tolerance_gap(1, 0.005, 1), 1);
+    assert_eq!(tolerance_gap(399, 0.005, 1), 1);
+    assert_eq!(tolerance_gap(400, 0.005, 1), 2);
+    assert_eq!(tolerance_gap(17529, 0.005, 1), 87);
+    assert_eq!(tolerance_gap(17529, 0.0, 1), 1);
+    assert_eq!(tolerance_gap(1000, 0.005, 8), 8);
+    assert_eq!(tolerance_gap(100_000, 0.005, 8), 500);
+    assert!(within_tolerance(100, 101, 0.0, 1));
+    assert!(!within_tolerance(100, 102, 0.0, 1));
+    assert!(!within_tolerance(100, 100, 0.5, 1));
+    assert!(within_tolerance(10_000, 10_050, 0.005, 1));
+    assert!(!within_tolerance(10_000, 10_051, 0.005, 1));
+}
+
+#[test]
+fn tolerance_stops_early_and_says_so() {
+    // Affine, truth 10 000: exact needs the out-of-memory at 10 001, 0.5 % accepts one up to 10 050.
+    let spec = SimSpec::affine(500 * MIB, 2_395_582, 24 << 30);
+    let limit = (24u64 << 30) / 20 * 19;
+    let truth = spec.true_max(limit, 5, 1_000_000);
+    for (tolerance, reason) in [
+        (0.0, StopReason::Proven),
+        (DEFAULT_TOLERANCE, StopReason::ProvenWithinTolerance),
+    ] {
+        let cfg = SearchConfig {
+            tolerance,
+            ..SearchConfig::default()
+        };
+        let mut be = SimBackend::new(spec.clone());
+        let out = Prober::new(&mut be, cfg.clone(), limit).search();
+        assert_eq!(out.stop_reason, reason);
+        assert!(out.stop_reason.is_complete());
+        assert_eq!(out.max_fitting, Some(truth));
+        let f = out.first_failing.unwrap();
+        assert!(within_tolerance(truth, f, tolerance, 1));
+        // The answer ran with the confirmation's steps at once: no separate confirmation trial.
+        assert!(out.trials.iter().all(|t| t.purpose != Purpose::Confirm));
+        assert!(out.trials.len() <= 4, "{:?}", out.trials);
+    }
+}
+
 #[test]
 fn confirmation_catches_late_memory() {
     // Fits at 3 steps up to 1000, but extra memory after step 3 lowers the real max.
@@ -194,10 +293,16 @@ fn confirmation_catches_late_memory() {
     assert_eq!(out.max_fitting, Some(909)); // 909 × 1.1 MiB ≤ 1000 MiB < 910 × 1.1 MiB
     check_invariant(&out, &cfg);
     assert!(out.trials.len() < 40, "{} trials", out.trials.len());
+    // Only a trial with the confirmation's steps can have seen it.
     assert!(out
         .trials
         .iter()
-        .any(|t| t.purpose == Purpose::Confirm && t.outcome.is_oom()));
+        .any(|t| t.steps >= cfg.confirm_steps && t.outcome.is_oom() && t.batch <= 1000));
+    // Exact as well.
+    let cfg = exact(SearchConfig::default());
+    let (out, _) = run(spec, cfg.clone());
+    assert_eq!(out.max_fitting, Some(909));
+    check_invariant(&out, &cfg);
 }
 
 #[test]
@@ -235,11 +340,11 @@ fn multiple_of_and_caps() {
 fn max_trials_gives_partial() {
     let spec = SimSpec::affine(0, MIB, 1000 * MIB);
     let cfg = SearchConfig {
-        max_trials: Some(4),
+        max_trials: Some(3),
         ..Default::default()
     };
     let (out, n) = run(spec, cfg);
-    assert_eq!(n, 4);
+    assert_eq!(n, 3);
     assert_eq!(out.stop_reason, StopReason::MaxTrials);
     assert!(!out.stop_reason.is_complete());
     assert_eq!(out.max_fitting, None);
@@ -250,13 +355,29 @@ fn errors_are_never_proof() {
     // The size right above the true max errors: no proof possible, the search says so.
     let mut spec = SimSpec::affine(0, MIB, 1000 * MIB);
     spec.fail_at = Some(1001);
-    let bisect = SearchConfig {
+    let bisect = exact(SearchConfig {
         strategy: StrategyKind::Bisect,
         ..SearchConfig::default()
-    };
+    });
     let (out, _) = run(spec.clone(), bisect.clone());
     assert_ne!(out.stop_reason, StopReason::Proven);
+    assert!(!out.stop_reason.is_complete());
     assert_eq!(out.max_fitting, Some(1000));
+    // With a tolerance, the error at 1001 is still no proof: only an out-of-memory within the
+    // tolerance (1002..=1005) closes the bracket, and the plan names that size.
+    for strategy in [StrategyKind::Bisect, StrategyKind::Guided] {
+        let cfg = SearchConfig {
+            strategy,
+            ..SearchConfig::default()
+        };
+        let (out, _) = run(spec.clone(), cfg.clone());
+        assert_eq!(out.max_fitting, Some(1000), "{strategy:?}");
+        if out.stop_reason.is_complete() {
+            let f = out.first_failing.unwrap();
+            assert!(f > 1001 && f <= 1005, "{f}");
+            check_invariant(&out, &cfg);
+        }
+    }
     // An error below the true max is a ceiling the search does not cross: the best size below it is
     // reported, marked as unproven.
     spec.fail_at = Some(512);
@@ -352,10 +473,10 @@ fn hybrid_proof_runs_fresh_and_survives_false_worker_ooms() {
                 device,
                 trials: 0,
             };
-            let cfg = SearchConfig {
+            let cfg = exact(SearchConfig {
                 strategy,
                 ..Default::default()
-            };
+            });
             let out = Prober::new(&mut be, cfg, 1000 * MIB).search();
             assert_eq!(
                 out.max_fitting,
@@ -382,6 +503,73 @@ fn hybrid_proof_runs_fresh_and_survives_false_worker_ooms() {
                 "overhead {overhead} {strategy:?}: {} trials",
                 out.trials.len()
             );
+            // With the default tolerance: never above the truth, and the out-of-memory that
+            // closes the bracket was seen in a fresh process.
+            let mut be = HybridSim {
+                spec: be.spec.clone(),
+                overhead,
+                limit: 0,
+                device: be.device.clone(),
+                trials: 0,
+            };
+            let cfg = SearchConfig {
+                strategy,
+                ..Default::default()
+            };
+            let out = Prober::new(&mut be, cfg.clone(), 1000 * MIB).search();
+            let b = out.max_fitting.unwrap();
+            assert!(b <= truth && b + tolerance_gap(b, cfg.tolerance, 1) > truth);
+            assert!(out.stop_reason.is_complete());
+            let f = out.first_failing.unwrap();
+            assert!(fresh_oom(&out, f), "{:?}", out.trials);
+            check_invariant(&out, &cfg);
         }
     }
+}
+
+fn fresh_oom(out: &SearchOutcome, b: u64) -> bool {
+    out.trials
+        .iter()
+        .any(|t| t.batch == b && t.isolation == Isolation::Process && t.outcome.is_oom())
+}
+
+/// A near miss of an exact line (seen on CPU: the quickstart's line through 4096 and 6538 put 8280
+/// 30 KB under the limit, 8280 ran out of memory at 5 steps, 8277 fit): the next trial is the lowest
+/// size whose fit closes the bracket within the tolerance, not a climb back up from far below.
+#[test]
+fn a_near_miss_of_the_line_is_closed_by_one_fit() {
+    // flat to 2048, then 4681046 bytes per sample; 5-step trials hold 0.1 % more per sample
+    let spec =
+        SimSpec::parse("base=1GiB,per-sample=4681046,capacity=24GiB,knee=2048,late=4681").unwrap();
+    let limit = crate::config::limit(spec.capacity, 0, 0.05);
+    let truth = spec.true_max(limit, 5, 1_000_000);
+    let mut be = Capped(SimBackend::new(spec));
+    let out = Prober::new(&mut be, SearchConfig::default(), limit).search();
+    let seq: Vec<String> = out
+        .trials
+        .iter()
+        .map(|t| {
+            format!(
+                "{}{}/{}",
+                t.batch,
+                if t.outcome.fits() { "✓" } else { "✗" },
+                t.steps
+            )
+        })
+        .collect();
+    let b = out.max_fitting.unwrap();
+    assert!(
+        b <= truth && b + tolerance_gap(b, 0.005, 1) >= truth,
+        "{truth}: {seq:?}"
+    );
+    assert_eq!(
+        out.stop_reason,
+        StopReason::ProvenWithinTolerance,
+        "{seq:?}"
+    );
+    assert!(
+        out.trials.len() <= 7,
+        "{truth}: {} trials: {seq:?}",
+        out.trials.len()
+    );
 }

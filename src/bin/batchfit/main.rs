@@ -39,6 +39,7 @@ fn main() -> ExitCode {
         Command::Completions { shell } => info::completions(shell),
         Command::Man { subcommand } => info::man(subcommand.as_deref()),
         Command::PythonHelper => info::python_helper(),
+        Command::Predict(args) => plans::predict(&args),
     };
     exit::finish("batchfit", result)
 }

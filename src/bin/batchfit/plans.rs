@@ -1,6 +1,8 @@
-//! The commands that read and write plans: `show`, `merge`, `verify`, `cache`.
+//! The commands that read and write plans: `show`, `merge`, `verify`, `cache`, `predict`.
 
-use batchfit::cli::{CacheAction, FormatArg, MergeArgs, ShowArgs, VerifyArgs};
+use batchfit::cli::{
+    CacheAction, FormatArg, MergeArgs, PredictArgs, PredictFormat, ShowArgs, VerifyArgs,
+};
 use batchfit::device::sim::SimSpec;
 use batchfit::exit::{fail, print_stdout, Exit, Fail};
 use batchfit::output;
@@ -154,6 +156,37 @@ pub fn cache(action: &CacheAction) -> Result<Exit, Fail> {
                 dir.display()
             );
         }
+    }
+    Ok(Exit::Success)
+}
+
+/// `batchfit predict PLAN --memory SIZES [--reserve SIZE] [--margin F] [--out FILE]`: the capacity
+/// model's predictions (never proof), printed and, with `--out`, written as JSON.
+pub fn predict(a: &PredictArgs) -> Result<Exit, Fail> {
+    if let Some(out) = &a.out {
+        files::check_target(out).map_err(|e| Fail(Exit::Usage, anyhow::anyhow!("--out: {e}")))?;
+    }
+    let plan = Plan::read(&a.plan).map_err(fail(Exit::Usage))?;
+    let report = batchfit::plan::capacity::report(
+        &plan,
+        &a.plan.display().to_string(),
+        &a.memory,
+        a.reserve.as_deref(),
+        a.margin,
+    )
+    .map_err(fail(Exit::Usage))?;
+    let json = serde_json::to_string_pretty(&report).expect("report serialises") + "\n";
+    if let Some(out) = &a.out {
+        files::write_atomic(out, json.as_bytes()).map_err(fail(Exit::Environment))?;
+    }
+    let text = match a.format {
+        Some(f) => f == PredictFormat::Text,
+        None => std::io::IsTerminal::is_terminal(&std::io::stdout()),
+    };
+    if text {
+        print_stdout(&report.text())?;
+    } else {
+        print_stdout(&json)?;
     }
     Ok(Exit::Success)
 }

@@ -343,6 +343,9 @@ impl Workload for ExecWorkload {
         if let Some(t) = self.threads {
             cmd.env("OMP_NUM_THREADS", t.to_string());
         }
+        if let Some(p) = &self.info.sweep_point {
+            cmd.env(&p.variable, p.value.to_string());
+        }
         // the cuda device adds CUDA_VISIBLE_DEVICES and PYTORCH_CUDA_ALLOC_CONF itself
         let _ = at;
         cmd

@@ -1,0 +1,139 @@
+//! The `--sweep` panel, below the plan's own panels: the largest micro-batch proven at each point
+//! and the tokens per micro-batch it makes (second axis), against the swept parameter.
+
+use super::{compact, DrawResult, FIT, FONT, LIMIT, RECOMMENDED};
+use crate::plan::{Plan, Sweep};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+/// Height in pixels the panel adds to the image (0 without a sweep).
+pub fn extra_height(plan: &Plan) -> u32 {
+    if plan.sweep.is_some() {
+        460
+    } else {
+        0
+    }
+}
+
+const TOKENS: RGBColor = RGBColor(0xFF, 0x7F, 0x0E);
+
+pub fn draw<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, sw: &Sweep) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    let area = area.margin(0, 10, 16, 16);
+    // The parameter on a log₂ axis: sweeps usually double it.
+    let x = |v: u64| (v.max(1) as f64).log2();
+    let pts: Vec<(f64, f64, f64)> = sw
+        .points
+        .iter()
+        .filter_map(|p| {
+            Some((
+                x(p.value),
+                p.max_fitting_batch? as f64,
+                p.tokens_per_micro_batch? as f64,
+            ))
+        })
+        .collect();
+    let x_min = sw
+        .points
+        .iter()
+        .map(|p| x(p.value))
+        .fold(f64::MAX, f64::min);
+    let x_max = sw
+        .points
+        .iter()
+        .map(|p| x(p.value))
+        .fold(f64::MIN, f64::max);
+    let pad = ((x_max - x_min) * 0.06).max(0.1);
+    let b_max = pts.iter().map(|p| p.1).fold(1.0, f64::max) * 1.15;
+    let t_max = pts.iter().map(|p| p.2).fold(1.0, f64::max) * 1.15;
+    let mut chart = ChartBuilder::on(&area)
+        .caption(
+            format!(
+                "Sweep of {}: the largest micro-batch proven at each point ({} trials in all)",
+                sw.parameter,
+                sw.points.iter().map(|p| p.trials).sum::<usize>()
+            ),
+            (FONT, 20),
+        )
+        .margin(10)
+        .x_label_area_size(52)
+        .y_label_area_size(78)
+        .right_y_label_area_size(90)
+        .build_cartesian_2d((x_min - pad)..(x_max + pad), 0f64..b_max)?
+        .set_secondary_coord((x_min - pad)..(x_max + pad), 0f64..t_max);
+    chart
+        .configure_mesh()
+        .x_desc(format!("{} (log scale)", sw.parameter))
+        .y_desc("largest micro-batch (samples)")
+        .disable_x_mesh()
+        .x_labels(0)
+        .y_labels(6)
+        .axis_desc_style((FONT, 18))
+        .label_style((FONT, 15))
+        .y_label_formatter(&|y: &f64| compact(*y))
+        .max_light_lines(1)
+        .light_line_style(RGBColor(0xF0, 0xF0, 0xF0))
+        .bold_line_style(RGBColor(0xD0, 0xD0, 0xD0))
+        .draw()?;
+    chart
+        .configure_secondary_axes()
+        .y_desc("tokens per micro-batch")
+        .axis_desc_style((FONT, 18))
+        .label_style((FONT, 15))
+        .y_labels(6)
+        .y_label_formatter(&|y: &f64| compact(*y))
+        .draw()?;
+    // Each point's value on the axis.
+    chart.draw_series(sw.points.iter().map(|p| {
+        Text::new(
+            p.value.to_string(),
+            (x(p.value), b_max * 0.02),
+            (FONT, 15).into_font().color(&LIMIT),
+        )
+    }))?;
+    if pts.is_empty() {
+        chart.draw_series(std::iter::once(Text::new(
+            "no point has a proven answer",
+            (x_min, b_max * 0.5),
+            (FONT, 18).into_font().color(&LIMIT),
+        )))?;
+        return Ok(());
+    }
+    chart
+        .draw_series(LineSeries::new(
+            pts.iter().map(|p| (p.0, p.1)),
+            FIT.stroke_width(2),
+        ))?
+        .label("largest micro-batch (proven at each point)")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], FIT.stroke_width(2)));
+    chart.draw_series(pts.iter().map(|p| Circle::new((p.0, p.1), 5, FIT.filled())))?;
+    chart
+        .draw_secondary_series(LineSeries::new(
+            pts.iter().map(|p| (p.0, p.2)),
+            TOKENS.stroke_width(2),
+        ))?
+        .label("tokens per micro-batch (right axis)")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], TOKENS.stroke_width(2)));
+    chart.draw_secondary_series(
+        pts.iter()
+            .map(|p| TriangleMarker::new((p.0, p.2), 6, TOKENS.filled())),
+    )?;
+    if let Some(p) = pts.iter().find(|p| p.0 == sw.plan_point as f64) {
+        chart.draw_series(std::iter::once(Circle::new(
+            (p.0, p.1),
+            10,
+            RECOMMENDED.stroke_width(3),
+        )))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::MiddleRight)
+        .margin(12)
+        .background_style(WHITE.mix(0.9))
+        .border_style(RGBColor(0x80, 0x80, 0x80))
+        .label_font((FONT, 15))
+        .draw()?;
+    Ok(())
+}

@@ -1,0 +1,966 @@
+//! The capacity model: the memory curve a probe measured, kept as a line, and what it predicts for
+//! other memory sizes (`batchfit predict`).
+//!
+//! A probe measures the peak of every trial and then keeps one number. The model keeps the rest: the
+//! least-squares line `peak(b) = fixed + per_sample · b` through the fits of the affine part of the
+//! curve, the sizes it rests on with their residuals, and the range they cover. A flat part below the
+//! range (allocator granularity, fixed buffers: a *knee*) and an out-of-memory that the line says
+//! should fit (a *jump* above the range: an algorithm switch, or memory that appears late) are
+//! recorded, and predictions that would cross them are refused instead of extrapolated.
+//!
+//! Predictions are never proof: [`Prediction::micro_batch`] is what the line says, with an error bar
+//! from the residuals and the slope's uncertainty; only a probe on the machine proves a size. Pure
+//! arithmetic on plans: no device, no clap.
+
+use crate::accumulate::{self, Split};
+use crate::search::{Prior, TrialRecord};
+use serde::{Deserialize, Serialize};
+
+/// A point is off the line when it misses it by more than this fraction of the memory the line
+/// spans over its range (the per-sample part at the largest size), and by more than [`NOISE`] of
+/// its peak, and by more than three times the scatter of the points already on it.
+const OFF_LINE: f64 = 0.02;
+/// Measurement noise allowed for, as a fraction of the peak.
+const NOISE: f64 = 0.005;
+/// Smallest error bar in bytes (allocator rounding, so a two-point fit does not claim ±0).
+const MIN_ERROR_BYTES: f64 = 1024.0 * 1024.0;
+/// The error assumed in every measured peak, as a fraction of the largest, for the error bar: the
+/// data segment repeats to the byte on CPU (docs/benchmarks.md), NVML and the simulated device's
+/// `noise` do not; what the residuals show counts when it is larger.
+const MEASUREMENT_FLOOR: f64 = 0.002;
+
+/// One fitting trial the line rests on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CapacityPoint {
+    pub batch: u64,
+    pub peak_bytes: u64,
+    /// Steps of the trial (the largest peak of the size, when it ran with several).
+    pub steps: u32,
+    /// Measured minus fitted peak.
+    pub residual_bytes: f64,
+}
+
+/// Extra memory with gradient accumulation, measured by the split's confirmation trials.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AccumulationOffset {
+    pub accumulation: u32,
+    pub batch: u64,
+    pub peak_bytes: u64,
+    /// The peak above the line at this size (the accumulated gradients held beside the activations).
+    pub extra_bytes: f64,
+}
+
+/// The plan's `capacity_model`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CapacityModel {
+    /// Fitted fixed bytes (weights, optimizer state, runtime): the line at batch 0.
+    pub fixed_bytes: f64,
+    /// Fitted bytes per sample (accumulation 1).
+    pub per_sample_bytes: f64,
+    /// The sizes the line rests on, with their residuals.
+    pub points: Vec<CapacityPoint>,
+    /// The smallest and largest size of `points`: the range the line was measured on.
+    pub range: [u64; 2],
+    /// Largest |residual| of `points`.
+    pub max_residual_bytes: f64,
+    /// Standard error of the slope (bytes per sample), from the residuals (0 with two points).
+    pub per_sample_error_bytes: f64,
+    /// The largest fit below the range, which lies off the line (above it: a flat part, a knee;
+    /// below it: a jump up into the range): no prediction below the range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub knee_below: Option<u64>,
+    /// An out-of-memory at this size although the line says it fits under the probe's limit (a jump
+    /// or late memory above the range): no prediction above the range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jump_above: Option<u64>,
+    /// Per accumulation > 1 measured (the split's confirmations), where it differs from the line.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accumulation: Vec<AccumulationOffset>,
+    /// Why the model predicts nothing at all (too few points, no slope), if so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<String>,
+}
+
+/// Least squares through `(x, y)`: `(intercept, slope, slope standard error)`.
+fn least_squares(points: &[(f64, f64)]) -> Option<(f64, f64, f64)> {
+    let n = points.len() as f64;
+    if points.len() < 2 {
+        return None;
+    }
+    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    if sxx <= 0.0 {
+        return None;
+    }
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    let k = sxy / sxx;
+    let a = my - k * mx;
+    let se = if points.len() > 2 {
+        let ssr: f64 = points.iter().map(|p| (p.1 - a - k * p.0).powi(2)).sum();
+        (ssr / (n - 2.0) / sxx).sqrt()
+    } else {
+        0.0
+    };
+    Some((a, k, se))
+}
+
+impl CapacityModel {
+    /// The model of a probe's trials under its `limit_bytes`. `None` when no trial fit with a
+    /// measured peak (nothing to model); a model with a `refusal` when the fits do not make a line.
+    pub fn fit(trials: &[TrialRecord], limit_bytes: u64) -> Option<CapacityModel> {
+        // The largest peak of each size at accumulation 1 (confirmation-length trials see late memory).
+        let mut by_batch: Vec<(u64, u64, u32)> = vec![];
+        for t in trials
+            .iter()
+            .filter(|t| t.accumulation <= 1 && t.outcome.fits())
+        {
+            let Some(p) = t.outcome.peak_bytes().filter(|&p| p > 0) else {
+                continue;
+            };
+            match by_batch.iter_mut().find(|x| x.0 == t.batch) {
+                Some(x) if p > x.1 => *x = (t.batch, p, t.steps),
+                Some(_) => {}
+                None => by_batch.push((t.batch, p, t.steps)),
+            }
+        }
+        if by_batch.is_empty() {
+            return None;
+        }
+        by_batch.sort_by_key(|x| x.0);
+        let empty = |why: String, pts: &[(u64, u64, u32)]| CapacityModel {
+            fixed_bytes: 0.0,
+            per_sample_bytes: 0.0,
+            points: pts
+                .iter()
+                .map(|&(batch, peak_bytes, steps)| CapacityPoint {
+                    batch,
+                    peak_bytes,
+                    steps,
+                    residual_bytes: 0.0,
+                })
+                .collect(),
+            range: [pts[0].0, pts[pts.len() - 1].0],
+            max_residual_bytes: 0.0,
+            per_sample_error_bytes: 0.0,
+            knee_below: None,
+            jump_above: None,
+            accumulation: vec![],
+            refusal: Some(why),
+        };
+        if by_batch.len() < 2 {
+            return Some(empty(
+                format!("only one size fit ({}): a line needs two", by_batch[0].0),
+                &by_batch,
+            ));
+        }
+        // The affine part: from the largest sizes down, while each next point lies on the line of
+        // the points above it (within OFF_LINE of its peak).
+        let n = by_batch.len();
+        // The first pair: the largest size and the nearest smaller one whose peak lies clearly
+        // (2 %) below it, with the sizes between them (two sizes a few samples apart would give a
+        // slope of measurement noise); the two largest when none does.
+        let top_peak = by_batch[n - 1].1 as f64;
+        let mut start = (0..n - 1)
+            .rev()
+            .find(|&j| (top_peak - by_batch[j].1 as f64) >= 0.02 * top_peak)
+            .unwrap_or(n - 2);
+        let fit_of = |from: usize| {
+            let pts: Vec<(f64, f64)> = by_batch[from..]
+                .iter()
+                .map(|&(b, p, _)| (b as f64, p as f64))
+                .collect();
+            least_squares(&pts)
+        };
+        let (mut a, mut k, mut se) = match fit_of(start) {
+            Some(f) => f,
+            None => return Some(empty("the fits have no slope".into(), &by_batch)),
+        };
+        let mut knee_below = None;
+        while start > 0 {
+            let (b, p, _) = by_batch[start - 1];
+            let predicted = a + k * b as f64;
+            let off = p as f64 - predicted;
+            let top = by_batch[n - 1].0 as f64;
+            let scatter = {
+                let r: Vec<f64> = by_batch[start..]
+                    .iter()
+                    .map(|&(b, p, _)| p as f64 - (a + k * b as f64))
+                    .collect();
+                (r.iter().map(|x| x * x).sum::<f64>() / r.len() as f64).sqrt()
+            };
+            // and by more than the line's own uncertainty out there (NOISE on the points it rests
+            // on, carried over the distance: a short baseline extrapolates its noise far)
+            let reach = {
+                let xs: Vec<f64> = by_batch[start..].iter().map(|x| x.0 as f64).collect();
+                let mean = xs.iter().sum::<f64>() / xs.len() as f64;
+                let sxx: f64 = xs.iter().map(|x| (x - mean).powi(2)).sum();
+                (b as f64 - mean).abs() / sxx.sqrt().max(1.0)
+            };
+            let allowed = (OFF_LINE * k.abs() * top)
+                .max(NOISE * p as f64)
+                .max(3.0 * NOISE * top_peak * reach)
+                .max(3.0 * scatter)
+                .max(MIN_ERROR_BYTES);
+            if off.abs() > allowed {
+                if off > 0.0 {
+                    knee_below = Some(b);
+                }
+                // Below the line: the points above sit on a jump; the line holds above it.
+                break;
+            }
+            start -= 1;
+            if let Some(f) = fit_of(start) {
+                (a, k, se) = f;
+            }
+        }
+        let used = &by_batch[start..];
+        // A point below the range that lies *below* the line: a jump up inside the measured sizes.
+        let jump_below = start > 0 && knee_below.is_none();
+        if k <= 0.0 || !k.is_finite() {
+            return Some(empty(
+                "the peaks do not rise with the batch size (flat: memory does not limit the batch here)"
+                    .into(),
+                &by_batch,
+            ));
+        }
+        let points: Vec<CapacityPoint> = used
+            .iter()
+            .map(|&(batch, peak_bytes, steps)| CapacityPoint {
+                batch,
+                peak_bytes,
+                steps,
+                residual_bytes: peak_bytes as f64 - (a + k * batch as f64),
+            })
+            .collect();
+        let max_residual_bytes = points
+            .iter()
+            .map(|p| p.residual_bytes.abs())
+            .fold(0.0, f64::max);
+        let range = [used[0].0, used[used.len() - 1].0];
+        // The slope's error, at least what a measurement floor on every peak would make of it (two
+        // points have no residuals to tell the noise by).
+        let se = {
+            let n = used.len() as f64;
+            let mean = used.iter().map(|x| x.0 as f64).sum::<f64>() / n;
+            let sxx: f64 = used.iter().map(|x| (x.0 as f64 - mean).powi(2)).sum();
+            let floor = (MEASUREMENT_FLOOR * top_peak).max(MIN_ERROR_BYTES);
+            se.max(floor / sxx.sqrt().max(1.0))
+        };
+        // An out-of-memory above the range where the line says the size fits under the probe's
+        // limit (by more than the residuals): the curve jumps (or grows late) between.
+        // (1 % of the limit: a miss that small is measurement noise near the top, not a jump)
+        let slack = (2.0 * max_residual_bytes)
+            .max(0.01 * limit_bytes as f64)
+            .max(MIN_ERROR_BYTES);
+        let jump_above = trials
+            .iter()
+            .filter(|t| t.accumulation <= 1 && t.outcome.is_bound() && t.batch > range[1])
+            .map(|t| t.batch)
+            .filter(|&b| a + k * b as f64 + slack < limit_bytes as f64)
+            .min();
+        // Split confirmations with accumulation: their extra bytes over the line.
+        let mut accumulation: Vec<AccumulationOffset> = vec![];
+        for t in trials
+            .iter()
+            .filter(|t| t.accumulation > 1 && t.outcome.fits())
+        {
+            let Some(p) = t.outcome.peak_bytes().filter(|&p| p > 0) else {
+                continue;
+            };
+            let extra = p as f64 - (a + k * t.batch as f64);
+            match accumulation
+                .iter_mut()
+                .find(|x| x.accumulation == t.accumulation)
+            {
+                Some(x) if extra > x.extra_bytes => {
+                    *x = AccumulationOffset {
+                        accumulation: t.accumulation,
+                        batch: t.batch,
+                        peak_bytes: p,
+                        extra_bytes: extra,
+                    }
+                }
+                Some(_) => {}
+                None => accumulation.push(AccumulationOffset {
+                    accumulation: t.accumulation,
+                    batch: t.batch,
+                    peak_bytes: p,
+                    extra_bytes: extra,
+                }),
+            }
+        }
+        accumulation.sort_by_key(|x| x.accumulation);
+        Some(CapacityModel {
+            fixed_bytes: a,
+            per_sample_bytes: k,
+            points,
+            range,
+            max_residual_bytes,
+            per_sample_error_bytes: se,
+            knee_below: knee_below.or(if jump_below {
+                Some(by_batch[start - 1].0)
+            } else {
+                None
+            }),
+            jump_above,
+            accumulation,
+            refusal: None,
+        })
+    }
+
+    /// The line's peak at `batch` (accumulation 1).
+    pub fn peak_at(&self, batch: f64) -> f64 {
+        self.fixed_bytes + self.per_sample_bytes * batch
+    }
+
+    /// Extra bytes measured with gradient accumulation (the largest over the accumulations measured),
+    /// if any split was confirmed with accumulation.
+    pub fn accumulation_extra(&self) -> Option<f64> {
+        self.accumulation
+            .iter()
+            .map(|x| x.extra_bytes.max(0.0))
+            .reduce(f64::max)
+    }
+
+    /// The largest micro-batch under `limit_bytes` the line predicts (accumulation 1, or with the
+    /// accumulation's extra bytes), with its error bar, or why the model cannot say.
+    pub fn largest_under(&self, limit_bytes: u64, extra: f64) -> Result<Estimate, String> {
+        if let Some(r) = &self.refusal {
+            return Err(r.clone());
+        }
+        let k = self.per_sample_bytes;
+        let free = limit_bytes as f64 - self.fixed_bytes - extra;
+        let b = free / k;
+        // Error in bytes at b: the residuals, and the slope's error over the distance from the
+        // middle of the range.
+        let mid = (self.range[0] + self.range[1]) as f64 / 2.0;
+        let floor = (MEASUREMENT_FLOOR * self.peak_at(self.range[1] as f64)).max(MIN_ERROR_BYTES);
+        let err_bytes = self.max_residual_bytes.max(floor)
+            + 2.0 * self.per_sample_error_bytes * (b - mid).abs();
+        let err = err_bytes / k;
+        if b + err < self.range[0] as f64 {
+            if let Some(kb) = self.knee_below {
+                return Err(format!(
+                    "the line was measured from {} up; below it the curve bends (the fit at {kb} lies off \
+                     the line: a knee or a jump), so sizes around {} cannot be predicted; probe there",
+                    self.range[0],
+                    b.max(0.0).floor()
+                ));
+            }
+        }
+        if let Some(j) = self.jump_above {
+            if b - err > self.range[1] as f64 {
+                return Err(format!(
+                    "{j} ran out of memory although the line says it fits: the curve jumps between {} \
+                     and {j}, so the line cannot be extended above {}; probe there",
+                    self.range[1], self.range[1]
+                ));
+            }
+        }
+        // (rounded to a millionth first, so that an exact crossing is not lost to rounding)
+        let floor = |x: f64| {
+            let x = (x * 1e6).round() / 1e6;
+            if x <= 0.0 {
+                0
+            } else {
+                x.floor() as u64
+            }
+        };
+        Ok(Estimate {
+            micro_batch: floor(b),
+            low: floor(b - err),
+            high: floor(b + err),
+            extrapolation: if b > self.range[1] as f64 {
+                b / self.range[1] as f64
+            } else {
+                1.0
+            },
+        })
+    }
+}
+
+/// A predicted largest size and its error bar (floor of the line's crossing ± the error).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Estimate {
+    pub micro_batch: u64,
+    pub low: u64,
+    pub high: u64,
+    /// How far beyond the measured range the crossing lies (1: within it).
+    pub extrapolation: f64,
+}
+
+/// The memory limit of a budget as the probe computes it: `(budget − reserve) × (1 − margin)`.
+pub fn limit(budget: u64, reserve: u64, margin: f64) -> u64 {
+    (budget.saturating_sub(reserve) as f64 * (1.0 - margin)) as u64
+}
+
+/// One capacity's prediction, as `batchfit predict` prints and writes it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Prediction {
+    pub memory_bytes: u64,
+    pub reserve_bytes: u64,
+    pub margin: f64,
+    pub limit_bytes: u64,
+    /// Always `false`: a prediction, not a proof.
+    pub proven: bool,
+    /// The predicted largest micro-batch at accumulation 1 (absent when refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_micro_batch: Option<Estimate>,
+    /// The plan's global batch split with the predicted size (absent without a prediction).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<Split>,
+    /// With accumulation > 1, the largest micro-batch the line predicts with the accumulation's extra
+    /// memory (when the plan measured it) that the split used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_micro_batch_accumulating: Option<Estimate>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+    /// Why there is no prediction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+}
+
+/// The sizes the probe allowed (predictions are capped to them) and, when the probe had a global
+/// batch, what its split needs.
+#[derive(Debug, Clone, Copy)]
+pub struct Target {
+    /// `--max-batch` of the probe (larger sizes were never allowed).
+    pub max_batch: u64,
+    /// `--multiple-of` of the probe.
+    pub multiple_of: u64,
+    pub split: Option<SplitTarget>,
+}
+
+/// The global batch to split with a predicted size.
+#[derive(Debug, Clone, Copy)]
+pub struct SplitTarget {
+    pub global_batch: u64,
+    pub world_size: u64,
+    pub allow_uneven: bool,
+}
+
+impl Default for Target {
+    /// batchfit's defaults: `--max-batch 1000000`, `--multiple-of 1`, no global batch.
+    fn default() -> Self {
+        Target {
+            max_batch: 1_000_000,
+            multiple_of: 1,
+            split: None,
+        }
+    }
+}
+
+/// The prediction of `model` for a budget of `memory` bytes with `reserve` and `margin`.
+pub fn predict(
+    model: &CapacityModel,
+    memory: u64,
+    reserve: u64,
+    margin: f64,
+    target: Target,
+) -> Prediction {
+    let limit_bytes = limit(memory, reserve, margin);
+    let mut p = Prediction {
+        memory_bytes: memory,
+        reserve_bytes: reserve,
+        margin,
+        limit_bytes,
+        proven: false,
+        max_micro_batch: None,
+        split: None,
+        max_micro_batch_accumulating: None,
+        notes: vec![],
+        refused: None,
+    };
+    let cap = |e: Estimate, t: Target| -> Estimate {
+        let m = t.multiple_of.max(1);
+        let c = |x: u64| (x.min(t.max_batch) / m) * m;
+        Estimate {
+            micro_batch: c(e.micro_batch),
+            low: c(e.low),
+            high: c(e.high),
+            ..e
+        }
+    };
+    let est = match model.largest_under(limit_bytes, 0.0) {
+        Ok(e) => cap(e, target),
+        Err(why) => {
+            p.refused = Some(why);
+            return p;
+        }
+    };
+    if est.micro_batch == 0 {
+        p.notes.push(format!(
+            "the line's fixed part ({:.0} MiB) leaves no room for one sample under this limit",
+            model.fixed_bytes / (1024.0 * 1024.0)
+        ));
+    }
+    if est.extrapolation > 4.0 {
+        p.notes.push(format!(
+            "extrapolated {:.0}× beyond the largest measured size ({}): the error bar assumes memory \
+             stays affine that far",
+            est.extrapolation, model.range[1]
+        ));
+    }
+    if est.high >= target.max_batch / target.multiple_of.max(1) * target.multiple_of.max(1) {
+        p.notes.push(format!(
+            "capped at the probe's --max-batch {}",
+            target.max_batch
+        ));
+    }
+    p.max_micro_batch = Some(est);
+    if let Some(t) = target.split {
+        match accumulate::split(
+            t.global_batch,
+            t.world_size,
+            est.micro_batch,
+            t.allow_uneven,
+        ) {
+            Ok(s) if s.accumulation > 1 => {
+                // Accumulating holds more memory: the measured extra, if the plan has it.
+                match model.accumulation_extra() {
+                    Some(extra) => match model.largest_under(limit_bytes, extra) {
+                        Ok(ea) => {
+                            let ea = cap(ea, target);
+                            p.max_micro_batch_accumulating = Some(ea);
+                            match accumulate::split(
+                                t.global_batch,
+                                t.world_size,
+                                ea.micro_batch,
+                                t.allow_uneven,
+                            ) {
+                                Ok(s) => {
+                                    p.notes.extend(s.warning.clone());
+                                    p.split = Some(s);
+                                }
+                                Err(e) => p.notes.push(format!("no split: {e}")),
+                            }
+                        }
+                        Err(why) => p.notes.push(format!("no split with accumulation: {why}")),
+                    },
+                    None => {
+                        p.notes.push(
+                            "accumulation > 1 and the plan measured no accumulation: the split \
+                             assumes accumulated gradients cost no memory beyond the line"
+                                .into(),
+                        );
+                        p.notes.extend(s.warning.clone());
+                        p.split = Some(s);
+                    }
+                }
+            }
+            Ok(s) => p.split = Some(s),
+            Err(e) => p.notes.push(format!("no split: {e}")),
+        }
+    }
+    p
+}
+
+/// What the points of a sweep measured so far predict about the next one (`--sweep`), for its
+/// search to start near its answer: the fixed part of the nearest point (weights, optimizer state:
+/// nearly the same at every point), and the per-sample part as a power of the parameter through the
+/// two nearest points (`guess` as the power with one point). `last_error`: how far (relative) the
+/// same prediction missed the previous point's proven answer, when it was made from two points or
+/// more; a small miss makes the prior confident (the search may then start with the predicted size
+/// at once). Never evidence: the next point's answer is proven by its own trials.
+pub fn sweep_prior(
+    before: &[(u64, &CapacityModel)],
+    next: u64,
+    guess: f64,
+    last_error: Option<f64>,
+) -> Option<Prior> {
+    let mut usable: Vec<(f64, f64, f64)> = before
+        .iter()
+        .filter(|(v, m)| *v > 0 && m.refusal.is_none() && m.per_sample_bytes > 0.0)
+        .map(|(v, m)| (*v as f64, m.fixed_bytes, m.per_sample_bytes))
+        .collect();
+    if usable.is_empty() || next == 0 {
+        return None;
+    }
+    let x = (next as f64).ln();
+    usable.sort_by(|p, q| (p.0.ln() - x).abs().total_cmp(&(q.0.ln() - x).abs()));
+    let (v1, a1, k1) = usable[0];
+    let (power, per_sample_error, fixed_error) = match usable.get(1) {
+        Some(&(v2, a2, k2)) if (v1 / v2).ln().abs() > 1e-9 => {
+            let p = (k1 / k2).ln() / (v1 / v2).ln();
+            // Extrapolating beyond the two points' span is less sure than between them.
+            let reach = (x - v1.ln()).abs() / (v1 / v2).ln().abs();
+            (
+                p,
+                0.05 + 0.1 * reach,
+                0.02 + (a1 - a2).abs() / a1.abs().max(1.0),
+            )
+        }
+        _ => (guess, 0.5, 0.05),
+    };
+    let k = k1 * (next as f64 / v1).powf(power);
+    if !(k.is_finite() && k > 0.0) {
+        return None;
+    }
+    let (mut fixed_error, mut per_sample_error) =
+        (if a1 > 0.0 { fixed_error } else { 1.0 }, per_sample_error);
+    if let Some(e) = last_error.filter(|e| e.is_finite() && usable.len() >= 2) {
+        // The power law held at the last point: trust it about as far as it held there.
+        let held = (2.0 * e).max(0.0005);
+        per_sample_error = per_sample_error.min(held);
+        fixed_error = fixed_error.min(held);
+    }
+    Some(Prior {
+        fixed_bytes: a1.max(0.0),
+        per_sample_bytes: k,
+        fixed_error,
+        per_sample_error,
+    })
+}
+
+/// How far a prior's line missed a point's measured peaks, as a fraction of the point's answer:
+/// for the fit nearest `answer`, |measured − predicted peak| / per-sample bytes / `answer`. (A
+/// measure of the line, not of the answer, which the tolerance leaves loose by up to its gap.)
+pub fn prior_miss(prior: &Prior, trials: &[TrialRecord], answer: u64) -> Option<f64> {
+    if answer == 0 || prior.per_sample_bytes.is_nan() || prior.per_sample_bytes <= 0.0 {
+        return None;
+    }
+    trials
+        .iter()
+        .filter(|t| t.accumulation <= 1 && t.outcome.fits())
+        .filter_map(|t| t.outcome.peak_bytes().map(|p| (t.batch, p)))
+        .min_by_key(|&(b, _)| b.abs_diff(answer))
+        .map(|(b, p)| {
+            let predicted = prior.fixed_bytes + prior.per_sample_bytes * b as f64;
+            (p as f64 - predicted).abs() / prior.per_sample_bytes / answer as f64
+        })
+}
+
+/// Why `batchfit predict` cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum PredictError {
+    #[error("--memory {0:?}: {1}")]
+    Memory(String, String),
+    #[error("--reserve {0:?}: {1}")]
+    Reserve(String, String),
+    #[error("--margin {0} is outside [0, 0.9]; it is a fraction, e.g. 0.05 for 5%")]
+    Margin(f64),
+    #[error("--reserve ({reserve}) must be smaller than --memory {memory}")]
+    ReserveTooLarge { reserve: String, memory: String },
+    #[error("the plan has no trial that fit with a measured peak, so it has no capacity model")]
+    NoModel,
+}
+
+/// What `batchfit predict` prints and writes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PredictReport {
+    /// The plan file as given.
+    pub plan: String,
+    pub model: String,
+    pub device_kind: crate::device::DeviceKind,
+    pub device_name: String,
+    /// The plan's own budget and answer, for comparison.
+    pub plan_budget_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_max_fitting_batch: Option<u64>,
+    pub capacity_model: CapacityModel,
+    pub predictions: Vec<Prediction>,
+}
+
+/// The predictions of `plan`'s capacity model for each of `memory` (sizes as `--memory-budget`
+/// takes them), with `reserve` and `margin` (default: the plan's).
+pub fn report(
+    plan: &super::Plan,
+    plan_path: &str,
+    memory: &[String],
+    reserve: Option<&str>,
+    margin: Option<f64>,
+) -> Result<PredictReport, PredictError> {
+    use crate::platform::units::parse_size;
+    let margin = margin.unwrap_or(plan.margin);
+    if !margin.is_finite() || !(0.0..=0.9).contains(&margin) {
+        return Err(PredictError::Margin(margin));
+    }
+    let reserve_bytes = match reserve {
+        Some(r) => parse_size(r).map_err(|e| PredictError::Reserve(r.into(), e.to_string()))?,
+        None => plan.reserve_bytes,
+    };
+    let mut sizes = vec![];
+    for m in memory {
+        let b = parse_size(m).map_err(|e| PredictError::Memory(m.clone(), e.to_string()))?;
+        if b == 0 {
+            return Err(PredictError::Memory(
+                m.clone(),
+                "must be greater than 0".into(),
+            ));
+        }
+        if reserve_bytes >= b {
+            return Err(PredictError::ReserveTooLarge {
+                reserve: crate::platform::units::format_size(reserve_bytes),
+                memory: m.clone(),
+            });
+        }
+        sizes.push(b);
+    }
+    let model = match &plan.capacity_model {
+        Some(m) => m.clone(),
+        None => CapacityModel::fit(&plan.trials, plan.limit_bytes).ok_or(PredictError::NoModel)?,
+    };
+    // The split only when the probe was given a global batch (without one, its global batch is its
+    // own answer, which another memory size would not keep).
+    let target = Target {
+        max_batch: plan.search.max_batch,
+        multiple_of: plan.search.multiple_of,
+        split: plan
+            .recommendation
+            .as_ref()
+            .filter(|r| r.accumulation > 1 || r.global_batch != r.max_fitting_batch * r.world_size)
+            .map(|r| SplitTarget {
+                global_batch: r.global_batch,
+                world_size: r.world_size,
+                allow_uneven: r.uneven,
+            }),
+    };
+    let predictions = sizes
+        .iter()
+        .map(|&b| predict(&model, b, reserve_bytes, margin, target))
+        .collect();
+    Ok(PredictReport {
+        plan: plan_path.into(),
+        model: plan.model.name(),
+        device_kind: plan.device.kind,
+        device_name: plan.device.name.clone(),
+        plan_budget_bytes: plan.budget_bytes,
+        plan_max_fitting_batch: plan.recommendation.as_ref().map(|r| r.max_fitting_batch),
+        capacity_model: model,
+        predictions,
+    })
+}
+
+impl PredictReport {
+    /// The human table: one line per capacity, each marked as a prediction.
+    pub fn text(&self) -> String {
+        use crate::platform::units::format_size;
+        let m = &self.capacity_model;
+        let mib = |x: f64| format!("{:.1} MiB", x / (1024.0 * 1024.0));
+        let mut s = format!(
+            "{} on {} ({}), plan {}: budget {}{}\n",
+            self.model,
+            self.device_kind,
+            self.device_name,
+            self.plan,
+            format_size(self.plan_budget_bytes),
+            self.plan_max_fitting_batch
+                .map(|b| format!(", largest micro-batch proven {b}"))
+                .unwrap_or_default()
+        );
+        match &m.refusal {
+            Some(r) => s += &format!("capacity model: none ({r})\n"),
+            None => {
+                s += &format!(
+                    "capacity model: peak ≈ {} + {:.1} KiB × batch, from {} sizes {}–{} (largest residual {})",
+                    mib(m.fixed_bytes),
+                    m.per_sample_bytes / 1024.0,
+                    m.points.len(),
+                    m.range[0],
+                    m.range[1],
+                    format_size(m.max_residual_bytes.round() as u64)
+                );
+                if let Some(k) = m.knee_below {
+                    s += &format!("; off the line below it: {k}");
+                }
+                if let Some(j) = m.jump_above {
+                    s += &format!("; {j} ran out of memory above it");
+                }
+                s += "\n";
+                for a in &m.accumulation {
+                    s += &format!(
+                        "  accumulation {}: {} more at {}\n",
+                        a.accumulation,
+                        mib(a.extra_bytes),
+                        a.batch
+                    );
+                }
+            }
+        }
+        let global = self
+            .predictions
+            .iter()
+            .find_map(|p| p.split.as_ref().map(|x| (x.global_batch, x.world_size)));
+        s += &format!(
+            "{:<12} {:<12} {:<38} {}\n",
+            "memory",
+            "limit",
+            "largest micro-batch (predicted)",
+            global
+                .map(|(g, w)| if w > 1 {
+                    format!("global batch {g} over {w} ranks")
+                } else {
+                    format!("global batch {g}")
+                })
+                .unwrap_or_default()
+        );
+        for p in &self.predictions {
+            let head = format!(
+                "{:<12} {:<12} ",
+                format_size(p.memory_bytes),
+                format_size(p.limit_bytes)
+            );
+            match (&p.refused, &p.max_micro_batch) {
+                (Some(why), _) => s += &format!("{head}refused: {why}\n"),
+                (None, Some(e)) => {
+                    let est = if e.high == 0 {
+                        "none fits, predicted, not proven".to_string()
+                    } else {
+                        format!(
+                            "{} ({}–{}), predicted, not proven",
+                            e.micro_batch, e.low, e.high
+                        )
+                    };
+                    let split = p
+                        .split
+                        .as_ref()
+                        .map(|x| format!("{} × {}", x.micro_batch, x.accumulation))
+                        .unwrap_or_default();
+                    s += &format!("{head}{est:<38} {split}\n");
+                }
+                (None, None) => s += &format!("{head}no prediction\n"),
+            }
+            for n in &p.notes {
+                s += &format!("{:<25} note: {n}\n", "");
+            }
+        }
+        s += "predicted, not proven: the error bar is the line's (residuals and slope); prove a size \
+              on the machine with `batchfit probe --memory-budget SIZE` before training with it\n";
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Isolation, TrialOutcome};
+    use crate::search::Purpose;
+
+    const MIB: u64 = 1 << 20;
+
+    fn trial(batch: u64, peak: Option<u64>, steps: u32, accumulation: u32) -> TrialRecord {
+        TrialRecord {
+            batch,
+            steps,
+            purpose: Purpose::Explore,
+            isolation: Isolation::None,
+            accumulation,
+            outcome: match peak {
+                Some(p) => TrialOutcome::Fits {
+                    peak_bytes: p,
+                    rss_peak_bytes: None,
+                    step_seconds: 0.1,
+                    gpu: None,
+                },
+                None => TrialOutcome::Oom {
+                    message: "oom".into(),
+                    peak_bytes: None,
+                    rss_peak_bytes: None,
+                    gpu: None,
+                },
+            },
+            seconds: 1.0,
+            gpu_index: None,
+            details: None,
+        }
+    }
+
+    #[test]
+    fn affine_fits_exactly_and_predicts() {
+        let peak = |b: u64| 1000 * MIB + 3 * MIB * b;
+        let trials = vec![
+            trial(1, Some(peak(1)), 3, 1),
+            trial(16, Some(peak(16)), 3, 1),
+            trial(300, Some(peak(300)), 5, 1),
+            trial(302, None, 5, 1),
+        ];
+        let m = CapacityModel::fit(&trials, peak(300) + MIB).unwrap();
+        assert!((m.fixed_bytes - (1000 * MIB) as f64).abs() < 1.0);
+        assert!((m.per_sample_bytes - (3 * MIB) as f64).abs() < 1e-6);
+        assert_eq!(m.range, [1, 300]);
+        assert!(m.max_residual_bytes < 1.0);
+        assert_eq!(m.knee_below, None);
+        assert_eq!(m.jump_above, None);
+        let e = m.largest_under(peak(1000), 0.0).unwrap();
+        assert_eq!(e.micro_batch, 1000);
+        // the error bar: a 0.2 % measurement floor on the peaks, carried 3.3× past the range
+        // (989-1010 here): wider than the residuals (0), narrower than the 3 % target
+        assert!(e.low <= 1000 && e.high >= 1000, "{e:?}");
+        assert!(e.low < 1000 && e.high - e.low <= 30, "{e:?}");
+    }
+
+    #[test]
+    fn a_flat_part_is_left_out_and_refused_below() {
+        // Flat at 2 GiB + 256 MiB up to 256 samples, then 1 MiB per sample.
+        let peak = |b: u64| 2048 * MIB + MIB * b.max(256);
+        let trials: Vec<_> = [1, 2, 32, 300, 400, 500]
+            .iter()
+            .map(|&b| trial(b, Some(peak(b)), 3, 1))
+            .collect();
+        let m = CapacityModel::fit(&trials, peak(500)).unwrap();
+        assert_eq!(m.range, [300, 500]);
+        assert_eq!(m.knee_below, Some(32));
+        assert!((m.per_sample_bytes - MIB as f64).abs() < 1e-6);
+        // Above the range: predicted; below it: refused.
+        assert_eq!(m.largest_under(peak(4000), 0.0).unwrap().micro_batch, 4000);
+        assert!(m.largest_under(peak(256) + 24 * MIB, 0.0).is_err());
+    }
+
+    #[test]
+    fn an_unexpected_out_of_memory_refuses_extrapolation() {
+        // On the line up to 1999, then 8 GiB more: 2000 ran out of memory although the line fits it.
+        let peak = |b: u64| 2048 * MIB + 7 * MIB * b;
+        let trials = vec![
+            trial(16, Some(peak(16)), 3, 1),
+            trial(1500, Some(peak(1500)), 3, 1),
+            trial(1999, Some(peak(1999)), 5, 1),
+            trial(2000, None, 5, 1),
+        ];
+        let m = CapacityModel::fit(&trials, peak(2900)).unwrap();
+        assert_eq!(m.jump_above, Some(2000));
+        assert!(m.largest_under(peak(4000), 0.0).is_err());
+        // Inside the range it still predicts.
+        assert_eq!(m.largest_under(peak(1000), 0.0).unwrap().micro_batch, 1000);
+    }
+
+    #[test]
+    fn one_point_or_no_slope_is_refused() {
+        let m =
+            CapacityModel::fit(&[trial(1, Some(MIB), 3, 1), trial(2, None, 3, 1)], MIB).unwrap();
+        assert!(m.refusal.is_some());
+        assert!(predict(&m, 1 << 30, 0, 0.05, Target::default())
+            .refused
+            .is_some());
+        assert!(CapacityModel::fit(&[trial(5, None, 3, 1)], MIB).is_none());
+    }
+
+    #[test]
+    fn accumulation_extra_enters_the_split() {
+        let peak = |b: u64| 1000 * MIB + MIB * b;
+        let trials = vec![
+            trial(10, Some(peak(10)), 3, 1),
+            trial(500, Some(peak(500)), 5, 1),
+            trial(250, Some(peak(250) + 100 * MIB), 5, 4),
+        ];
+        let m = CapacityModel::fit(&trials, peak(500)).unwrap();
+        assert_eq!(m.accumulation.len(), 1);
+        assert!((m.accumulation_extra().unwrap() - (100 * MIB) as f64).abs() < 1.0);
+        let t = Target {
+            split: Some(SplitTarget {
+                global_batch: 4000,
+                world_size: 1,
+                allow_uneven: false,
+            }),
+            ..Target::default()
+        };
+        // 2000 MiB budget, no margin: 1000 samples alone, 900 while accumulating → 4000 = 4 × 1000
+        // would not fit; 5 × 800 does.
+        let p = predict(&m, 2000 * MIB, 0, 0.0, t);
+        assert_eq!(p.max_micro_batch.unwrap().micro_batch, 1000);
+        assert_eq!(p.max_micro_batch_accumulating.unwrap().micro_batch, 900);
+        let s = p.split.unwrap();
+        assert_eq!((s.micro_batch, s.accumulation), (800, 5));
+        assert!(!p.proven);
+    }
+}

@@ -1,0 +1,158 @@
+//! `--sweep seq-len=256,512,1024,2048` (or `image-size=…`): the largest micro-batch at each point,
+//! each point a whole probe of its own with its own proof.
+//!
+//! Every point's configuration was validated up front ([`crate::config::SweepConfig`]); here each
+//! runs through [`super::run_cached`] (so the device set-up, the split, the cache and the single-
+//! or multi-GPU run are the same as for a plain probe), with one addition: the search of a point
+//! starts from what the points before it measured ([`crate::plan::capacity::sweep_prior`], a
+//! [`crate::search::Prior`]). The prior only chooses where the search looks first; each point's
+//! answer is proven by its own trials, exactly as without a sweep.
+//!
+//! The plan written is the probe of [`SweepConfig::plan_point`] with the `sweep` table of every
+//! point (its largest micro-batch, tokens per micro-batch, peak, trials, and all its trials).
+//!
+//! Other workloads: a point is substituted into the *configuration* before the probe runs, so a
+//! workload only needs a way to take a point — the exec workload would replace `{seq}` in its
+//! command; not implemented yet, and refused by the configuration.
+
+use super::cache::CacheOptions;
+use super::report::{self, Ending, ProbeError, ProbeReport, Progress};
+use crate::config::{ProbeConfig, SweepConfig};
+use crate::plan::capacity::{prior_miss, sweep_prior, CapacityModel};
+use crate::plan::{Status, Sweep, SweepPoint};
+use std::path::Path;
+
+/// Runs every point of `sw` (in the order given) and writes the plan of its `plan_point` with the
+/// sweep table to `cfg.out`.
+pub fn run(
+    cfg: &ProbeConfig,
+    sw: &SweepConfig,
+    exe: &Path,
+    progress: &mut dyn Progress,
+    cache: Option<&CacheOptions>,
+) -> Result<ProbeReport, ProbeError> {
+    let name = sw.param.as_str();
+    let mut done: Vec<(u64, ProbeReport, Option<u64>)> = vec![];
+    let mut models: Vec<(u64, CapacityModel)> = vec![];
+    let mut last_miss: Option<f64> = None;
+    let mut interrupted = None;
+    for (i, (value, point_cfg)) in sw.points.iter().enumerate() {
+        let before: Vec<(u64, &CapacityModel)> = models.iter().map(|(v, m)| (*v, m)).collect();
+        let prior = sweep_prior(&before, *value, sw.param.exponent(), last_miss);
+        let mut c = point_cfg.clone();
+        let predicted = prior.as_ref().and_then(|p| {
+            // The prediction under this point's limit is only known once the device is set up;
+            // the budget is the same for every point, so the first point's limit stands in.
+            let limit = done.first().map(|d| d.1.plan.limit_bytes)?;
+            p.predict(limit).map(|(b, _)| b as u64)
+        });
+        c.search.prior = prior.clone();
+        progress.line(&format!(
+            "batchfit: sweep {name}={value} ({} of {}){}",
+            i + 1,
+            sw.points.len(),
+            predicted
+                .map(|b| format!(": the points before predict about {b}"))
+                .unwrap_or_default()
+        ));
+        let r = super::run_cached(&c, exe, progress, cache)?;
+        let answer = r.plan.recommendation.as_ref().map(|x| x.max_fitting_batch);
+        last_miss = match (&prior, answer) {
+            (Some(p), Some(a)) => prior_miss(p, &r.plan.trials, a),
+            _ => None,
+        };
+        if let Some(m) = r.plan.capacity_model.clone() {
+            models.push((*value, m));
+        }
+        if let Ending::Interrupted(sig) = r.ending {
+            interrupted = Some(sig);
+        }
+        done.push((*value, r, predicted));
+        if interrupted.is_some() {
+            break;
+        }
+    }
+    let points: Vec<SweepPoint> = done
+        .iter()
+        .map(|(value, r, predicted)| {
+            let p = &r.plan;
+            let rec = p
+                .recommendation
+                .as_ref()
+                .filter(|_| p.status == Status::Complete);
+            let max = rec.map(|x| x.max_fitting_batch);
+            let point_cfg = &sw
+                .points
+                .iter()
+                .find(|(v, _)| v == value)
+                .expect("a point of the sweep")
+                .1;
+            let tokens = sw.tokens_per_sample(point_cfg, *value);
+            SweepPoint {
+                value: *value,
+                status: p.status,
+                stop_reason: p.stop_reason,
+                max_fitting_batch: max,
+                first_failing_batch: rec.and_then(|x| x.first_failing_batch),
+                tokens_per_sample: tokens,
+                tokens_per_micro_batch: max.map(|b| b * tokens),
+                peak_bytes: max.and_then(|b| {
+                    super::single::best_fit(&p.trials, b).and_then(|t| t.outcome.peak_bytes())
+                }),
+                trials: p.trials.len(),
+                seconds: p.trials.iter().map(|t| t.seconds).sum(),
+                model_fingerprint: p.model.fingerprint().to_string(),
+                predicted_batch: *predicted,
+                capacity_model: p.capacity_model.clone(),
+                trial_records: p.trials.clone(),
+            }
+        })
+        .collect();
+    // The plan: the plan point's probe (or, when the sweep stopped before it, the last one run).
+    let at = done
+        .iter()
+        .position(|(v, _, _)| *v == sw.plan_point)
+        .unwrap_or(done.len() - 1);
+    let (_, report, _) = done.swap_remove(at);
+    let mut plan = report.plan;
+    let mut notices = report.notices;
+    for (_, r, _) in &done {
+        notices.extend(r.notices.iter().cloned());
+    }
+    plan.sweep = Some(Sweep {
+        parameter: name.into(),
+        plan_point: sw.plan_point,
+        points,
+    });
+    // Complete only when every point is: a point that stopped early (caps, errors) leaves the
+    // sweep partial; a point where nothing fits is an answer.
+    let mut ending = report.ending;
+    if let Some(sig) = interrupted {
+        ending = Ending::Interrupted(sig);
+    } else if ending == Ending::Complete {
+        if let Some(worst) = plan.sweep.as_ref().and_then(|s| {
+            s.points
+                .iter()
+                .find(|p| p.status == Status::Partial)
+                .map(|p| (p.value, p.stop_reason))
+        }) {
+            ending = Ending::of(worst.1, None);
+            plan.status = Status::Partial;
+            plan.warnings.push(format!(
+                "--sweep: the point {name}={} did not complete ({}); its row is partial",
+                worst.0,
+                worst.1.describe()
+            ));
+        }
+    }
+    if interrupted.is_some() {
+        plan.status = Status::Partial;
+    }
+    let written = report::write(cfg.out.as_deref(), &plan)?;
+    Ok(ProbeReport {
+        plan,
+        ending,
+        written,
+        notices,
+    })
+}
