@@ -446,6 +446,43 @@ fn predict_refuses_across_a_jump_or_a_knee() {
     );
 }
 
+/// attack15 A1: 9951 ran out of memory under the plan's limit only ~50 samples below where the line
+/// crosses it (2 GiB more from 9950 on, a miss the model takes for noise near the top): predict for
+/// the plan's own memory said 10000 (9963-10037), sizes the plan had seen run out of memory.
+#[test]
+fn predict_never_reaches_a_size_the_plan_saw_run_out_of_memory() {
+    let d = tmp();
+    let plan = sim_plan(
+        &d,
+        "near-jump.json",
+        "base=500MiB,per-sample=2395582,capacity=24GiB,jump=9950:2GiB",
+        &[],
+    );
+    let pj = read_json(&plan);
+    let oom = pj["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["outcome"] == "oom")
+        .map(|t| t["batch"].as_u64().unwrap())
+        .min()
+        .unwrap();
+    let a = batchfit()
+        .arg("predict")
+        .arg(&plan)
+        .args(["--memory", "24GiB,20GiB", "--format", "json"])
+        .assert()
+        .success();
+    let r: serde_json::Value = serde_json::from_slice(&a.get_output().stdout).unwrap();
+    for p in r["predictions"].as_array().unwrap() {
+        let e = &p["max_micro_batch"];
+        assert!(
+            e["micro_batch"].as_u64().unwrap() < oom && e["high"].as_u64().unwrap() < oom,
+            "{oom} ran out of memory under the plan's limit: {p}"
+        );
+    }
+}
+
 #[test]
 fn predict_bad_input_exits_2() {
     let d = tmp();
