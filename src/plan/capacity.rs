@@ -373,6 +373,9 @@ impl CapacityModel {
             high: floor(b + err),
             extrapolation: if b > self.range[1] as f64 {
                 b / self.range[1] as f64
+            } else if b < self.range[0] as f64 {
+                // Below the range: as far, the other way (never "within it").
+                self.range[0] as f64 / b.max(1.0)
             } else {
                 1.0
             },
@@ -386,7 +389,8 @@ pub struct Estimate {
     pub micro_batch: u64,
     pub low: u64,
     pub high: u64,
-    /// How far beyond the measured range the crossing lies (1: within it).
+    /// How far outside the measured range the crossing lies (1: within it): above it, the crossing
+    /// over the largest measured size; below it, the smallest measured size over the crossing.
     pub extrapolation: f64,
 }
 
@@ -581,11 +585,19 @@ pub fn predict(
         ));
     }
     if est.extrapolation > 4.0 {
-        p.notes.push(format!(
-            "extrapolated {:.0}× beyond the largest measured size ({}): the error bar assumes memory \
-             stays affine that far",
-            est.extrapolation, model.range[1]
-        ));
+        p.notes.push(if est.micro_batch < model.range[0] {
+            format!(
+                "extrapolated {:.0}× below the smallest measured size ({}): the error bar assumes \
+                 memory stays affine that far down (no knee was measured there)",
+                est.extrapolation, model.range[0]
+            )
+        } else {
+            format!(
+                "extrapolated {:.0}× beyond the largest measured size ({}): the error bar assumes \
+                 memory stays affine that far",
+                est.extrapolation, model.range[1]
+            )
+        });
     }
     if est.high >= target.max_batch / target.multiple_of.max(1) * target.multiple_of.max(1) {
         p.notes.push(format!(
@@ -1135,5 +1147,26 @@ mod tests {
         assert_eq!(p.limit_bytes, (2000.0 * MIB as f64 * 0.98) as u64);
         // (2000 × 0.98 − 1000) MiB at 1 MiB a sample
         assert_eq!(p.max_micro_batch.unwrap().micro_batch, 960);
+    }
+
+    #[test]
+    fn a_crossing_below_the_range_is_an_extrapolation() {
+        // Measured from 6000 up (--min-batch 6000); 2 GiB gives ~632: not "within the range".
+        let per = 2_395_582u64;
+        let peak = |b: u64| 500 * MIB + per * b;
+        let trials = vec![
+            trial(6000, Some(peak(6000)), 3, 1),
+            trial(8250, Some(peak(8250)), 3, 1),
+            trial(10000, Some(peak(10000)), 5, 1),
+        ];
+        let m = CapacityModel::fit(&trials, peak(10000)).unwrap();
+        let p = predict(&m, 2 << 30, 0, 0.05, Target::default());
+        let e = p.max_micro_batch.unwrap();
+        assert_eq!(e.micro_batch, 632);
+        assert!((e.extrapolation - 6000.0 / 632.9).abs() < 0.05, "{e:?}");
+        assert!(p.notes.iter().any(|n| n.contains("below the smallest measured size (6000)")), "{p:?}");
+        // Within the range: 1.
+        let inside = m.largest_under(peak(7000), 0.0).unwrap();
+        assert_eq!(inside.extrapolation, 1.0);
     }
 }
