@@ -540,3 +540,50 @@ fn tolerance_outside_its_range_is_refused() {
             .stderr(predicate::str::contains("is outside [0, 0.1]"));
     }
 }
+
+/// attack15 A4: a sweep interrupted before its plan point (`--seq-len 128` of 32,64,128) writes the
+/// plan of the last point run; its `sweep.plan_point` said 128 while the model, trials and
+/// recommendation were of 64.
+#[test]
+fn an_interrupted_sweep_names_the_point_its_plan_is_of() {
+    use std::io::BufRead;
+    let d = tmp();
+    let out = path(&d, "sweep.json");
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_batchfit"));
+    c.env("BATCHFIT_CACHE_DIR", fresh_cache_dir())
+        .args(["probe", "--backend", "cpu", "--model", "gpt", "--layers", "1"])
+        .args(["--d-model", "32", "--heads", "2", "--vocab", "512"])
+        .args(["--memory-budget", "900MiB", "--margin", "0", "--steps", "1"])
+        .args(["--confirm-steps", "2", "--threads", "1", "--format", "json"])
+        .args(["--sweep", "seq-len=32,64,128", "--seq-len", "128", "--out"])
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut seen = vec![];
+    let (mut in_second, mut sent) = (false, false);
+    for line in stderr.lines() {
+        let line = line.unwrap();
+        seen.push(line.clone());
+        if line.contains("sweep seq-len=64 (2 of 3)") {
+            in_second = true;
+        }
+        if in_second && !sent && line.contains("trial") && line.contains("batch") {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+            sent = true;
+        }
+        // (reading on to the end: a closed pipe would fail batchfit's own writes)
+    }
+    assert!(in_second, "{seen:?}");
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    let plan = read_json(&path(&d, "sweep.partial.json"));
+    let seq = plan["model"]["config"]["architecture"]["seq_len"].clone();
+    assert_eq!(seq, 64);
+    assert_eq!(plan["sweep"]["plan_point"], seq, "{}", plan["sweep"]);
+    assert!(plan["warnings"]
+        .to_string()
+        .contains("stopped before seq-len=128"));
+}
