@@ -587,3 +587,43 @@ fn an_interrupted_sweep_names_the_point_its_plan_is_of() {
         .to_string()
         .contains("stopped before seq-len=128"));
 }
+
+/// attack15 A5: a plan verified on another device kept the capacity model of the device it was
+/// probed on, so `batchfit predict` printed that line under the new device's name (3 MiB a sample on
+/// a device of 2 MiB a sample: 25600 predicted at 80 GiB where the line there gives 38400).
+#[test]
+fn a_plan_verified_elsewhere_predicts_nothing_from_the_old_line() {
+    let d = tmp();
+    let plan = sim_plan(&d, "a.json", "base=1GiB,per-sample=3MiB,capacity=16GiB", &[]);
+    let verified = path(&d, "v.json");
+    batchfit()
+        .arg("verify")
+        .arg(&plan)
+        .args(["--sim", "base=1GiB,per-sample=2MiB,capacity=24GiB", "--quiet", "--out"])
+        .arg(&verified)
+        .assert()
+        .success();
+    let a = batchfit()
+        .arg("predict")
+        .arg(&verified)
+        .args(["--memory", "80GiB", "--format", "json"])
+        .assert()
+        .success();
+    let r: serde_json::Value = serde_json::from_slice(&a.get_output().stdout).unwrap();
+    let p = &r["predictions"][0];
+    assert!(p["max_micro_batch"].is_null(), "{p}");
+    assert!(
+        p["refused"].as_str().unwrap().contains("was measured on"),
+        "{p}"
+    );
+    // verified on the same device: the line is kept
+    let same = path(&d, "same.json");
+    batchfit()
+        .arg("verify")
+        .arg(&plan)
+        .args(["--quiet", "--out"])
+        .arg(&same)
+        .assert()
+        .success();
+    assert!(read_json(&same)["capacity_model"]["refusal"].is_null());
+}

@@ -309,6 +309,22 @@ impl CapacityModel {
         })
     }
 
+    /// A model that predicts nothing, for `why` (no points).
+    pub fn refused(why: String) -> CapacityModel {
+        CapacityModel {
+            fixed_bytes: 0.0,
+            per_sample_bytes: 0.0,
+            points: vec![],
+            range: [0, 0],
+            max_residual_bytes: 0.0,
+            per_sample_error_bytes: 0.0,
+            knee_below: None,
+            jump_above: None,
+            accumulation: vec![],
+            refusal: Some(why),
+        }
+    }
+
     /// The line's peak at `batch` (accumulation 1).
     pub fn peak_at(&self, batch: f64) -> f64 {
         self.fixed_bytes + self.per_sample_bytes * batch
