@@ -551,7 +551,15 @@ fn an_interrupted_sweep_names_the_point_its_plan_is_of() {
     let out = path(&d, "sweep.json");
     let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_batchfit"));
     c.env("BATCHFIT_CACHE_DIR", fresh_cache_dir())
-        .args(["probe", "--backend", "cpu", "--model", "gpt", "--layers", "1"])
+        .args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--model",
+            "gpt",
+            "--layers",
+            "1",
+        ])
         .args(["--d-model", "32", "--heads", "2", "--vocab", "512"])
         .args(["--memory-budget", "900MiB", "--margin", "0", "--steps", "1"])
         .args(["--confirm-steps", "2", "--threads", "1", "--format", "json"])
@@ -594,12 +602,22 @@ fn an_interrupted_sweep_names_the_point_its_plan_is_of() {
 #[test]
 fn a_plan_verified_elsewhere_predicts_nothing_from_the_old_line() {
     let d = tmp();
-    let plan = sim_plan(&d, "a.json", "base=1GiB,per-sample=3MiB,capacity=16GiB", &[]);
+    let plan = sim_plan(
+        &d,
+        "a.json",
+        "base=1GiB,per-sample=3MiB,capacity=16GiB",
+        &[],
+    );
     let verified = path(&d, "v.json");
     batchfit()
         .arg("verify")
         .arg(&plan)
-        .args(["--sim", "base=1GiB,per-sample=2MiB,capacity=24GiB", "--quiet", "--out"])
+        .args([
+            "--sim",
+            "base=1GiB,per-sample=2MiB,capacity=24GiB",
+            "--quiet",
+            "--out",
+        ])
         .arg(&verified)
         .assert()
         .success();

@@ -1140,10 +1140,16 @@ mod tests {
         assert_eq!(p.limit_bytes, limit);
         let e = p.max_micro_batch.unwrap();
         assert!(e.micro_batch < 9951 && e.high < 9951, "{e:?}");
-        assert!(p.notes.iter().any(|n| n.contains("9951 ran out of memory")), "{p:?}");
+        assert!(
+            p.notes.iter().any(|n| n.contains("9951 ran out of memory")),
+            "{p:?}"
+        );
         // Less memory: below the jump, the line holds.
         let small = predict(&m, 12 << 30, 0, 0.05, t).max_micro_batch.unwrap();
-        assert_eq!(small.micro_batch, (((12u64 << 30) as f64 * 0.95 - (500 * MIB) as f64) / per as f64) as u64);
+        assert_eq!(
+            small.micro_batch,
+            (((12u64 << 30) as f64 * 0.95 - (500 * MIB) as f64) / per as f64) as u64
+        );
         // More memory: at least the shortfall at 9951 is carried above it.
         let big = predict(&m, 80 << 30, 0, 0.05, t).max_micro_batch.unwrap();
         let line = (((80u64 << 30) as f64 * 0.95 - (500 * MIB) as f64) / per as f64) as u64;
@@ -1153,7 +1159,10 @@ mod tests {
     #[test]
     fn predictions_keep_the_plan_guard_band() {
         let peak = |b: u64| 1000 * MIB + MIB * b;
-        let trials = vec![trial(10, Some(peak(10)), 3, 1), trial(500, Some(peak(500)), 5, 1)];
+        let trials = vec![
+            trial(10, Some(peak(10)), 3, 1),
+            trial(500, Some(peak(500)), 5, 1),
+        ];
         let m = CapacityModel::fit(&trials, peak(500)).unwrap();
         let t = Target {
             guard_band: Some(0.02),
@@ -1180,7 +1189,12 @@ mod tests {
         let e = p.max_micro_batch.unwrap();
         assert_eq!(e.micro_batch, 632);
         assert!((e.extrapolation - 6000.0 / 632.9).abs() < 0.05, "{e:?}");
-        assert!(p.notes.iter().any(|n| n.contains("below the smallest measured size (6000)")), "{p:?}");
+        assert!(
+            p.notes
+                .iter()
+                .any(|n| n.contains("below the smallest measured size (6000)")),
+            "{p:?}"
+        );
         // Within the range: 1.
         let inside = m.largest_under(peak(7000), 0.0).unwrap();
         assert_eq!(inside.extrapolation, 1.0);
