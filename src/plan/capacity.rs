@@ -562,7 +562,8 @@ pub fn predict(
             let shifted = model.largest_under(limit_bytes, extra + short)?;
             if shifted.micro_batch < e.micro_batch {
                 notes.push(format!(
-                    "{bo} ran out of memory under the plan's limit although the line says it fits                      ({:.1} MiB short there): the prediction carries that shortfall above {bo}",
+                    "{bo} ran out of memory under the plan's limit although the line says it fits \
+                     ({:.1} MiB short there): the prediction carries that shortfall above {bo}",
                     short / (1024.0 * 1024.0)
                 ));
                 e = shifted;
@@ -579,8 +580,10 @@ pub fn predict(
                     e.micro_batch
                 ));
             }
+            // (the error bar moves down with the estimate, not into a point)
+            let moved = e.micro_batch.saturating_sub(below);
             e.micro_batch = e.micro_batch.min(below);
-            e.low = e.low.min(below);
+            e.low = e.low.saturating_sub(moved).min(below);
             e.high = e.high.min(below);
         }
         Ok(cap(e, target))
@@ -1140,6 +1143,9 @@ mod tests {
         assert_eq!(p.limit_bytes, limit);
         let e = p.max_micro_batch.unwrap();
         assert!(e.micro_batch < 9951 && e.high < 9951, "{e:?}");
+        // the error bar moved down with it, not into a point; and the notes read as sentences
+        assert!(e.low + 30 < e.micro_batch, "{e:?}");
+        assert!(p.notes.iter().all(|n| !n.contains("  ")), "{:?}", p.notes);
         assert!(
             p.notes.iter().any(|n| n.contains("9951 ran out of memory")),
             "{p:?}"
