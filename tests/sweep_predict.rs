@@ -446,6 +446,43 @@ fn predict_refuses_across_a_jump_or_a_knee() {
     );
 }
 
+/// attack15 A1: 9951 ran out of memory under the plan's limit only ~50 samples below where the line
+/// crosses it (2 GiB more from 9950 on, a miss the model takes for noise near the top): predict for
+/// the plan's own memory said 10000 (9963-10037), sizes the plan had seen run out of memory.
+#[test]
+fn predict_never_reaches_a_size_the_plan_saw_run_out_of_memory() {
+    let d = tmp();
+    let plan = sim_plan(
+        &d,
+        "near-jump.json",
+        "base=500MiB,per-sample=2395582,capacity=24GiB,jump=9950:2GiB",
+        &[],
+    );
+    let pj = read_json(&plan);
+    let oom = pj["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["outcome"] == "oom")
+        .map(|t| t["batch"].as_u64().unwrap())
+        .min()
+        .unwrap();
+    let a = batchfit()
+        .arg("predict")
+        .arg(&plan)
+        .args(["--memory", "24GiB,20GiB", "--format", "json"])
+        .assert()
+        .success();
+    let r: serde_json::Value = serde_json::from_slice(&a.get_output().stdout).unwrap();
+    for p in r["predictions"].as_array().unwrap() {
+        let e = &p["max_micro_batch"];
+        assert!(
+            e["micro_batch"].as_u64().unwrap() < oom && e["high"].as_u64().unwrap() < oom,
+            "{oom} ran out of memory under the plan's limit: {p}"
+        );
+    }
+}
+
 #[test]
 fn predict_bad_input_exits_2() {
     let d = tmp();
@@ -502,4 +539,109 @@ fn tolerance_outside_its_range_is_refused() {
             .code(2)
             .stderr(predicate::str::contains("is outside [0, 0.1]"));
     }
+}
+
+/// attack15 A4: a sweep interrupted before its plan point (`--seq-len 128` of 32,64,128) writes the
+/// plan of the last point run; its `sweep.plan_point` said 128 while the model, trials and
+/// recommendation were of 64.
+#[test]
+fn an_interrupted_sweep_names_the_point_its_plan_is_of() {
+    use std::io::BufRead;
+    let d = tmp();
+    let out = path(&d, "sweep.json");
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_batchfit"));
+    c.env("BATCHFIT_CACHE_DIR", fresh_cache_dir())
+        .args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--model",
+            "gpt",
+            "--layers",
+            "1",
+        ])
+        .args(["--d-model", "32", "--heads", "2", "--vocab", "512"])
+        .args(["--memory-budget", "900MiB", "--margin", "0", "--steps", "1"])
+        .args(["--confirm-steps", "2", "--threads", "1", "--format", "json"])
+        .args(["--sweep", "seq-len=32,64,128", "--seq-len", "128", "--out"])
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut seen = vec![];
+    let (mut in_second, mut sent) = (false, false);
+    for line in stderr.lines() {
+        let line = line.unwrap();
+        seen.push(line.clone());
+        if line.contains("sweep seq-len=64 (2 of 3)") {
+            in_second = true;
+        }
+        if in_second && !sent && line.contains("trial") && line.contains("batch") {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+            sent = true;
+        }
+        // (reading on to the end: a closed pipe would fail batchfit's own writes)
+    }
+    assert!(in_second, "{seen:?}");
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    let plan = read_json(&path(&d, "sweep.partial.json"));
+    let seq = plan["model"]["config"]["architecture"]["seq_len"].clone();
+    assert_eq!(seq, 64);
+    assert_eq!(plan["sweep"]["plan_point"], seq, "{}", plan["sweep"]);
+    assert!(plan["warnings"]
+        .to_string()
+        .contains("stopped before seq-len=128"));
+}
+
+/// attack15 A5: a plan verified on another device kept the capacity model of the device it was
+/// probed on, so `batchfit predict` printed that line under the new device's name (3 MiB a sample on
+/// a device of 2 MiB a sample: 25600 predicted at 80 GiB where the line there gives 38400).
+#[test]
+fn a_plan_verified_elsewhere_predicts_nothing_from_the_old_line() {
+    let d = tmp();
+    let plan = sim_plan(
+        &d,
+        "a.json",
+        "base=1GiB,per-sample=3MiB,capacity=16GiB",
+        &[],
+    );
+    let verified = path(&d, "v.json");
+    batchfit()
+        .arg("verify")
+        .arg(&plan)
+        .args([
+            "--sim",
+            "base=1GiB,per-sample=2MiB,capacity=24GiB",
+            "--quiet",
+            "--out",
+        ])
+        .arg(&verified)
+        .assert()
+        .success();
+    let a = batchfit()
+        .arg("predict")
+        .arg(&verified)
+        .args(["--memory", "80GiB", "--format", "json"])
+        .assert()
+        .success();
+    let r: serde_json::Value = serde_json::from_slice(&a.get_output().stdout).unwrap();
+    let p = &r["predictions"][0];
+    assert!(p["max_micro_batch"].is_null(), "{p}");
+    assert!(
+        p["refused"].as_str().unwrap().contains("was measured on"),
+        "{p}"
+    );
+    // verified on the same device: the line is kept
+    let same = path(&d, "same.json");
+    batchfit()
+        .arg("verify")
+        .arg(&plan)
+        .args(["--quiet", "--out"])
+        .arg(&same)
+        .assert()
+        .success();
+    assert!(read_json(&same)["capacity_model"]["refusal"].is_null());
 }

@@ -309,6 +309,22 @@ impl CapacityModel {
         })
     }
 
+    /// A model that predicts nothing, for `why` (no points).
+    pub fn refused(why: String) -> CapacityModel {
+        CapacityModel {
+            fixed_bytes: 0.0,
+            per_sample_bytes: 0.0,
+            points: vec![],
+            range: [0, 0],
+            max_residual_bytes: 0.0,
+            per_sample_error_bytes: 0.0,
+            knee_below: None,
+            jump_above: None,
+            accumulation: vec![],
+            refusal: Some(why),
+        }
+    }
+
     /// The line's peak at `batch` (accumulation 1).
     pub fn peak_at(&self, batch: f64) -> f64 {
         self.fixed_bytes + self.per_sample_bytes * batch
@@ -373,6 +389,9 @@ impl CapacityModel {
             high: floor(b + err),
             extrapolation: if b > self.range[1] as f64 {
                 b / self.range[1] as f64
+            } else if b < self.range[0] as f64 {
+                // Below the range: as far, the other way (never "within it").
+                self.range[0] as f64 / b.max(1.0)
             } else {
                 1.0
             },
@@ -386,7 +405,8 @@ pub struct Estimate {
     pub micro_batch: u64,
     pub low: u64,
     pub high: u64,
-    /// How far beyond the measured range the crossing lies (1: within it).
+    /// How far outside the measured range the crossing lies (1: within it): above it, the crossing
+    /// over the largest measured size; below it, the smallest measured size over the crossing.
     pub extrapolation: f64,
 }
 
@@ -430,6 +450,44 @@ pub struct Target {
     /// `--multiple-of` of the probe.
     pub multiple_of: u64,
     pub split: Option<SplitTarget>,
+    /// The plan's guard band ([`crate::plan::Plan::guard_band`]): its trials ran under the limit
+    /// less this share, and so does every prediction (the probe would set the same band).
+    pub guard_band: Option<f64>,
+    /// What the plan's own trials showed out of memory: the smallest size that ran out of memory at
+    /// accumulation 1 and with accumulation, under `limit_bytes` (the plan's limit). Evidence: no
+    /// prediction for a limit at most that one may reach it, and where the line said it fits, the
+    /// line is that much short there.
+    pub oom: Option<OomEvidence>,
+}
+
+/// The plan's out-of-memory evidence (see [`Target::oom`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OomEvidence {
+    /// The plan's `limit_bytes`: the limit those trials ran under.
+    pub limit_bytes: u64,
+    /// The smallest size out of memory at accumulation 1.
+    pub batch: Option<u64>,
+    /// The smallest size out of memory with accumulation > 1.
+    pub accumulating: Option<u64>,
+}
+
+impl OomEvidence {
+    /// The evidence of `trials` run under `limit_bytes`.
+    pub fn of(trials: &[TrialRecord], limit_bytes: u64) -> Option<OomEvidence> {
+        let smallest = |acc: bool| {
+            trials
+                .iter()
+                .filter(|t| (t.accumulation > 1) == acc && t.outcome.is_bound())
+                .map(|t| t.batch)
+                .min()
+        };
+        let e = OomEvidence {
+            limit_bytes,
+            batch: smallest(false),
+            accumulating: smallest(true),
+        };
+        (e.batch.is_some() || e.accumulating.is_some()).then_some(e)
+    }
 }
 
 /// The global batch to split with a predicted size.
@@ -447,6 +505,8 @@ impl Default for Target {
             max_batch: 1_000_000,
             multiple_of: 1,
             split: None,
+            guard_band: None,
+            oom: None,
         }
     }
 }
@@ -459,7 +519,11 @@ pub fn predict(
     margin: f64,
     target: Target,
 ) -> Prediction {
-    let limit_bytes = limit(memory, reserve, margin);
+    // Under the plan's guard band, as the probe would set it for this budget.
+    let limit_bytes = match target.guard_band {
+        Some(g) if g > 0.0 && g < 1.0 => (limit(memory, reserve, margin) as f64 * (1.0 - g)) as u64,
+        _ => limit(memory, reserve, margin),
+    };
     let mut p = Prediction {
         memory_bytes: memory,
         reserve_bytes: reserve,
@@ -482,13 +546,57 @@ pub fn predict(
             ..e
         }
     };
-    let est = match model.largest_under(limit_bytes, 0.0) {
-        Ok(e) => cap(e, target),
+    // The line's estimate with `extra` bytes, held to the plan's out-of-memory evidence at `oom`
+    // (the smallest size that ran out of memory under the plan's limit): the line may say that size
+    // fits (a miss within what `fit` takes for noise near the top), but it did not.
+    let bounded = |extra: f64, oom: Option<u64>, notes: &mut Vec<String>| {
+        let mut e = model.largest_under(limit_bytes, extra)?;
+        let (Some(ev), Some(bo)) = (target.oom, oom) else {
+            return Ok(cap(e, target));
+        };
+        // How far the line (with `extra`) is below the plan's limit at `bo`: it said `bo` fits.
+        let short = ev.limit_bytes as f64 - model.peak_at(bo as f64) - extra;
+        if limit_bytes > ev.limit_bytes && short > 0.0 {
+            // The curve is at least `short` above the line at `bo` (a jump, or memory that grows
+            // faster near the top): carried above it.
+            let shifted = model.largest_under(limit_bytes, extra + short)?;
+            if shifted.micro_batch < e.micro_batch {
+                notes.push(format!(
+                    "{bo} ran out of memory under the plan's limit although the line says it fits \
+                     ({:.1} MiB short there): the prediction carries that shortfall above {bo}",
+                    short / (1024.0 * 1024.0)
+                ));
+                e = shifted;
+            }
+        }
+        if limit_bytes <= ev.limit_bytes && e.high >= bo {
+            // Less memory than the plan's limit, under which `bo` already ran out of memory.
+            let below = bo.saturating_sub(1);
+            if e.micro_batch >= bo {
+                notes.push(format!(
+                    "{bo} ran out of memory under the plan's limit ({}), which is at least this one; \
+                     the line says {} fits: capped below {bo}",
+                    crate::platform::units::format_size(ev.limit_bytes),
+                    e.micro_batch
+                ));
+            }
+            // (the error bar moves down with the estimate, not into a point)
+            let moved = e.micro_batch.saturating_sub(below);
+            e.micro_batch = e.micro_batch.min(below);
+            e.low = e.low.saturating_sub(moved).min(below);
+            e.high = e.high.min(below);
+        }
+        Ok(cap(e, target))
+    };
+    let mut notes = vec![];
+    let est = match bounded(0.0, target.oom.and_then(|o| o.batch), &mut notes) {
+        Ok(e) => e,
         Err(why) => {
             p.refused = Some(why);
             return p;
         }
     };
+    p.notes.append(&mut notes);
     if est.micro_batch == 0 {
         p.notes.push(format!(
             "the line's fixed part ({:.0} MiB) leaves no room for one sample under this limit",
@@ -496,11 +604,19 @@ pub fn predict(
         ));
     }
     if est.extrapolation > 4.0 {
-        p.notes.push(format!(
-            "extrapolated {:.0}× beyond the largest measured size ({}): the error bar assumes memory \
-             stays affine that far",
-            est.extrapolation, model.range[1]
-        ));
+        p.notes.push(if est.micro_batch < model.range[0] {
+            format!(
+                "extrapolated {:.0}× below the smallest measured size ({}): the error bar assumes \
+                 memory stays affine that far down (no knee was measured there)",
+                est.extrapolation, model.range[0]
+            )
+        } else {
+            format!(
+                "extrapolated {:.0}× beyond the largest measured size ({}): the error bar assumes \
+                 memory stays affine that far",
+                est.extrapolation, model.range[1]
+            )
+        });
     }
     if est.high >= target.max_batch / target.multiple_of.max(1) * target.multiple_of.max(1) {
         p.notes.push(format!(
@@ -519,9 +635,15 @@ pub fn predict(
             Ok(s) if s.accumulation > 1 => {
                 // Accumulating holds more memory: the measured extra, if the plan has it.
                 match model.accumulation_extra() {
-                    Some(extra) => match model.largest_under(limit_bytes, extra) {
+                    Some(extra) => match bounded(
+                        extra,
+                        target.oom.and_then(|o| match (o.accumulating, o.batch) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        }),
+                        &mut p.notes,
+                    ) {
                         Ok(ea) => {
-                            let ea = cap(ea, target);
                             p.max_micro_batch_accumulating = Some(ea);
                             match accumulate::split(
                                 t.global_batch,
@@ -544,8 +666,35 @@ pub fn predict(
                              assumes accumulated gradients cost no memory beyond the line"
                                 .into(),
                         );
-                        p.notes.extend(s.warning.clone());
-                        p.split = Some(s);
+                        // A size that ran out of memory with accumulation under the plan's limit
+                        // (at least this one) is no size to accumulate with.
+                        let failed = target
+                            .oom
+                            .filter(|o| limit_bytes <= o.limit_bytes)
+                            .and_then(|o| o.accumulating)
+                            .filter(|&a| s.micro_batch >= a);
+                        match failed {
+                            Some(a) => match accumulate::split(
+                                t.global_batch,
+                                t.world_size,
+                                a - 1,
+                                t.allow_uneven,
+                            ) {
+                                Ok(s2) => {
+                                    p.notes.push(format!(
+                                        "{a} ran out of memory with accumulation under the plan's \
+                                         limit: the split stays below it"
+                                    ));
+                                    p.notes.extend(s2.warning.clone());
+                                    p.split = Some(s2);
+                                }
+                                Err(e) => p.notes.push(format!("no split: {e}")),
+                            },
+                            None => {
+                                p.notes.extend(s.warning.clone());
+                                p.split = Some(s);
+                            }
+                        }
                     }
                 }
             }
@@ -715,6 +864,8 @@ pub fn report(
                 world_size: r.world_size,
                 allow_uneven: r.uneven,
             }),
+        guard_band: plan.guard_band,
+        oom: OomEvidence::of(&plan.trials, plan.limit_bytes),
     };
     let predictions = sizes
         .iter()
@@ -962,5 +1113,96 @@ mod tests {
         let s = p.split.unwrap();
         assert_eq!((s.micro_batch, s.accumulation), (800, 5));
         assert!(!p.proven);
+    }
+
+    #[test]
+    fn an_out_of_memory_the_line_missed_bounds_the_prediction() {
+        // On the line up to 9949, 2 GiB more from 9950 (sim jump=9950:2GiB): 9951 ran out of memory
+        // only ~50 samples below where the line crosses the limit, a miss `fit` takes for noise
+        // near the top (no jump_above), so the line alone predicted 10000 (9963-10037) for the very
+        // limit under which 9951 ran out of memory.
+        let per = 2_395_582u64;
+        let peak = |b: u64| 500 * MIB + per * b + if b >= 9950 { 2048 * MIB } else { 0 };
+        let limit = 24_481_313_587u64;
+        let trials = vec![
+            trial(1, Some(peak(1)), 3, 1),
+            trial(46, Some(peak(46)), 3, 1),
+            trial(10000, None, 5, 1),
+            trial(5023, Some(peak(5023)), 5, 1),
+            trial(9951, None, 5, 1),
+            trial(9913, Some(peak(9913)), 5, 1),
+        ];
+        let m = CapacityModel::fit(&trials, limit).unwrap();
+        assert_eq!(m.jump_above, None);
+        let t = Target {
+            oom: OomEvidence::of(&trials, limit),
+            ..Target::default()
+        };
+        // The plan's own memory (24 GiB, margin 0.05): below 9951, error bar included.
+        let p = predict(&m, 24 << 30, 0, 0.05, t);
+        assert_eq!(p.limit_bytes, limit);
+        let e = p.max_micro_batch.unwrap();
+        assert!(e.micro_batch < 9951 && e.high < 9951, "{e:?}");
+        // the error bar moved down with it, not into a point; and the notes read as sentences
+        assert!(e.low + 30 < e.micro_batch, "{e:?}");
+        assert!(p.notes.iter().all(|n| !n.contains("  ")), "{:?}", p.notes);
+        assert!(
+            p.notes.iter().any(|n| n.contains("9951 ran out of memory")),
+            "{p:?}"
+        );
+        // Less memory: below the jump, the line holds.
+        let small = predict(&m, 12 << 30, 0, 0.05, t).max_micro_batch.unwrap();
+        assert_eq!(
+            small.micro_batch,
+            (((12u64 << 30) as f64 * 0.95 - (500 * MIB) as f64) / per as f64) as u64
+        );
+        // More memory: at least the shortfall at 9951 is carried above it.
+        let big = predict(&m, 80 << 30, 0, 0.05, t).max_micro_batch.unwrap();
+        let line = (((80u64 << 30) as f64 * 0.95 - (500 * MIB) as f64) / per as f64) as u64;
+        assert!(big.micro_batch + 45 <= line, "{big:?} vs the line's {line}");
+    }
+
+    #[test]
+    fn predictions_keep_the_plan_guard_band() {
+        let peak = |b: u64| 1000 * MIB + MIB * b;
+        let trials = vec![
+            trial(10, Some(peak(10)), 3, 1),
+            trial(500, Some(peak(500)), 5, 1),
+        ];
+        let m = CapacityModel::fit(&trials, peak(500)).unwrap();
+        let t = Target {
+            guard_band: Some(0.02),
+            ..Target::default()
+        };
+        let p = predict(&m, 2000 * MIB, 0, 0.0, t);
+        assert_eq!(p.limit_bytes, (2000.0 * MIB as f64 * 0.98) as u64);
+        // (2000 × 0.98 − 1000) MiB at 1 MiB a sample
+        assert_eq!(p.max_micro_batch.unwrap().micro_batch, 960);
+    }
+
+    #[test]
+    fn a_crossing_below_the_range_is_an_extrapolation() {
+        // Measured from 6000 up (--min-batch 6000); 2 GiB gives ~632: not "within the range".
+        let per = 2_395_582u64;
+        let peak = |b: u64| 500 * MIB + per * b;
+        let trials = vec![
+            trial(6000, Some(peak(6000)), 3, 1),
+            trial(8250, Some(peak(8250)), 3, 1),
+            trial(10000, Some(peak(10000)), 5, 1),
+        ];
+        let m = CapacityModel::fit(&trials, peak(10000)).unwrap();
+        let p = predict(&m, 2 << 30, 0, 0.05, Target::default());
+        let e = p.max_micro_batch.unwrap();
+        assert_eq!(e.micro_batch, 632);
+        assert!((e.extrapolation - 6000.0 / 632.9).abs() < 0.05, "{e:?}");
+        assert!(
+            p.notes
+                .iter()
+                .any(|n| n.contains("below the smallest measured size (6000)")),
+            "{p:?}"
+        );
+        // Within the range: 1.
+        let inside = m.largest_under(peak(7000), 0.0).unwrap();
+        assert_eq!(inside.extrapolation, 1.0);
     }
 }

@@ -167,12 +167,42 @@ pub fn evidence(plan: &Plan) -> Result<(), String> {
         ));
     }
     if let Some(f) = r.first_failing_batch {
+        // At accumulation 1, as max_fitting_batch: an out-of-memory with accumulation says nothing
+        // of the size alone.
         if !plan
             .trials
             .iter()
-            .any(|t| t.batch == f && t.outcome.is_bound())
+            .any(|t| t.batch == f && t.accumulation <= 1 && t.outcome.is_bound())
         {
             return Err(format!("no trial of its first failing size {f} failed"));
+        }
+    }
+    // What the stop reason claims of the bracket: the next size, or one within the tolerance.
+    use crate::search::StopReason;
+    if matches!(
+        plan.stop_reason,
+        StopReason::Proven | StopReason::ProvenWithinTolerance
+    ) {
+        let step = plan.search.multiple_of.max(1);
+        let tolerance = plan.search.tolerance.unwrap_or(0.0);
+        let b = r.max_fitting_batch;
+        let ok = match r.first_failing_batch {
+            None => false,
+            Some(f) if plan.stop_reason == StopReason::Proven => f == b + step,
+            Some(f) => crate::search::within_tolerance(b, f, tolerance, step),
+        };
+        if !ok {
+            return Err(format!(
+                "its stop reason {:?} does not match its bracket: fits at {b}, first failing {}{}",
+                plan.stop_reason,
+                r.first_failing_batch
+                    .map_or("none".to_string(), |f| f.to_string()),
+                if plan.stop_reason == StopReason::Proven {
+                    String::new()
+                } else {
+                    format!(" (tolerance {tolerance})")
+                }
+            ));
         }
     }
     Ok(())

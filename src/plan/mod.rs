@@ -155,6 +155,31 @@ mod tests {
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
     }
 
+    /// attack15 A6: the cache trusts a plan whose trials back it; a bracket wider than its stop
+    /// reason claims (an edited `first_failing_batch` on an out-of-memory far above) was trusted.
+    #[test]
+    fn the_evidence_holds_the_bracket_to_its_stop_reason() {
+        let plan = sample_plan();
+        check::evidence(&plan).unwrap();
+        let r = plan.recommendation.as_ref().unwrap();
+        // an out-of-memory far above the answer (as a search's first candidate often is)
+        let far = 2 * r.max_fitting_batch;
+        let mut edited = plan.clone();
+        let mut oom = plan
+            .trials
+            .iter()
+            .find(|t| t.outcome.is_bound() && t.accumulation <= 1)
+            .unwrap()
+            .clone();
+        oom.batch = far;
+        edited.trials.push(oom);
+        check::evidence(&edited).unwrap();
+        edited.recommendation.as_mut().unwrap().first_failing_batch = Some(far);
+        check::invariants(&edited).unwrap();
+        let e = check::evidence(&edited).unwrap_err();
+        assert!(e.contains("does not match its bracket"), "{e}");
+    }
+
     proptest! {
         /// Truncated or corrupted plan files give an error (never a panic, never a silently
         /// different plan from a truncated file).

@@ -113,15 +113,23 @@ pub fn run(
         .iter()
         .position(|(v, _, _)| *v == sw.plan_point)
         .unwrap_or(done.len() - 1);
-    let (_, report, _) = done.swap_remove(at);
+    let (plan_value, report, _) = done.swap_remove(at);
     let mut plan = report.plan;
+    if plan_value != sw.plan_point {
+        plan.warnings.push(format!(
+            "--sweep stopped before {name}={}: this plan's model, trials and recommendation are of \
+             {name}={plan_value}",
+            sw.plan_point
+        ));
+    }
     let mut notices = report.notices;
     for (_, r, _) in &done {
         notices.extend(r.notices.iter().cloned());
     }
     plan.sweep = Some(Sweep {
         parameter: name.into(),
-        plan_point: sw.plan_point,
+        // The point this plan is of: the one asked for, or the last one run when it stopped first.
+        plan_point: plan_value,
         points,
     });
     // Complete only when every point is: a point that stopped early (caps, errors) leaves the

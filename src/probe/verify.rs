@@ -146,6 +146,19 @@ pub fn verify(
     match &ending {
         VerifyEnding::Verified => {
             out.verified = Some(true);
+            let elsewhere = plan.device.kind != device.kind
+                || plan.device.name != device.name
+                || plan.device.total_bytes != device.total_bytes;
+            if elsewhere {
+                // The plan's line was measured on the plan's device; the trials here only confirm
+                // sizes. Kept, it would be predicted from as this device's (`batchfit predict`).
+                out.capacity_model = Some(crate::plan::CapacityModel::refused(format!(
+                    "the line was measured on {} and this plan was verified on {}: its trials here \
+                     confirm sizes, they do not measure a line; probe this device (batchfit probe) \
+                     for a capacity model of it",
+                    plan.device.name, device.name
+                )));
+            }
             out.device = device.clone();
             out.limit_bytes = limit;
             if let (Some(r), Some(t)) = (

@@ -573,3 +573,55 @@ fn a_near_miss_of_the_line_is_closed_by_one_fit() {
         out.trials.len()
     );
 }
+
+proptest! {
+    /// attack15: a prior (a sweep's earlier points; right, a little off or far off, confident or
+    /// not) and a `--min-batch` only change where the search looks: the answer is still a size that
+    /// fit with the confirmation's steps, never above the truth, proven within the tolerance.
+    #[test]
+    fn prior_and_min_batch_property(base in 0u64..(4u64<<30), per in 1u64..(64*MIB), cap in (64*MIB)..(100u64<<30),
+                          knee in 0u64..200, jump_at in 1u64..100_000, jump in 0u64..(512*MIB),
+                          late in 0u64..(64*1024), noise in prop::sample::select(vec![0.0, 0.0, 0.01]),
+                          min_batch in prop::sample::select(vec![1u64, 1, 7, 100, 5000]),
+                          mult in prop::sample::select(vec![1u64, 1, 8]),
+                          tolerance in prop::sample::select(vec![0.0, DEFAULT_TOLERANCE, 0.05]),
+                          off_fixed in -0.2f64..0.2, off_per in prop::sample::select(vec![0.0, 0.0004, -0.0004, 0.01, -0.01, 0.3, -0.3]),
+                          err in prop::sample::select(vec![0.0005, 0.01, 0.3]),
+                          strategy in prop::sample::select(vec![StrategyKind::Bisect, StrategyKind::Guided])) {
+        let mut spec = SimSpec::affine(base, per, cap);
+        spec.knee = knee;
+        spec.jumps = vec![(jump_at, jump)];
+        spec.late_per_sample = late;
+        spec.noise = noise;
+        spec.seed = base ^ per;
+        let prior = Prior {
+            fixed_bytes: base as f64 * (1.0 + off_fixed),
+            per_sample_bytes: per as f64 * (1.0 + off_per),
+            fixed_error: err,
+            per_sample_error: err,
+        };
+        let cfg = SearchConfig { min_batch, multiple_of: mult, strategy, tolerance, prior: Some(prior), ..SearchConfig::default() };
+        let Some(grid) = Grid::new(cfg.min_batch, cfg.max_batch, mult) else { return Ok(()) };
+        let (out, n) = run(spec.clone(), cfg.clone());
+        prop_assert!(n <= 80, "{} trials", n);
+        let (mut a, mut b, mut truth) = (0u64, grid.last_index + 1, None);
+        while a < b {
+            let m = a + (b - a) / 2;
+            if spec.peak(grid.batch(m), cfg.confirm_steps) <= cap { truth = Some(grid.batch(m)); a = m + 1 } else { b = m }
+        }
+        match (truth, out.max_fitting) {
+            (None, found) => prop_assert_eq!(found, None),
+            (Some(t), Some(found)) => {
+                prop_assert!(found <= t, "answer {} above the truth {}", found, t);
+                let gap = tolerance_gap(found, tolerance, mult);
+                prop_assert!(found + gap > t, "answer {} more than a gap ({}) below the truth {}", found, gap, t);
+                if let Some(f) = out.first_failing {
+                    prop_assert!(within_tolerance(found, f, tolerance, mult), "bracket {}..{} wider than {}", found, f, gap);
+                }
+                let rec = out.best_record(found).expect("tested");
+                prop_assert!(rec.steps >= cfg.confirm_steps);
+            }
+            (Some(t), None) => prop_assert!(false, "no answer, truth {} ({:?})", t, out.stop_reason),
+        }
+    }
+}
