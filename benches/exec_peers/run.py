@@ -253,7 +253,9 @@ def stage_truth(args, res, mech, script):
     it = item(res, mech, script)
     bf = it.get("batchfit") or {}
     mechanism = bf.get("limit_mechanism")
-    limit = bf.get("limit_bytes")
+    # The job runs under the budget B (batchfit's --margin 0): batchfit's own trials ran under B less
+    # its guard band (the plan's limit_bytes), which is headroom for the job, not the job's limit.
+    limit = args.budget if bf.get("limit_bytes") else None
     if not mechanism or not limit:
         it["truth"] = {"error": "needs the batchfit stage's plan (its limit and mechanism): run --stages batchfit"}
         log(f"{mech}/{script}: truth: {it['truth']['error']}")
@@ -311,7 +313,7 @@ def stage_peer(args, res, mech, script, tool):
         return
     bf = it.get("batchfit") or {}
     mechanism = bf.get("limit_mechanism") or {"cgroup": None, "rlimit": "rlimit-data"}[mech]
-    limit = bf.get("limit_bytes") or args.budget
+    limit = args.budget  # the job's limit, as for the truth (not batchfit's guarded trial limit)
     if mechanism is None:
         try:
             mechanism = f"cgroup-{cgroup_parent()[0]}"
@@ -439,10 +441,10 @@ def render(res, args):
       "→ 10, 1 048 762 parameters): 256 KiB of input per sample, little compute. Environment of every run: "
       "`OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1`, `PYTHONPATH` = the helper `batchfit_trial.py` (the scripts "
       "report each trial to batchfit through it); no malloc tuning.")
-    w(f"* **Limit B = {B} bytes ({gib(B)})**: batchfit `--memory-budget {B} --margin 0` (its plan's `limit_bytes` = B), "
+    w(f"* **Limit B = {B} bytes ({gib(B)})**: batchfit `--memory-budget {B} --margin 0` (its trials run under B less its guard band, the plan's `limit_bytes`: 2 % under a cgroup, 1 % for a command under `RLIMIT_DATA`), "
       "with `--cpu-limit cgroup` (a memory cgroup around each trial's process tree; the OOM killer ends a process "
       "over it) or `--cpu-limit rlimit` (`RLIMIT_DATA` on each process; an allocation over it fails). The true "
-      "maximum and the peers use the plan's mechanism with the same number: a new cgroup per run, made under the "
+      "maximum and the peers use the plan's mechanism with the job's limit B: a new cgroup per run, made under the "
       "parent cgroup batchfit makes its trial groups in, or `RLIMIT_DATA`. Lightning and Accelerate run the whole "
       "script process (imports, model, every trial) in one such cgroup or under one such `RLIMIT_DATA`.")
     w(f"* **batchfit** `probe --exec` with its defaults otherwise: `--strategy guided`, 3 steps per trial, the answer "
