@@ -613,6 +613,16 @@ impl<'b> Prober<'b> {
         r
     }
 
+    /// The grid index of the largest size below `b` that fit with at least `steps` steps (the lower
+    /// end of the bracket once only fits of that length count).
+    fn largest_fit_below(&self, b: u64, steps: u32, grid: &Grid) -> Option<u64> {
+        self.trials
+            .iter()
+            .filter(|t| t.outcome.fits() && t.batch < b && t.steps >= steps)
+            .map(|t| grid.index_at_or_below(t.batch))
+            .max()
+    }
+
     /// Whether a trial at `batch` already fit with the confirmation steps (at the current
     /// accumulation or more).
     fn confirmed(&self, batch: u64) -> bool {
@@ -764,12 +774,7 @@ impl<'b> Prober<'b> {
                         // confirming each, would cost hundreds of trials).
                         hi = Some(l);
                         steps = confirm_steps;
-                        lo = self
-                            .trials
-                            .iter()
-                            .filter(|t| t.outcome.fits() && t.batch < b && t.steps >= steps)
-                            .map(|t| grid.index_at_or_below(t.batch))
-                            .max();
+                        lo = self.largest_fit_below(b, steps, &grid);
                         continue;
                     }
                 }
@@ -812,12 +817,7 @@ impl<'b> Prober<'b> {
                         Ok(Confirmation::OutOfMemory) => {
                             hi = Some(l);
                             steps = confirm_steps;
-                            lo = self
-                                .trials
-                                .iter()
-                                .filter(|t| t.outcome.fits() && t.batch < b && t.steps >= steps)
-                                .map(|t| grid.index_at_or_below(t.batch))
-                                .max();
+                            lo = self.largest_fit_below(b, steps, &grid);
                             continue;
                         }
                     }
