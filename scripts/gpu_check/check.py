@@ -375,6 +375,35 @@ def cpu_budget(run, slot):
     return floor, budget, None
 
 
+def probe_start(run, items, name, slot, plan_file, cap, t, budget_of, args):
+    """The start shared by the zoo probe and the exec probe: the item's record, no plan left from an
+    earlier call, `batchfit probe ARGS` with its backend and, on CPU, the budget `budget_of(run, slot)`
+    gives (floor, budget, error), then the time left for it (`t` on a GPU, asked again after the CPU
+    budget's own trial). Returns (item, cmd, seconds), or None when the item already ended (recorded
+    as failed or not run)."""
+    item = {"slot": slot["key"], "label": label(slot), "gpu_apps_before": run.gpu_apps()}
+    partial = plan_file[:-len(".json")] + ".partial.json"
+    for f in (plan_file, partial):
+        if os.path.exists(f):
+            os.remove(f)
+    cmd = [run.exe("batchfit"), "probe", *args]
+    if run.mode == "gpu":
+        cmd += ["--backend", "cuda"]
+    else:
+        floor, budget, err = budget_of(run, slot)
+        if err:
+            item.update(status="failed", reason=err)
+            items.put(name, item)
+            return None
+        item.update(cpu_floor_bytes=floor, cpu_headroom_bytes=slot["headroom"])
+        cmd += ["--backend", "cpu", "--memory-budget", str(budget)]
+        t = items.time_for(cap, "probe")
+        if t is None:
+            items.not_run(name)
+            return None
+    return item, cmd, t
+
+
 def probe(run, items, slot):
     key = slot["key"]
     name = f"probe:{key}"
@@ -384,25 +413,11 @@ def probe(run, items, slot):
     t = items.time_for(cap, "probe")
     if t is None:
         return items.not_run(name)
-    item = {"slot": key, "label": label(slot), "gpu_apps_before": run.gpu_apps()}
     plan_file = run.plan_path(key)
-    partial = plan_file[:-len(".json")] + ".partial.json"
-    for f in (plan_file, partial):
-        if os.path.exists(f):
-            os.remove(f)
-    cmd = [run.exe("batchfit"), "probe", *model_args(slot)]
-    if run.mode == "gpu":
-        cmd += ["--backend", "cuda"]
-    else:
-        floor, budget, err = cpu_budget(run, slot)
-        if err:
-            item.update(status="failed", reason=err)
-            return items.put(name, item)
-        item.update(cpu_floor_bytes=floor, cpu_headroom_bytes=slot["headroom"])
-        cmd += ["--backend", "cpu", "--memory-budget", str(budget)]
-        t = items.time_for(cap, "probe")
-        if t is None:
-            return items.not_run(name)
+    started = probe_start(run, items, name, slot, plan_file, cap, t, cpu_budget, model_args(slot))
+    if started is None:
+        return
+    item, cmd, t = started
     time_limit = max(10, min(int(run.k["probe_time_limit"]), int(t) - int(run.k["probe_trial_timeout"]) - 20))
     cmd += ["--time-limit", str(time_limit), "--trial-timeout", str(run.k["probe_trial_timeout"]),
             "--no-cache", "--format", "text", "--out", plan_file]
@@ -897,25 +912,11 @@ def exec_probe(run, items, slot, helper_error):
     t = items.time_for(cap, "probe")
     if t is None:
         return items.not_run(name)
-    item = {"slot": key, "label": label(slot), "gpu_apps_before": run.gpu_apps()}
     plan_file = exec_plan_path(run, key)
-    partial = plan_file[:-len(".json")] + ".partial.json"
-    for f in (plan_file, partial):
-        if os.path.exists(f):
-            os.remove(f)
-    cmd = [run.exe("batchfit"), "probe"]
-    if run.mode == "gpu":
-        cmd += ["--backend", "cuda"]
-    else:
-        floor, budget, err = exec_cpu_budget(run, slot)
-        if err:
-            item.update(status="failed", reason=err)
-            return items.put(name, item)
-        item.update(cpu_floor_bytes=floor, cpu_headroom_bytes=slot["headroom"])
-        cmd += ["--backend", "cpu", "--memory-budget", str(budget)]
-        t = items.time_for(cap, "probe")
-        if t is None:
-            return items.not_run(name)
+    started = probe_start(run, items, name, slot, plan_file, cap, t, exec_cpu_budget, [])
+    if started is None:
+        return
+    item, cmd, t = started
     time_limit = max(10, min(int(run.k["exec_probe_time_limit"]), int(t) - int(run.k["exec_trial_timeout"]) - 20))
     trial_logs = os.path.join(run.logs, f"exec-trials-{key}")
     cmd += ["--time-limit", str(time_limit), "--trial-timeout", str(run.k["exec_trial_timeout"]),
