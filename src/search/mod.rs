@@ -322,11 +322,15 @@ impl SearchState<'_> {
 }
 
 /// What a strategy proposes: a grid index, and whether to run it with the confirmation steps at once
-/// (when its fit is expected to be the answer).
+/// (when its fit is expected to be the answer), or as a measurement below the largest fit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Proposal {
     pub index: u64,
     pub confirm: bool,
+    /// A size below the largest fit that was never tried, run for its peak only (a second point
+    /// of a line is cheaper below the largest fit than above it: a trial's time grows with the
+    /// batch). Its outcome never moves the bracket.
+    pub measure: bool,
 }
 
 impl Proposal {
@@ -334,12 +338,22 @@ impl Proposal {
         Proposal {
             index,
             confirm: false,
+            measure: false,
         }
     }
     pub fn candidate(index: u64) -> Self {
         Proposal {
             index,
             confirm: true,
+            measure: false,
+        }
+    }
+    /// A measurement below the largest fit (see [`Proposal::measure`]).
+    pub fn measure(index: u64) -> Self {
+        Proposal {
+            index,
+            confirm: false,
+            measure: true,
         }
     }
 }
@@ -353,7 +367,8 @@ pub fn upper_bound(hi: Option<u64>, ceiling: Option<u64>) -> Option<u64> {
 }
 
 /// Proposes the next grid index to try. Must return an index strictly between `lo` and
-/// `min(hi, ceiling)` (or, when nothing has fit yet, below the upper bound).
+/// `min(hi, ceiling)` (or, when nothing has fit yet, below the upper bound), or a
+/// [`Proposal::measure`] of a never-tried size below `lo`.
 pub trait Strategy {
     fn propose(&mut self, st: &SearchState) -> Proposal;
 }
@@ -839,6 +854,25 @@ impl<'b> Prober<'b> {
             };
             let proposal = strategy.propose(&state);
             let i = proposal.index;
+            if proposal.measure {
+                // A measurement below the largest fit: only a size never tried (so a strategy
+                // cannot loop on it), run for its peak; whatever its outcome, the bracket stays.
+                let b = grid.batch(i);
+                if lo.is_none_or(|l| i >= l) || self.trials.iter().any(|t| t.batch == b) {
+                    found.0 = None;
+                    return Stop::Fatal(format!(
+                        "internal error: the {:?} strategy asked to measure size {b}, which is not \
+                         an untried size below the largest fit {:?}",
+                        self.cfg.strategy,
+                        lo.map(|l| grid.batch(l))
+                    ));
+                }
+                if let Err(s) = self.trial(b, steps, Purpose::Explore) {
+                    found.0 = None;
+                    return s;
+                }
+                continue;
+            }
             // The engine owns the bracket: a proposal outside it would re-run a settled size (and a
             // strategy that keeps doing so would never end), so it stops the search instead.
             if lo.is_some_and(|l| i <= l) || upper.is_some_and(|u| i >= u) || i > grid.last_index {
