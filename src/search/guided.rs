@@ -223,13 +223,17 @@ impl Guided {
         let &(lb, pt) = points.last()?;
         let (b, pk) = (lb as f64, pt as f64);
         let free = limit as f64 - pk;
-        let mut best: Option<(Line, f64)> = None;
+        // The line whose crossing is surest: its error in samples is (free / k) · rel_k, so the
+        // one with the smaller rel_k / k, also when no headroom is left (free = 0 makes both
+        // errors 0, and a tie went to the prior's own slope however unsure: 4 extra trials).
+        let mut best: Option<(Line, f64, f64)> = None;
         let mut consider = |k: f64, rel_k: f64| {
             if k > 0.0 && k.is_finite() {
                 let line = Line { a: pk - k * b, k };
                 let err = (free.max(0.0) / k) * rel_k;
-                if best.as_ref().is_none_or(|(_, e)| err < *e) {
-                    best = Some((line, err));
+                let key = rel_k / k;
+                if best.as_ref().is_none_or(|(_, _, bk)| key < *bk) {
+                    best = Some((line, err, key));
                 }
             }
         };
@@ -243,7 +247,7 @@ impl Guided {
                 prior.fixed_error * prior.fixed_bytes / (pk - prior.fixed_bytes),
             );
         }
-        let (line, err) = best?;
+        let (line, err, _) = best?;
         let noise = NOISE * pk / line.k;
         Some(Model {
             line,
@@ -625,5 +629,51 @@ mod tests {
             assert!(out.trials.iter().all(|t| t.batch > 1), "{:?}", out.trials);
             assert!(out.trials.len() <= 3, "slope × {slope}: {:?}", out.trials);
         }
+    }
+
+    /// Trials of a search of `spec` (limit 95 % of the capacity) with `prior`, and without one.
+    fn seeded_and_alone(spec: &str, prior: crate::search::Prior) -> (Vec<(u64, bool)>, usize, u64) {
+        use crate::device::sim::{SimBackend, SimSpec};
+        use crate::search::{Prober, SearchConfig};
+        let spec = SimSpec::parse(spec).unwrap();
+        let limit = spec.capacity / 20 * 19;
+        let truth = spec.true_max(limit, 5, 1_000_000);
+        let cfg = SearchConfig {
+            prior: Some(prior),
+            ..SearchConfig::default()
+        };
+        let out = Prober::new(&mut SimBackend::new(spec.clone()), cfg, limit).search();
+        let b = out.max_fitting.unwrap();
+        assert!(b <= truth, "{b} > {truth}");
+        let alone = Prober::new(&mut SimBackend::new(spec), SearchConfig::default(), limit).search();
+        (
+            out.trials.iter().map(|t| (t.batch, t.outcome.fits())).collect(),
+            alone.trials.len(),
+            truth,
+        )
+    }
+
+    #[test]
+    fn a_prior_line_with_no_headroom_left_takes_the_surer_slope() {
+        // The sweep's image-size point 256 after point 128 (base 6 GiB, 4 MiB per sample, 38 GiB
+        // limit: truth 8192, its peak exactly the limit). The one-point prior guessed a linear
+        // growth: 2 MiB per sample (± 50 %), fixed part 6 GiB (± 5 %); its start, half its
+        // prediction, fits at the truth. With no headroom left both prior lines predicted an
+        // error of 0, and the tie went to the prior's ±50 % slope: 8387, 8289, 8240, 8216 ran out
+        // of memory, 6 trials against 5 without a prior. The line through the fixed part (its
+        // slope known to ~1 %) closes the bracket at once.
+        let (seeded, alone, truth) = seeded_and_alone(
+            "base=6GiB,per-sample=4MiB,capacity=40GiB",
+            crate::search::Prior {
+                fixed_bytes: (6u64 << 30) as f64,
+                per_sample_bytes: (2u64 << 20) as f64,
+                fixed_error: 0.05,
+                per_sample_error: 0.5,
+            },
+        );
+        assert_eq!(truth, 8192);
+        assert_eq!(seeded[0], (8192, true), "{seeded:?}");
+        assert!(seeded.len() <= 3, "{seeded:?}");
+        assert!(seeded.len() <= alone, "{seeded:?} vs {alone} alone");
     }
 }
