@@ -67,6 +67,10 @@ pub struct PredictionCheck {
     pub predicted: Result<(u64, u64, u64), String>,
 }
 
+/// A sweep point's seeded and independent sequences, and its prior's prediction (size, relative
+/// uncertainty).
+pub type PointSequences = (String, String, Option<(f64, f64)>);
+
 /// One sweep family: a curve whose per-sample bytes grow with the swept parameter.
 pub struct SweepFamily {
     pub name: &'static str,
@@ -78,7 +82,7 @@ pub struct SweepFamily {
     pub rows: Vec<(u64, usize, usize, u64, u64)>,
     /// Per point: the seeded and the independent probe's trial sequences, and the prior's
     /// prediction with its relative uncertainty (none at the first point).
-    pub sequences: Vec<(String, String, Option<(f64, f64)>)>,
+    pub sequences: Vec<PointSequences>,
 }
 
 pub struct Results {
