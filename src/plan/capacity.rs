@@ -1285,10 +1285,12 @@ mod sweep_tests {
         // seq-len 256 → 512 with per-sample bytes linear in the tokens (the usual power): the second
         // point's proof is its first two trials, a fit just under the prediction and the
         // out-of-memory a gap above (was 3: half the prediction first, ±50 %). Same for image-size
-        // 128 → 256 with bytes in the pixels (power 2).
+        // 128 → 256 with bytes in the pixels (power 2), and for an exact proof (a small answer:
+        // 29.3 predicted, where a fit at 28 was tried first, half a gap under the prediction).
         for (guess, v0, v1, base, per0, cap) in [
             (1.0, 256, 512, 2 * GIB, 3 * MIB, 80 * GIB),
             (2.0, 128, 256, 6 * GIB, MIB, 40 * GIB),
+            (1.0, 32, 64, 680 * MIB, 5 * MIB, GIB),
         ] {
             let s0 = family(base, per0, cap, v0, v0, guess);
             let limit = s0.capacity / 20 * 19;

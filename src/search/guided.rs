@@ -287,9 +287,11 @@ impl Guided {
     fn prior_start(st: &SearchState) -> Option<Proposal> {
         let (b, rel) = st.prior?.predict(st.limit_bytes)?;
         if st.prior?.try_first {
-            // A guess that is often exact: the size half a gap under it, at confirmation length
-            // (with the out-of-memory half a gap above, the whole proof when the guess holds).
-            let start = b - st.gap(b as u64) as f64 / 2.0;
+            // A guess that is often exact: the middle of the sizes whose fit an out-of-memory of
+            // the size a gap above would prove (the largest size the guess says fits, when the
+            // proof is exact), at confirmation length: with that out-of-memory, the whole proof
+            // when the guess holds.
+            let start = b.floor() - ((st.gap(b as u64) - 1) / 2) as f64;
             if start >= st.grid.first as f64 {
                 let i = st
                     .grid
