@@ -64,6 +64,11 @@ pub struct Guided {
     near_miss_tried: bool,
     /// A second point was measured below the largest fit ([`measure_below`]); once per search.
     measured_below: bool,
+    /// A sweep prior's line through the one fit was tried once (its prediction, at confirmation
+    /// length).
+    prior_line_tried: bool,
+    /// The index that try proposed, until the next proposal.
+    prior_line_at: Option<u64>,
 }
 
 /// A line `peak = a + k·b` through measured points.
@@ -228,6 +233,7 @@ impl Guided {
                     per_sample_bytes: ln.k,
                     fixed_error: 2.0 * NOISE,
                     per_sample_error: 0.5,
+                    try_first: false,
                 })
         } else {
             None
@@ -236,13 +242,17 @@ impl Guided {
         let &(lb, pt) = points.last()?;
         let (b, pk) = (lb as f64, pt as f64);
         let free = limit as f64 - pk;
-        let mut best: Option<(Line, f64)> = None;
+        // The line whose crossing is surest: its error in samples is (free / k) · rel_k, so the
+        // one with the smaller rel_k / k, also when no headroom is left (free = 0 makes both
+        // errors 0, and a tie went to the prior's own slope however unsure: 4 extra trials).
+        let mut best: Option<(Line, f64, f64)> = None;
         let mut consider = |k: f64, rel_k: f64| {
             if k > 0.0 && k.is_finite() {
                 let line = Line { a: pk - k * b, k };
                 let err = (free.max(0.0) / k) * rel_k;
-                if best.as_ref().is_none_or(|(_, e)| err < *e) {
-                    best = Some((line, err));
+                let key = rel_k / k;
+                if best.as_ref().is_none_or(|(_, _, bk)| key < *bk) {
+                    best = Some((line, err, key));
                 }
             }
         };
@@ -256,7 +266,7 @@ impl Guided {
                 prior.fixed_error * prior.fixed_bytes / (pk - prior.fixed_bytes),
             );
         }
-        let (line, err) = best?;
+        let (line, err, _) = best?;
         let noise = NOISE * pk / line.k;
         Some(Model {
             line,
@@ -270,14 +280,15 @@ impl Guided {
     }
 
     /// After the prior's first size ran out of memory (and nothing fit yet): a step below it four
-    /// times the prior's uncertainty (5 % to 50 %), rather than half; halving from the second miss.
+    /// times the prior's uncertainty (5 % to 50 %, or to the uncertainty itself up to 90 % where
+    /// that is larger), rather than half; halving from the second miss.
     fn prior_retry(st: &SearchState, u: u64) -> Option<u64> {
         let (_, rel) = st.prior?.predict(st.limit_bytes)?;
         let misses = st.trials.iter().filter(|t| t.outcome.is_bound()).count();
         if misses > 1 {
             return None;
         }
-        let b = st.grid.batch(u) as f64 * (1.0 - (4.0 * rel).clamp(0.05, 0.5));
+        let b = st.grid.batch(u) as f64 * (1.0 - (4.0 * rel).clamp(0.05, rel.clamp(0.5, 0.9)));
         if b < st.grid.first as f64 {
             return Some(0);
         }
@@ -289,7 +300,21 @@ impl Guided {
     /// prediction is then expected to be the answer).
     fn prior_start(st: &SearchState) -> Option<Proposal> {
         let (b, rel) = st.prior?.predict(st.limit_bytes)?;
-        let start = b * (1.0 - rel).max(0.5);
+        if st.prior?.try_first {
+            // A guess that is often exact: the middle of the sizes whose fit an out-of-memory of
+            // the size a gap above would prove (the largest size the guess says fits, when the
+            // proof is exact), at confirmation length: with that out-of-memory, the whole proof
+            // when the guess holds.
+            let start = b.floor() - ((st.gap(b as u64) - 1) / 2) as f64;
+            if start >= st.grid.first as f64 {
+                let i = st
+                    .grid
+                    .index_at_or_below(start as u64)
+                    .min(st.grid.last_index);
+                return Some(Proposal::candidate(i));
+            }
+        }
+        let start = b * (1.0 - rel).max(0.1);
         if start < st.grid.first as f64 {
             return Some(Proposal::explore(0));
         }
@@ -434,6 +459,30 @@ impl Guided {
             pi = g.last_index as i64;
         }
 
+        if st.prior.is_some()
+            && !self.prior_line_tried
+            && fit_line(&points).filter(|ln| ln.0.k > 0.0).is_none()
+        {
+            // A sweep prior's line (its fixed part through the one fit measured here): its
+            // prediction, once, with the confirmation's steps, or the closing size above the fit
+            // when the line says that fit is the answer. An out-of-memory of the closing size ends
+            // the proof; a fit is a confirmed lower bound. (Galloping from the fit by the line's
+            // noise first cost a point 1-2 trials more than it takes without a prior.)
+            self.prior_line_tried = true;
+            let i = (pi.max(0) as u64).max(l + gap_steps(lb)).min(u - 1);
+            if i > l {
+                self.prior_line_at = Some(i);
+                return Proposal::candidate(i);
+            }
+        }
+        if let Some(c) = self.prior_line_at.take() {
+            if c == l && l + gap_steps(lb) < u {
+                // The prediction fit (confirmed): the size whose out-of-memory closes the proof,
+                // once, rather than a line through two points measured this far apart (1 % noise
+                // in either peak moves it by more than the gap).
+                return Proposal::candidate(l + gap_steps(lb));
+            }
+        }
         if pi < (l + gap_steps(lb)) as i64 {
             // The line says the size whose out-of-memory would close the bracket (the next size when
             // exact) fails: try it; if it fits after all, gallop up from l by the expected error (at
@@ -661,6 +710,7 @@ mod tests {
                     per_sample_bytes: slope * (1u64 << 20) as f64,
                     fixed_error: 0.02,
                     per_sample_error: 0.3,
+                    try_first: false,
                 }),
                 ..SearchConfig::default()
             };
@@ -671,5 +721,56 @@ mod tests {
             assert!(out.trials.iter().all(|t| t.batch > 1), "{:?}", out.trials);
             assert!(out.trials.len() <= 3, "slope × {slope}: {:?}", out.trials);
         }
+    }
+
+    /// Trials of a search of `spec` (limit 95 % of the capacity) with `prior`, and without one.
+    fn seeded_and_alone(spec: &str, prior: crate::search::Prior) -> (Vec<(u64, bool)>, usize, u64) {
+        use crate::device::sim::{SimBackend, SimSpec};
+        use crate::search::{Prober, SearchConfig};
+        let spec = SimSpec::parse(spec).unwrap();
+        let limit = spec.capacity / 20 * 19;
+        let truth = spec.true_max(limit, 5, 1_000_000);
+        let cfg = SearchConfig {
+            prior: Some(prior),
+            ..SearchConfig::default()
+        };
+        let out = Prober::new(&mut SimBackend::new(spec.clone()), cfg, limit).search();
+        let b = out.max_fitting.unwrap();
+        assert!(b <= truth, "{b} > {truth}");
+        let alone =
+            Prober::new(&mut SimBackend::new(spec), SearchConfig::default(), limit).search();
+        (
+            out.trials
+                .iter()
+                .map(|t| (t.batch, t.outcome.fits()))
+                .collect(),
+            alone.trials.len(),
+            truth,
+        )
+    }
+
+    #[test]
+    fn a_prior_line_with_no_headroom_left_takes_the_surer_slope() {
+        // The sweep's image-size point 256 after point 128 (base 6 GiB, 4 MiB per sample, 38 GiB
+        // limit: truth 8192, its peak exactly the limit). The one-point prior guessed a linear
+        // growth: 2 MiB per sample (± 50 %), fixed part 6 GiB; its start, half its prediction,
+        // fits at the truth. With no headroom left both prior lines predicted an
+        // error of 0, and the tie went to the prior's ±50 % slope: 8387, 8289, 8240, 8216 ran out
+        // of memory, 6 trials against 5 without a prior. The line through the fixed part (its
+        // slope known to ~1 %) closes the bracket at once.
+        let (seeded, alone, truth) = seeded_and_alone(
+            "base=6GiB,per-sample=4MiB,capacity=40GiB",
+            crate::search::Prior {
+                fixed_bytes: (6u64 << 30) as f64,
+                per_sample_bytes: (2u64 << 20) as f64,
+                fixed_error: 0.0,
+                per_sample_error: 0.5,
+                try_first: false,
+            },
+        );
+        assert_eq!(truth, 8192);
+        assert_eq!(seeded[0], (8192, true), "{seeded:?}");
+        assert!(seeded.len() <= 3, "{seeded:?}");
+        assert!(seeded.len() <= alone, "{seeded:?} vs {alone} alone");
     }
 }

@@ -111,6 +111,12 @@ pub struct Prior {
     pub fixed_error: f64,
     /// Relative uncertainty of `per_sample_bytes` (e.g. 0.3 when extrapolated from one point).
     pub per_sample_error: f64,
+    /// The prediction is a guess that is exact more often than not (a sweep's second point: the
+    /// parameter's usual power, which holds for the common models), while the errors bound how far
+    /// off it is otherwise: the search first tries, once, the size just under the prediction with
+    /// the confirmation's steps, and starts below by the error only when that runs out of memory.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub try_first: bool,
 }
 
 impl Prior {

@@ -606,6 +606,7 @@ proptest! {
                           tolerance in prop::sample::select(vec![0.0, DEFAULT_TOLERANCE, 0.05]),
                           off_fixed in -0.2f64..0.2, off_per in prop::sample::select(vec![0.0, 0.0004, -0.0004, 0.01, -0.01, 0.3, -0.3]),
                           err in prop::sample::select(vec![0.0005, 0.01, 0.3]),
+                          try_first in any::<bool>(),
                           strategy in prop::sample::select(vec![StrategyKind::Bisect, StrategyKind::Guided])) {
         let mut spec = SimSpec::affine(base, per, cap);
         spec.knee = knee;
@@ -618,6 +619,7 @@ proptest! {
             per_sample_bytes: per as f64 * (1.0 + off_per),
             fixed_error: err,
             per_sample_error: err,
+            try_first,
         };
         let cfg = SearchConfig { min_batch, multiple_of: mult, strategy, tolerance, prior: Some(prior), ..SearchConfig::default() };
         let Some(grid) = Grid::new(cfg.min_batch, cfg.max_batch, mult) else { return Ok(()) };
