@@ -474,10 +474,21 @@ pub struct OomEvidence {
 impl OomEvidence {
     /// The evidence of `trials` run under `limit_bytes`.
     pub fn of(trials: &[TrialRecord], limit_bytes: u64) -> Option<OomEvidence> {
+        // An out-of-memory is a bound unless a size at least as large fit with at least as many
+        // steps (a measurement below the largest fit that ran out of memory: a dip in the curve,
+        // not a limit above the answer).
         let smallest = |acc: bool| {
+            let class = |t: &&TrialRecord| (t.accumulation > 1) == acc;
             trials
                 .iter()
-                .filter(|t| (t.accumulation > 1) == acc && t.outcome.is_bound())
+                .filter(class)
+                .filter(|t| t.outcome.is_bound())
+                .filter(|t| {
+                    !trials
+                        .iter()
+                        .filter(class)
+                        .any(|f| f.outcome.fits() && f.batch >= t.batch && f.steps >= t.steps)
+                })
                 .map(|t| t.batch)
                 .min()
         };
@@ -1024,6 +1035,7 @@ mod tests {
     use crate::search::Purpose;
 
     const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
 
     fn trial(batch: u64, peak: Option<u64>, steps: u32, accumulation: u32) -> TrialRecord {
         TrialRecord {
@@ -1148,6 +1160,26 @@ mod tests {
         let s = p.split.unwrap();
         assert_eq!((s.micro_batch, s.accumulation), (800, 5));
         assert!(!p.proven);
+    }
+
+    #[test]
+    fn an_out_of_memory_below_a_fit_is_no_bound() {
+        // review of 8f01ca8: a measurement below the largest fit ran out of memory (a dip in the
+        // curve at 512) while 1301 was proven; `predict` took 512 as the smallest out-of-memory and
+        // answered 511 at the plan's own memory. A bound needs no fit at or above it with as many
+        // steps; a 5-step failure at a size that fit only with 3 steps still is one.
+        let trials = vec![
+            trial(1, Some(GIB), 3, 1),
+            trial(1024, Some(2 * GIB), 3, 1),
+            trial(512, None, 3, 1),
+            trial(1301, Some(3 * GIB), 5, 1),
+            trial(1310, None, 5, 1),
+        ];
+        assert_eq!(OomEvidence::of(&trials, 4 * GIB).unwrap().batch, Some(1310));
+        let late = vec![trial(1000, Some(GIB), 3, 1), trial(1000, None, 5, 1)];
+        assert_eq!(OomEvidence::of(&late, 4 * GIB).unwrap().batch, Some(1000));
+        let only_below = vec![trial(100, None, 3, 1), trial(200, Some(GIB), 3, 1)];
+        assert!(OomEvidence::of(&only_below, 4 * GIB).is_none());
     }
 
     #[test]

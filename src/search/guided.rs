@@ -64,6 +64,8 @@ pub struct Guided {
     near_miss_tried: bool,
     /// A second point was measured below the largest fit ([`measure_below`]); once per search.
     measured_below: bool,
+    /// Proposals made by the flat-part branch so far (its steps double after a fit).
+    flat_run: u32,
     /// A sweep prior's line through the one fit was tried once (its prediction, at confirmation
     /// length).
     prior_line_tried: bool,
@@ -371,7 +373,7 @@ fn lowest_closing(st: &SearchState, u: u64) -> u64 {
 impl Strategy for Guided {
     fn propose(&mut self, st: &SearchState) -> Proposal {
         let p = self.propose_inner(st);
-        if self.late {
+        if self.late && !p.measure {
             Proposal::candidate(p.index)
         } else {
             p
@@ -489,7 +491,11 @@ impl Guided {
             // least that gap), doubling while the line keeps falling short (a gallop that ran out
             // of memory starts over: the line was right there).
             self.down_run = 0;
-            if st.trials.last().is_some_and(|t| t.outcome.is_bound()) {
+            if st
+                .trials
+                .last()
+                .is_some_and(|t| t.outcome.is_bound() && t.batch > lb)
+            {
                 self.up_run = 0;
             }
             // A largest fit already confirmed (a candidate that fit) is worth one out-of-memory
@@ -588,8 +594,22 @@ impl Guided {
             // data segment of a small MLP barely moves from 1 to 256 samples): the prediction is too
             // large by an unknown factor. The geometric middle lies above the knee more often than
             // not, and two points there give the slope.
+            // After a fit here, at least twice the last step: a slope from below a jump is too
+            // steep, its prediction too small after every fit, and the middle walked up one size
+            // at a time (review of 8f01ca8: 569 trials on a curve with two jumps).
             let mid = ((lb as f64) * p.max(lb as f64)).sqrt();
-            let gi = to_index(mid).clamp(l as i64 + 1, u as i64 - 1) as u64;
+            let prev = points.iter().rev().nth(1).map(|q| q.0).unwrap_or(0);
+            let last_fit_here = st
+                .trials
+                .last()
+                .is_some_and(|t| t.outcome.fits() && t.batch == lb);
+            let floor = if last_fit_here && self.flat_run > 0 {
+                lb as f64 + 2.0 * (lb - prev) as f64
+            } else {
+                0.0
+            };
+            self.flat_run += 1;
+            let gi = to_index(mid.max(floor)).clamp(l as i64 + 1, u as i64 - 1) as u64;
             return Proposal::explore(gi);
         }
         if m.err <= gap_p / 2.0 {
@@ -606,7 +626,13 @@ impl Guided {
             // default MLP), and a fit there is still closed by one out-of-memory a gap above it.
             // (Aiming at the line and closing a near miss with one fit below it works only where the
             // line was measured close below: on the suite it cost 1.5 trials in the median.)
-            let c = to_index(p - gap_p / 2.0).clamp(l as i64 + 1, i as i64) as u64;
+            // (Where half the gap is under one size, as for an exact proof, at the line itself.)
+            let back = if gap_p / 2.0 >= g.step as f64 {
+                gap_p / 2.0
+            } else {
+                0.0
+            };
+            let c = to_index(p - back).clamp(l as i64 + 1, i as i64) as u64;
             return Proposal::candidate(c);
         }
         if st.hi == Some(u) && g.batch(u) - lb <= 2 * st.gap(lb) {

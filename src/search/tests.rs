@@ -791,3 +791,46 @@ fn a_gallop_that_ran_out_of_memory_closes_at_the_gap() {
         out.trials.iter().map(|t| t.batch).collect::<Vec<_>>()
     );
 }
+
+/// review of 8f01ca8: an exact proof's candidate half a size under the line rounded one size
+/// down, so an affine curve took 5 trials (1366, 1367, 1368) instead of 4.
+#[test]
+fn an_exact_proof_runs_the_line_itself() {
+    let spec = SimSpec::parse("base=3317815907,per-sample=9512113,capacity=17179869184").unwrap();
+    let limit = spec.capacity;
+    let truth = spec.true_max(limit, 5, 73_656);
+    let cfg = exact(SearchConfig {
+        min_batch: 34,
+        max_batch: 73_656,
+        steps: 4,
+        ..SearchConfig::default()
+    });
+    let mut be = Capped(SimBackend::new(spec));
+    let out = Prober::new(&mut be, cfg, limit).search();
+    assert_eq!(out.max_fitting, Some(truth));
+    assert!(
+        out.trials.len() <= 4,
+        "{:?}",
+        out.trials.iter().map(|t| t.batch).collect::<Vec<_>>()
+    );
+}
+
+/// review of 8f01ca8: the measured point below the largest fit lay below a jump, the slope through
+/// it was too steep, and the flat-part branch's middle walked up one size per trial (569 trials).
+#[test]
+fn a_steep_line_from_below_a_jump_gallops() {
+    let spec = SimSpec::parse(
+        "base=5284746499,per-sample=3167660,capacity=17179869184,knee=2599,jump=2096:868528100,jump=622:2789133133",
+    )
+    .unwrap();
+    let limit = spec.capacity;
+    let truth = spec.true_max(limit, 5, 1_000_000);
+    let cfg = exact(SearchConfig {
+        min_batch: 34,
+        ..SearchConfig::default()
+    });
+    let mut be = Capped(SimBackend::new(spec));
+    let out = Prober::new(&mut be, cfg, limit).search();
+    assert_eq!(out.max_fitting, Some(truth));
+    assert!(out.trials.len() <= 60, "{} trials", out.trials.len());
+}
