@@ -627,8 +627,14 @@ mod tests {
         }
         assert_eq!(guard_band_bytes(LimitMechanism::RlimitData, false), None);
         assert_eq!(guard_band(LimitMechanism::RlimitData, false, b), None);
-        assert_eq!(guarded(b, guard_band(LimitMechanism::RlimitData, false, b)), b);
-        assert_eq!(guard_band_bytes(LimitMechanism::RlimitData, true), Some(16 << 20));
+        assert_eq!(
+            guarded(b, guard_band(LimitMechanism::RlimitData, false, b)),
+            b
+        );
+        assert_eq!(
+            guard_band_bytes(LimitMechanism::RlimitData, true),
+            Some(16 << 20)
+        );
         // 1.25 GiB less 16 MiB (the flat 0.5 % gave 1_335_466_393)
         assert_eq!(
             guarded(b, guard_band(LimitMechanism::RlimitData, true, b)),
