@@ -421,7 +421,8 @@ def render(res, args):
     w = L.append
     w("## `--exec` against the finders users run in their scripts (CPU, real runs)")
     w("")
-    w("The same two training scripts probed three ways under the same memory limit: `batchfit probe --exec` "
+    w("The same training scripts (a plain loop and a Lightning module, the latter also in a wide shape) probed three "
+      "ways under the same memory limit: `batchfit probe --exec` "
       "(every trial the unchanged script in a fresh process), Lightning's `Tuner.scale_batch_size` and "
       "Accelerate's `find_executable_batch_size` (inside the script's own process, as their users run them); "
       "each answer divided by the script's **true maximum**: the largest batch at which a fresh run of the same "
