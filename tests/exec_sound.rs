@@ -408,7 +408,11 @@ fn a_cgroup_trial_records_its_anonymous_peak() {
         ],
         &cmd,
     );
-    assert_eq!(p["guard_band"], 0.02, "{p}");
+    // the cgroup's guard band is 16 MiB (the measured noise of a job's peak), not a share of the
+    // limit: the trials ran under 400 MiB − 16 MiB, and the plan's share gives that back to the byte
+    assert_eq!(p["limit_bytes"], (400u64 << 20) - (16 << 20), "{p}");
+    let g = p["guard_band"].as_f64().unwrap();
+    assert!((g - 16.0 / 400.0).abs() < 1e-12, "{p}");
     let fits: Vec<Value> = trials(&p)
         .into_iter()
         .filter(|t| t["outcome"] == "fits")

@@ -138,8 +138,9 @@ fn a_plain_pytorch_script_gets_its_true_maximum() {
     // Near the limit a run can go either way (reclaim, allocator timing): the answer must fit in
     // most runs (never above the truth) and the size above must fail in most. Under RLIMIT_DATA that
     // size is the next on the grid; under a memory cgroup the largest completing size itself moves
-    // by up to about 2 % from run to run (page cache charged to the group; docs/soundness.md, "The
-    // cgroup boundary is noisy"), so the answer may lie that far below a later run's truth.
+    // from run to run (the job's heap: glibc's dynamic mmap threshold keeps a buffer resident in some
+    // runs and not in others, about 11 MB for the benchmark's job; docs/soundness.md, "Where the
+    // noise comes from"), so the answer may lie up to about 2 % below a later run's truth.
     let runs = 3;
     let at = |n: u64| {
         (0..runs)

@@ -8,7 +8,10 @@ Python standard library and scripts/harness only; the training runs in the venv'
 Scripts (the same for every tool; tests/support/exec/):
   plain      train_mlp.py       a plain PyTorch loop (AdamW), its own --batch-size/--steps/--accumulation flags
   lightning  train_lightning.py the same model as a LightningModule, Trainer(max_steps, accumulate_grad_batches)
-both with ``--input 65536 --hidden 16`` (65536 -> 16 -> 10: 256 KiB of input per sample, little compute).
+both with ``--input 65536 --hidden 16`` (65536 -> 16 -> 10: 256 KiB of input per sample, little compute), and
+  lightning-wide  train_lightning.py with ``--input 64 --hidden 8192``: little input per sample and wide
+                  activations, so that Lightning's binsearch survives its out-of-memory trials under RLIMIT_DATA
+                  (its data fetcher's pre-fetch of the next batch is small) and its wall time can be compared.
 
 Mechanisms (how the limit B is applied; each one a separate set of rows):
   cgroup     a memory cgroup around the whole process tree (batchfit --cpu-limit cgroup; the plan says
@@ -55,12 +58,20 @@ from harness.units import gib, mib, seconds_then_minutes as fmt_s  # noqa: E402
 
 STAGES = ["batchfit", "truth", "lightning", "accelerate", "doc"]
 MECHANISMS = {"cgroup": "cgroup", "rlimit": "rlimit"}
-SCRIPTS = {
-    "plain": {"path": "tests/support/exec/train_mlp.py", "label": "plain PyTorch loop (`train_mlp.py`)"},
-    "lightning": {"path": "tests/support/exec/train_lightning.py",
-                  "label": "Lightning `Trainer.fit` (`train_lightning.py`)"},
-}
 MODEL_ARGS = ["--input", "65536", "--hidden", "16"]
+# lightning-wide: little input per sample (64 floats) and wide activations (8192), so that the batch Lightning's
+# data fetcher pre-fetches after a failed trial is small and its binsearch can finish under RLIMIT_DATA (with
+# 256 KiB of input per sample it crashed there); its trials are still short (0.6 M parameters)
+WIDE_ARGS = ["--input", "64", "--hidden", "8192"]
+SCRIPTS = {
+    "plain": {"path": "tests/support/exec/train_mlp.py", "label": "plain PyTorch loop (`train_mlp.py`)",
+              "args": MODEL_ARGS},
+    "lightning": {"path": "tests/support/exec/train_lightning.py",
+                  "label": "Lightning `Trainer.fit` (`train_lightning.py`)", "args": MODEL_ARGS, "lightning": True},
+    "lightning-wide": {"path": "tests/support/exec/train_lightning.py",
+                       "label": "Lightning `Trainer.fit` (`train_lightning.py`), wide activations",
+                       "args": WIDE_ARGS, "lightning": True},
+}
 BEGIN, END = "<!-- exec-peers:begin -->", "<!-- exec-peers:end -->"
 OOM_TEXT = ("DefaultCPUAllocator: can't allocate memory", "MemoryError", "std::bad_alloc", "out of memory",
             "Cannot allocate memory", "cannot allocate memory", "Thread creation failed")
@@ -78,7 +89,7 @@ def parse_args():
                    "batchfit's --confirm-steps)")
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
     p.add_argument("--mechanisms", default="cgroup,rlimit")
-    p.add_argument("--scripts", default="plain,lightning")
+    p.add_argument("--scripts", default="plain,lightning,lightning-wide")
     p.add_argument("--bin-dir", default=os.path.join(ROOT, "target", "release"))
     p.add_argument("--python", required=True, help="the Python with torch, Lightning and Accelerate")
     p.add_argument("--results", default=os.path.join(ROOT, "benches", "data", "exec_peers.json"))
@@ -179,7 +190,7 @@ def job_env():
 
 def script_cmd(args, script, batch="{batch}", steps="{steps}", accumulation="{accumulation}"):
     return [args.python, os.path.join(ROOT, SCRIPTS[script]["path"]), "--batch-size", str(batch), "--steps",
-            str(steps), "--accumulation", str(accumulation), *MODEL_ARGS]
+            str(steps), "--accumulation", str(accumulation), *SCRIPTS[script]["args"]]
 
 
 def item(res, mech, script):
@@ -307,7 +318,7 @@ def stage_truth(args, res, mech, script):
 
 def stage_peer(args, res, mech, script, tool):
     it = item(res, mech, script)
-    if tool == "lightning" and script != "lightning":
+    if tool == "lightning" and not SCRIPTS[script].get("lightning"):
         it[tool] = {"not_applicable": "Lightning's Tuner.scale_batch_size needs a LightningModule and a Trainer: "
                                       "a plain PyTorch loop has neither"}
         return
@@ -331,7 +342,7 @@ def stage_peer(args, res, mech, script, tool):
         cmd += ["--start", str(args.accelerate_start), "--steps", "3"]
     else:
         cmd += ["--init-val", "2", "--max-val", str(1 << 20), "--max-trials", "25", "--steps-per-trial", "3"]
-    cmd += ["--", *MODEL_ARGS]
+    cmd += ["--", *SCRIPTS[script]["args"]]
     log(f"{mech}/{script}: {tool}: {show(cmd)} (one process, {mechanism} {limit})")
     try:
         with Limit(mechanism, limit, f"exec-peers-{tool}") as lim:
@@ -410,7 +421,8 @@ def render(res, args):
     w = L.append
     w("## `--exec` against the finders users run in their scripts (CPU, real runs)")
     w("")
-    w("The same two training scripts probed three ways under the same memory limit: `batchfit probe --exec` "
+    w("The same training scripts (a plain loop and a Lightning module, the latter also in a wide shape) probed three "
+      "ways under the same memory limit: `batchfit probe --exec` "
       "(every trial the unchanged script in a fresh process), Lightning's `Tuner.scale_batch_size` and "
       "Accelerate's `find_executable_batch_size` (inside the script's own process, as their users run them); "
       "each answer divided by the script's **true maximum**: the largest batch at which a fresh run of the same "
@@ -438,10 +450,19 @@ def render(res, args):
       "drawn per step), and `train_lightning.py`, the same model as a `LightningModule` trained by "
       "`Trainer(max_steps, accumulate_grad_batches)` whose `train_dataloader()` yields whole random batches of "
       "`self.batch_size` (the layout Lightning's finder needs). Both with `--input 65536 --hidden 16` (65536 → 16 "
-      "→ 10, 1 048 762 parameters): 256 KiB of input per sample, little compute. Environment of every run: "
+      "→ 10, 1 048 762 parameters): 256 KiB of input per sample, little compute; and `lightning-wide`, the "
+      "Lightning script with `--input 64 --hidden 8192` (64 → 8192 → 10, 614 410 parameters): 256 bytes of input "
+      "and 32 KiB per activation per sample, so that the batch Lightning's data fetcher pre-fetches after a failed "
+      "trial is small (with the first shape its finder crashed there under `RLIMIT_DATA`). Environment of every run: "
       "`OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1`, `PYTHONPATH` = the helper `batchfit_trial.py` (the scripts "
       "report each trial to batchfit through it); no malloc tuning.")
-    w(f"* **Limit B = {B} bytes ({gib(B)})**: batchfit `--memory-budget {B} --margin 0` (its trials run under B less its guard band, the plan's `limit_bytes`: 2 % under a cgroup, 1 % for a command under `RLIMIT_DATA`), "
+    bands = sorted({(it.get("batchfit") or {}).get("limit_mechanism"): B - (it.get("batchfit") or {}).get("limit_bytes")
+                    for it in (res.get("items") or {}).values()
+                    if (it.get("batchfit") or {}).get("limit_bytes")}.items())
+    band_text = "; ".join(f"`{k}`: {v} bytes ({mib(v)})" for k, v in bands) or "?"
+    w(f"* **Limit B = {B} bytes ({gib(B)})**: batchfit `--memory-budget {B} --margin 0` (its trials run under B less its "
+      f"guard band, the plan's `limit_bytes`; the band: {band_text}, the measured noise of a job's peak, "
+      "docs/soundness.md), "
       "with `--cpu-limit cgroup` (a memory cgroup around each trial's process tree; the OOM killer ends a process "
       "over it) or `--cpu-limit rlimit` (`RLIMIT_DATA` on each process; an allocation over it fails). The true "
       "maximum and the peers use the plan's mechanism with the job's limit B: a new cgroup per run, made under the "

@@ -3,7 +3,7 @@
 # CPU, each answer against the script's true maximum (issue #13). Results: benches/data/exec_peers.json and
 # the exec-peers section of docs/benchmarks.md.
 #
-#   benches/exec_peers/run.sh                              # everything: about 30 min on 2 shared cores
+#   benches/exec_peers/run.sh                              # everything: about 35 min on 2 shared cores
 #   benches/exec_peers/run.sh --mechanisms rlimit --scripts plain --stages batchfit,truth,doc
 #   benches/exec_peers/run.sh --stages doc                 # only re-render the doc section
 #   benches/exec_peers/run.sh --help                       # all flags (run.py)

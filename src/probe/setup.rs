@@ -387,8 +387,9 @@ pub fn skeleton(
             format_size(budget)
         )));
     }
-    let guard_band = guard_band(backend.limit_mechanism(), cfg.exec.is_some());
-    let limit = guarded(config::limit(budget, cfg.reserve, cfg.margin), guard_band);
+    let unguarded = config::limit(budget, cfg.reserve, cfg.margin);
+    let guard_band = guard_band(backend.limit_mechanism(), cfg.exec.is_some(), unguarded);
+    let limit = guarded(unguarded, guard_band);
     if device.kind == DeviceKind::Cpu && cfg.exec.is_none() && limit < LIBTORCH_MIN_DATA {
         return Err(ProbeError::Usage(format!(
             "the limit {} (budget {} − reserve {}, less the {:.0}% margin) is below the {} a libtorch process \
@@ -452,36 +453,57 @@ pub fn skeleton(
     Ok((plan, limit))
 }
 
-/// The share the trials' limit is set below the budget's limit in a memory cgroup. The kernel
-/// charges page cache to the group (a file's pages to the group that first read them) and reclaims
-/// it at the limit, so the largest size that completes moves by tens of samples from run to run
-/// (measured with 1%, 2% and 3%: docs/soundness.md, "The cgroup boundary is noisy"; 1% left the
-/// answer only 6 samples below the hour's truth, which another run measured 7 samples lower; 2% left
-/// it 37–47 below, 0.97–0.98 of it).
-/// `RLIMIT_DATA` counts only the data segment: none for batchfit's own trials (their peaks repeat to
-/// the byte), [`EXEC_RLIMIT_GUARD_BAND`] for a command's.
-pub const CGROUP_GUARD_BAND: f64 = 0.02;
+/// The guard band under a memory cgroup, in bytes: how far the trials' limit is set below the budget's
+/// limit, so that an answer proven under it also fits a fresh run of the job under the budget's limit.
+/// Measured (docs/soundness.md, "Where the noise comes from"; raw numbers in
+/// `benches/data/exec_noise.json`): fresh runs of one Python job at one batch size under one cgroup
+/// limit peak at levels about one buffer of its largest parameter's size (4 MiB) apart (glibc's
+/// dynamic mmap threshold keeps it in the heap in some runs and not in others: with the threshold
+/// fixed the levels collapse to one, 0.1 MB wide; with ASLR off or a fixed hash seed they do not):
+/// anonymous peaks of 1327.1, 1332.0 and 1335.1–1336.0 MB among the runs that fit, and a run of the
+/// same size killed (above 1337.7 MB): a spread of at least 10.7 MB. The page cache charged to the
+/// group at the peak was 0–10 MB and is reclaimed at the limit: it is not what moves the boundary.
+/// 16 MiB is 1.5 times the spread. A byte count, not a share of the limit: the noise is the job's, not
+/// the limit's (2 % of 1.25 GiB cost 47 samples against about 20 of noise); a job whose large
+/// tensors are larger can move by more (`--margin` adds room).
+pub const CGROUP_GUARD_BAND_BYTES: u64 = 16 << 20;
 
-/// The guard band of a command's trials under `RLIMIT_DATA`: a Python job's largest completing size
-/// moved by up to 6 samples (about 3 MB, 0.2 % of the limit) between fresh runs (docs/soundness.md:
-/// batchfit 1033 and 1029 against a truth of 1027 the same hour), which no proof trial can pin; 0.5 %
-/// of the limit covers it 2.5 times. (1 % was measured to cost 3 % of the batch: 925 against 956.)
-pub const EXEC_RLIMIT_GUARD_BAND: f64 = 0.005;
+/// The guard band of a command's trials under `RLIMIT_DATA`, in bytes: the same as under a cgroup,
+/// because the noise is the same (the job's heap, glibc's dynamic mmap threshold): the data segment
+/// `RLIMIT_DATA` bounds follows the heap. A first 5 MiB, from 15 runs that happened to show only 1 MiB
+/// levels (the largest completing size moving by 5 samples, 2.6 MB), was measured too small by the
+/// next benchmark run: its trials under B − 5 MiB completed 945 while fresh runs under B failed at
+/// 942, 944 and 945 (truth 939), and its own trials' peaks (913 at 1331.5 MB, 923 at 1324.0 MB) put
+/// levels 12.7 MB apart, as under the cgroup. batchfit's own trials (the tch models, their mmap
+/// threshold fixed) have none: their peaks repeat to the byte.
+pub const EXEC_RLIMIT_GUARD_BAND_BYTES: u64 = CGROUP_GUARD_BAND_BYTES;
 
-/// The guard band of a limit mechanism (see [`CGROUP_GUARD_BAND`]) for batchfit's own trials or a
-/// command's (`exec`).
-pub fn guard_band(m: LimitMechanism, exec: bool) -> Option<f64> {
+/// The guard band, in bytes, of a limit mechanism for batchfit's own trials or a command's (`exec`);
+/// `None`: none (`RLIMIT_DATA` for batchfit's own trials, cuda, sim).
+pub fn guard_band_bytes(m: LimitMechanism, exec: bool) -> Option<u64> {
     match m {
-        LimitMechanism::CgroupV1 | LimitMechanism::CgroupV2 => Some(CGROUP_GUARD_BAND),
-        LimitMechanism::RlimitData if exec => Some(EXEC_RLIMIT_GUARD_BAND),
+        LimitMechanism::CgroupV1 | LimitMechanism::CgroupV2 => Some(CGROUP_GUARD_BAND_BYTES),
+        LimitMechanism::RlimitData if exec => Some(EXEC_RLIMIT_GUARD_BAND_BYTES),
         _ => None,
     }
 }
 
-/// `limit` less its guard band.
+/// The guard band of a limit mechanism as the share of `limit` (the budget's limit, before the band)
+/// that the plan records (`guard_band`; `verify` re-applies it to the same limit, [`guarded`], and gets
+/// the same `limit_bytes`): [`guard_band_bytes`] of it, at most a quarter of it (a limit that small is
+/// below what a Python or libtorch job starts in; the band must not eat the limit).
+pub fn guard_band(m: LimitMechanism, exec: bool, limit: u64) -> Option<f64> {
+    let bytes = guard_band_bytes(m, exec)?;
+    if limit == 0 {
+        return None;
+    }
+    Some((bytes.min(limit / 4)) as f64 / limit as f64)
+}
+
+/// `limit` less its guard band (a share of it, [`guard_band`]), rounded to the byte.
 pub fn guarded(limit: u64, guard_band: Option<f64>) -> u64 {
     match guard_band {
-        Some(g) if g > 0.0 && g < 1.0 => (limit as f64 * (1.0 - g)) as u64,
+        Some(g) if g > 0.0 && g < 1.0 => limit.saturating_sub((limit as f64 * g).round() as u64),
         _ => limit,
     }
 }
@@ -589,32 +611,59 @@ pub fn plan_backend(
 mod tests {
     use super::*;
 
-    /// A memory cgroup's trials run under the limit less the guard band (its boundary is noisy: the
-    /// answer was measured above the fresh-run truth without it); RLIMIT_DATA is exact and keeps
-    /// the whole limit.
+    /// A memory cgroup's trials, and a command's under RLIMIT_DATA, run under the limit less a guard
+    /// band of a fixed number of bytes (the measured noise of a job's peak, not a share of the limit);
+    /// batchfit's own trials under RLIMIT_DATA, cuda and sim keep the whole limit. `verify` re-applies
+    /// the recorded share to the same limit and must get the same `limit_bytes`, to the byte.
     #[test]
-    fn guard_bands_for_noisy_boundaries_only() {
-        let l = 1_342_177_280;
+    fn guard_bands_are_the_measured_noise_in_bytes() {
+        let b = 1_342_177_280u64; // the benchmark's 1.25 GiB
         for m in [LimitMechanism::CgroupV1, LimitMechanism::CgroupV2] {
             for exec in [false, true] {
-                assert_eq!(guard_band(m, exec), Some(CGROUP_GUARD_BAND));
-                assert_eq!(guarded(l, guard_band(m, exec)), 1_315_333_734);
+                assert_eq!(guard_band_bytes(m, exec), Some(16 << 20));
+                // 1.25 GiB less 16 MiB (the flat 2 % gave 1_315_333_734)
+                assert_eq!(guarded(b, guard_band(m, exec, b)), 1_325_400_064);
             }
         }
-        // batchfit's own trials repeat to the byte under RLIMIT_DATA; a command's do not
-        assert_eq!(guard_band(LimitMechanism::RlimitData, false), None);
-        assert_eq!(guarded(l, guard_band(LimitMechanism::RlimitData, false)), l);
+        assert_eq!(guard_band_bytes(LimitMechanism::RlimitData, false), None);
+        assert_eq!(guard_band(LimitMechanism::RlimitData, false, b), None);
         assert_eq!(
-            guard_band(LimitMechanism::RlimitData, true),
-            Some(EXEC_RLIMIT_GUARD_BAND)
+            guarded(b, guard_band(LimitMechanism::RlimitData, false, b)),
+            b
         );
         assert_eq!(
-            guarded(l, guard_band(LimitMechanism::RlimitData, true)),
-            1_335_466_393
+            guard_band_bytes(LimitMechanism::RlimitData, true),
+            Some(16 << 20)
+        );
+        // 1.25 GiB less 16 MiB (the flat 0.5 % gave 1_335_466_393)
+        assert_eq!(
+            guarded(b, guard_band(LimitMechanism::RlimitData, true, b)),
+            1_325_400_064
         );
         for m in [LimitMechanism::CudaFraction, LimitMechanism::Simulated] {
-            assert_eq!(guard_band(m, true), None);
+            assert_eq!(guard_band(m, true, b), None);
         }
-        assert_eq!(guarded(l, Some(1.5)), l);
+        // the same bytes whatever the limit: the share shrinks as the limit grows, and the plan's
+        // share re-applied (verify) gives the probe's limit to the byte
+        for l in [400u64 << 20, b, 3 << 30, 64 << 30, (1 << 40) + 12_345] {
+            for (m, exec, bytes) in [
+                (LimitMechanism::CgroupV1, false, 16u64 << 20),
+                (LimitMechanism::CgroupV2, true, 16 << 20),
+                (LimitMechanism::RlimitData, true, 16 << 20),
+            ] {
+                let g = guard_band(m, exec, l).unwrap();
+                assert_eq!(guarded(l, Some(g)), l - bytes, "limit {l} {m:?}");
+                assert!((g - bytes as f64 / l as f64).abs() < 1e-12);
+            }
+        }
+        // a limit so small that the band would be more than a quarter of it keeps three quarters
+        let small = 32u64 << 20;
+        assert_eq!(
+            guarded(small, guard_band(LimitMechanism::CgroupV1, true, small)),
+            small - small / 4
+        );
+        assert_eq!(guard_band(LimitMechanism::CgroupV1, true, 0), None);
+        assert_eq!(guarded(b, Some(1.5)), b);
+        assert_eq!(guarded(b, Some(0.0)), b);
     }
 }
