@@ -592,11 +592,14 @@ fn edit(src: &Path, dst: &Path, f: impl FnOnce(&mut Value)) {
     write_json(dst, &v);
 }
 
+/// A named edit that makes a plan contradict itself.
+type Contradiction = (&'static str, Box<dyn Fn(&mut Value)>);
+
 #[test]
 fn contradicting_plans_are_refused_everywhere() {
     let d = tmp();
     let good = probe_out(&d, "good.json", SIM16, &["--global-batch", "1000"]);
-    let cases: Vec<(&str, Box<dyn Fn(&mut Value)>)> = vec![
+    let cases: Vec<Contradiction> = vec![
         (
             "micro-batch 7, micro_batches 60000",
             Box::new(|v| {

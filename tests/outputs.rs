@@ -65,7 +65,7 @@ fn env_format_exports_quoted_values_and_out_holds_json() {
             "2".into(),
             "8192".into(),
             "1".into(),
-            "4846".into(),
+            "4834".into(),
             "complete".into(),
             out.display().to_string(),
         ]
@@ -151,7 +151,7 @@ fn json_and_text_formats_unchanged() {
         .assert()
         .success()
         .stdout(predicate::str::contains(
-            "largest fitting micro-batch: 4846",
+            "largest fitting micro-batch: 4834",
         ))
         .stderr(predicate::str::is_empty());
 }

@@ -74,6 +74,8 @@ fn reserve_and_margin_define_the_limit() {
             "2GiB",
             "--margin",
             "0.5",
+            "--tolerance",
+            "0",
             "--quiet",
         ])
         .assert()
@@ -224,6 +226,8 @@ fn text_format_and_progress() {
             "sim",
             "--sim",
             SIM,
+            "--tolerance",
+            "0",
             "--format",
             "text",
         ])

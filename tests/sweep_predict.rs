@@ -667,3 +667,48 @@ fn a_plan_verified_elsewhere_predicts_nothing_from_the_old_line() {
         .success();
     assert!(read_json(&same)["capacity_model"]["refusal"].is_null());
 }
+
+/// Review of the sweep: the plan point (seq-len 256) completed, a later point was cut short by
+/// `--max-trials`; the plan was marked partial but kept the recommendation, and `batchfit show`
+/// then refused it as "edited or damaged". A partial sweep's plan recommends nothing (the point's
+/// size stays in the sweep table), and every command reads it.
+#[test]
+fn a_sweep_cut_short_after_its_plan_point_writes_a_readable_partial_plan() {
+    let d = tmp();
+    let out = path(&d, "q.json");
+    let o = batchfit()
+        .args(["probe", "--backend", "sim", "--model", "gpt"])
+        .args([
+            "--sim",
+            "base=2GiB,per-sample=3MiB,capacity=80GiB,noise=0.01,seed=2",
+        ])
+        .args(["--sweep", "seq-len=256,512,1024", "--seq-len", "256"])
+        .args(["--max-trials", "6", "--no-cache", "--quiet", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(5),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let partial = path(&d, "q.partial.json");
+    let plan = read_json(&partial);
+    assert_eq!(plan["status"], "partial");
+    assert!(
+        plan.get("recommendation").is_none_or(|r| r.is_null()),
+        "{plan}"
+    );
+    assert!(
+        plan["warnings"].to_string().contains("recommends nothing"),
+        "{}",
+        plan["warnings"]
+    );
+    let first = &plan["sweep"]["points"][0];
+    assert!(
+        first["max_micro_batch"].as_u64().unwrap_or(0) > 0 || first.to_string().contains("micro"),
+        "{first}"
+    );
+    batchfit().arg("show").arg(&partial).assert().success();
+}

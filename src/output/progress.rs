@@ -45,49 +45,6 @@ pub fn progress_line(n: usize, t: &TrialRecord, limit: u64) -> String {
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::protocol::{Isolation, TrialOutcome};
-    use crate::search::Purpose;
-
-    #[test]
-    fn the_running_line_names_the_size() {
-        assert_eq!(running_line(3, 512, 1), "trial 3 running: batch 512");
-        assert_eq!(
-            running_line(4, 256, 2),
-            "trial 4 running: batch 256 × accumulation 2"
-        );
-    }
-
-    #[test]
-    fn the_status_line_promises_no_further_trial() {
-        let t = TrialRecord {
-            batch: 4096,
-            steps: 5,
-            purpose: Purpose::Confirm,
-            isolation: Isolation::None,
-            accumulation: 1,
-            outcome: TrialOutcome::Fits {
-                peak_bytes: 1 << 30,
-                rss_peak_bytes: None,
-                step_seconds: 0.1,
-                gpu: None,
-            },
-            seconds: 1.0,
-            gpu_index: None,
-            details: None,
-        };
-        let s = status_line(5, &t, 2 << 30);
-        assert!(
-            s.starts_with("5 trials so far; last: batch 4096 fits"),
-            "{s}"
-        );
-        assert!(!s.contains("running"), "{s}");
-        assert!(status_line(1, &t, 2 << 30).starts_with("1 trial so far"));
-    }
-}
-
 /// Receives the probe's progress: lines for stderr, and every trial as it ends.
 pub trait Progress {
     fn line(&mut self, line: &str);
@@ -202,5 +159,48 @@ impl Progress for StderrProgress {
         if let StderrProgress::Live(pb) = self {
             pb.set_message(running_line(n, batch, accumulation));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Isolation, TrialOutcome};
+    use crate::search::Purpose;
+
+    #[test]
+    fn the_running_line_names_the_size() {
+        assert_eq!(running_line(3, 512, 1), "trial 3 running: batch 512");
+        assert_eq!(
+            running_line(4, 256, 2),
+            "trial 4 running: batch 256 × accumulation 2"
+        );
+    }
+
+    #[test]
+    fn the_status_line_promises_no_further_trial() {
+        let t = TrialRecord {
+            batch: 4096,
+            steps: 5,
+            purpose: Purpose::Confirm,
+            isolation: Isolation::None,
+            accumulation: 1,
+            outcome: TrialOutcome::Fits {
+                peak_bytes: 1 << 30,
+                rss_peak_bytes: None,
+                step_seconds: 0.1,
+                gpu: None,
+            },
+            seconds: 1.0,
+            gpu_index: None,
+            details: None,
+        };
+        let s = status_line(5, &t, 2 << 30);
+        assert!(
+            s.starts_with("5 trials so far; last: batch 4096 fits"),
+            "{s}"
+        );
+        assert!(!s.contains("running"), "{s}");
+        assert!(status_line(1, &t, 2 << 30).starts_with("1 trial so far"));
     }
 }

@@ -453,6 +453,10 @@ pub struct Target {
     /// The plan's guard band ([`crate::plan::Plan::guard_band`]): its trials ran under the limit
     /// less this share, and so does every prediction (the probe would set the same band).
     pub guard_band: Option<f64>,
+    /// The plan's guard band in bytes ([`crate::plan::Plan::guard_band_bytes`]): when present, each
+    /// prediction's limit is less these bytes (at most a quarter of it), as the probe would set it
+    /// for that memory, instead of `guard_band`'s share.
+    pub guard_band_bytes: Option<u64>,
     /// What the plan's own trials showed out of memory: the smallest size that ran out of memory at
     /// accumulation 1 and with accumulation, under `limit_bytes` (the plan's limit). Evidence: no
     /// prediction for a limit at most that one may reach it, and where the line said it fits, the
@@ -517,6 +521,7 @@ impl Default for Target {
             multiple_of: 1,
             split: None,
             guard_band: None,
+            guard_band_bytes: None,
             oom: None,
         }
     }
@@ -531,9 +536,11 @@ pub fn predict(
     target: Target,
 ) -> Prediction {
     // Under the plan's guard band, as the probe would set it for this budget.
-    let limit_bytes = match target.guard_band {
-        Some(g) if g > 0.0 && g < 1.0 => (limit(memory, reserve, margin) as f64 * (1.0 - g)) as u64,
-        _ => limit(memory, reserve, margin),
+    let unguarded = limit(memory, reserve, margin);
+    let limit_bytes = match (target.guard_band_bytes, target.guard_band) {
+        (Some(b), _) => unguarded.saturating_sub(b.min(unguarded / 4)),
+        (None, Some(g)) if g > 0.0 && g < 1.0 => (unguarded as f64 * (1.0 - g)) as u64,
+        _ => unguarded,
     };
     let mut p = Prediction {
         memory_bytes: memory,
@@ -911,6 +918,7 @@ pub fn report(
                 allow_uneven: r.uneven,
             }),
         guard_band: plan.guard_band,
+        guard_band_bytes: plan.guard_band_bytes,
         oom: OomEvidence::of(&plan.trials, plan.limit_bytes),
     };
     let predictions = sizes
@@ -1245,6 +1253,18 @@ mod tests {
         assert_eq!(p.limit_bytes, (2000.0 * MIB as f64 * 0.98) as u64);
         // (2000 × 0.98 − 1000) MiB at 1 MiB a sample
         assert_eq!(p.max_micro_batch.unwrap().micro_batch, 960);
+        // A band in bytes (review of the byte band: the share of a 470 MiB limit made 128 MiB's
+        // prediction 12 % high): the same bytes off every limit, at most a quarter of it.
+        let t = Target {
+            guard_band: Some((16.0 * MIB as f64) / (470.0 * MIB as f64)),
+            guard_band_bytes: Some(16 * MIB),
+            ..Target::default()
+        };
+        let p = predict(&m, 2000 * MIB, 0, 0.0, t);
+        assert_eq!(p.limit_bytes, 1984 * MIB);
+        assert_eq!(p.max_micro_batch.unwrap().micro_batch, 984);
+        let p = predict(&m, 40 * MIB, 0, 0.0, t);
+        assert_eq!(p.limit_bytes, 30 * MIB, "the quarter cap");
     }
 
     #[test]

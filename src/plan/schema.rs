@@ -354,7 +354,7 @@ pub fn describe_micro_batches(micro_batches: &[u64]) -> String {
             None => groups.push((m, 1)),
         }
     }
-    groups.sort_by(|a, b| b.0.cmp(&a.0));
+    groups.sort_by_key(|g| std::cmp::Reverse(g.0));
     groups
         .iter()
         .map(|(m, n)| format!("{m} × {n}"))
@@ -463,6 +463,12 @@ pub struct Plan {
     /// budget's limit as headroom. Absent: none (`rlimit-data`, cuda, sim; plans made before it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guard_band: Option<f64>,
+    /// The guard band in bytes, where it is a measured byte count (the boundary's noise: glibc's
+    /// dynamic mmap threshold moves a command's peak in steps of 4–13 MB): `batchfit predict`
+    /// takes these bytes (at most a quarter of each limit) off every limit it predicts for, not
+    /// `guard_band`'s share of it. Absent in plans whose band was a share (made before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guard_band_bytes: Option<u64>,
     /// The memory curve the trials measured, as a line (`batchfit predict`); absent in plans written
     /// before it existed and when no trial fit.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -405,7 +405,7 @@ pub fn skeleton(
         BackendChoice::Sim(s) => Some(s.clone()),
         _ => None,
     };
-    let plan = Plan {
+    let mut plan = Plan {
         schema_version: crate::plan::SCHEMA_VERSION,
         status: Status::Partial,
         created_unix: now_unix(),
@@ -447,9 +447,24 @@ pub fn skeleton(
         reserve_note,
         limit_mechanism: Some(backend.limit_mechanism()),
         guard_band,
+        guard_band_bytes: guard_band.and(guard_band_bytes(
+            backend.limit_mechanism(),
+            cfg.exec.is_some(),
+        )),
         capacity_model: None,
         sweep: None,
     };
+    if let Some(b) = guard_band_bytes(backend.limit_mechanism(), cfg.exec.is_some())
+        .filter(|&b| guard_band.is_some() && b > unguarded / 4)
+    {
+        plan.warnings.push(format!(
+            "the guard band was cut to a quarter of the limit ({}, not the {} measured for this \
+             limit mechanism): a limit this small leaves less headroom than the boundary's noise, \
+             so a fresh run may not fit the recommended size; raise --memory-budget",
+            format_size(unguarded / 4),
+            format_size(b)
+        ));
+    }
     Ok((plan, limit))
 }
 

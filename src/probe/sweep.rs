@@ -156,6 +156,17 @@ pub fn run(
     if interrupted.is_some() {
         plan.status = Status::Partial;
     }
+    if plan.status == Status::Partial {
+        // A partial plan carries no recommendation (the plan's invariant; review of the sweep:
+        // `show` refused such a plan as damaged). The plan point's proven size stays in the table.
+        if let Some(r) = plan.recommendation.take() {
+            plan.warnings.push(format!(
+                "--sweep is partial, so this plan recommends nothing; {name}={plan_value} was \
+                 proven at micro-batch {} (the sweep table); run the sweep again to complete it",
+                r.max_fitting_batch
+            ));
+        }
+    }
     let written = report::write(cfg.out.as_deref(), &plan)?;
     Ok(ProbeReport {
         plan,
