@@ -45,6 +45,13 @@ pub enum PlanError {
 }
 
 impl Plan {
+    /// The limit the job gets: the trials' `limit_bytes` plus the guard band in bytes (the band is
+    /// headroom for the job, which is not the trial process; `batchfit-train --memory-limit plan`).
+    pub fn job_limit_bytes(&self) -> u64 {
+        self.limit_bytes
+            .saturating_add(self.guard_band_bytes.unwrap_or(0))
+    }
+
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("plan serialises")
     }
@@ -117,6 +124,17 @@ mod tests {
     use proptest::prelude::*;
 
     /// A real plan from a sim probe (no files written).
+    /// CI 2026-12-03: `batchfit-train --memory-limit plan` ran under the trials' own limit and ran
+    /// out of memory 160 KB above the trial's peak; the job's limit is the band above it.
+    #[test]
+    fn the_job_limit_is_the_trials_limit_plus_the_band() {
+        let mut p = sample_plan();
+        p.guard_band_bytes = None;
+        assert_eq!(p.job_limit_bytes(), p.limit_bytes);
+        p.guard_band_bytes = Some(1 << 20);
+        assert_eq!(p.job_limit_bytes(), p.limit_bytes + (1 << 20));
+    }
+
     fn sample_plan() -> Plan {
         use clap::Parser;
         let cli = crate::cli::Cli::try_parse_from([

@@ -447,10 +447,8 @@ pub fn skeleton(
         reserve_note,
         limit_mechanism: Some(backend.limit_mechanism()),
         guard_band,
-        guard_band_bytes: guard_band.and(guard_band_bytes(
-            backend.limit_mechanism(),
-            cfg.exec.is_some(),
-        )),
+        // the band as applied (the quarter cap included): what the job has above `limit_bytes`
+        guard_band_bytes: guard_band.map(|_| unguarded - limit),
         capacity_model: None,
         sweep: None,
     };
@@ -489,16 +487,25 @@ pub const CGROUP_GUARD_BAND_BYTES: u64 = 16 << 20;
 /// levels (the largest completing size moving by 5 samples, 2.6 MB), was measured too small by the
 /// next benchmark run: its trials under B − 5 MiB completed 945 while fresh runs under B failed at
 /// 942, 944 and 945 (truth 939), and its own trials' peaks (913 at 1331.5 MB, 923 at 1324.0 MB) put
-/// levels 12.7 MB apart, as under the cgroup. batchfit's own trials (the tch models, their mmap
-/// threshold fixed) have none: their peaks repeat to the byte.
+/// levels 12.7 MB apart, as under the cgroup.
 pub const EXEC_RLIMIT_GUARD_BAND_BYTES: u64 = CGROUP_GUARD_BAND_BYTES;
 
+/// The guard band of batchfit's own trials (the tch models) under `RLIMIT_DATA`, in bytes. Their
+/// peaks repeat to the byte (the mmap threshold fixed), but `batchfit-train` at the plan's size is
+/// not the trial child: in CI (2026-12-03, gpu-check's CPU smoke) the probe proved 1819 with 160 KB
+/// left under a 651.86 MB limit, and the trainer, run under that limit, failed a 72 KB allocation;
+/// here the same trainer peaked 200 KB under it. 1 MiB is 5 times that difference (28 samples of
+/// the default MLP); the trainer's `--memory-limit plan` is the job's limit, the band above the
+/// trials' (`Plan::job_limit_bytes`).
+pub const TCH_RLIMIT_GUARD_BAND_BYTES: u64 = 1 << 20;
+
 /// The guard band, in bytes, of a limit mechanism for batchfit's own trials or a command's (`exec`);
-/// `None`: none (`RLIMIT_DATA` for batchfit's own trials, cuda, sim).
+/// `None`: none (cuda, sim).
 pub fn guard_band_bytes(m: LimitMechanism, exec: bool) -> Option<u64> {
     match m {
         LimitMechanism::CgroupV1 | LimitMechanism::CgroupV2 => Some(CGROUP_GUARD_BAND_BYTES),
         LimitMechanism::RlimitData if exec => Some(EXEC_RLIMIT_GUARD_BAND_BYTES),
+        LimitMechanism::RlimitData => Some(TCH_RLIMIT_GUARD_BAND_BYTES),
         _ => None,
     }
 }
@@ -640,11 +647,14 @@ mod tests {
                 assert_eq!(guarded(b, guard_band(m, exec, b)), 1_325_400_064);
             }
         }
-        assert_eq!(guard_band_bytes(LimitMechanism::RlimitData, false), None);
-        assert_eq!(guard_band(LimitMechanism::RlimitData, false, b), None);
+        // batchfit's own trials under RLIMIT_DATA: 1 MiB (the trainer is not the trial child)
+        assert_eq!(
+            guard_band_bytes(LimitMechanism::RlimitData, false),
+            Some(1 << 20)
+        );
         assert_eq!(
             guarded(b, guard_band(LimitMechanism::RlimitData, false, b)),
-            b
+            b - (1 << 20)
         );
         assert_eq!(
             guard_band_bytes(LimitMechanism::RlimitData, true),

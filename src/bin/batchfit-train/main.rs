@@ -49,8 +49,9 @@ struct Args {
     /// Train even with a plan that is partial or made for another model or device.
     #[arg(long)]
     force: bool,
-    /// Run under a memory limit: `plan` (the plan's limit_bytes: the probe's --memory-budget less
-    /// --reserve and --margin, the limit every trial ran under), a size like 1GiB, or `none`. On cpu
+    /// Run under a memory limit: `plan` (the job's limit: the probe's --memory-budget less --reserve
+    /// and --margin; the trials ran under it less the plan's guard band, `limit_bytes`), a size like
+    /// 1GiB, or `none`. On cpu
     /// the limit is RLIMIT_DATA on the data segment (the "peak" the probe measured), with the trial
     /// process's set-up from the plan's runtime (stack limit, OpenMP stack size, threads); on cuda,
     /// the caching allocator's per-process memory fraction.
@@ -266,7 +267,7 @@ impl MemoryLimit {
     fn bytes(self, plan: &Plan) -> Option<u64> {
         match self {
             MemoryLimit::None => None,
-            MemoryLimit::Plan => Some(plan.limit_bytes),
+            MemoryLimit::Plan => Some(plan.job_limit_bytes()),
             MemoryLimit::Bytes(b) => Some(b),
         }
     }
@@ -675,8 +676,8 @@ fn run(a: &Args) -> Result<(), Fail> {
             format!(
                 "peak data segment {} ({:.0}% of the plan's {} limit), peak RSS {}",
                 format_size(data),
-                100.0 * data as f64 / plan.limit_bytes.max(1) as f64,
-                format_size(plan.limit_bytes),
+                100.0 * data as f64 / plan.job_limit_bytes().max(1) as f64,
+                format_size(plan.job_limit_bytes()),
                 format_size(st.vm_hwm)
             )
         }
