@@ -635,7 +635,8 @@ mod tests {
 
     /// A memory cgroup's trials, and a command's under RLIMIT_DATA, run under the limit less a guard
     /// band of a fixed number of bytes (the measured noise of a job's peak, not a share of the limit);
-    /// batchfit's own trials under RLIMIT_DATA, cuda and sim keep the whole limit. `verify` re-applies
+    /// batchfit's own trials under RLIMIT_DATA 1 MiB (the trainer is not the trial child); cuda and
+    /// sim keep the whole limit. `verify` re-applies
     /// the recorded share to the same limit and must get the same `limit_bytes`, to the byte.
     #[test]
     fn guard_bands_are_the_measured_noise_in_bytes() {

@@ -538,6 +538,17 @@ fn hybrid_proof_runs_fresh_and_survives_false_worker_ooms() {
     }
 }
 
+/// The trials of `out` as `batch✓/steps` (fits) or `batch✗/steps`, for assertion messages.
+fn sequence(out: &SearchOutcome) -> Vec<String> {
+    out.trials
+        .iter()
+        .map(|t| {
+            let mark = if t.outcome.fits() { "✓" } else { "✗" };
+            format!("{}{mark}/{}", t.batch, t.steps)
+        })
+        .collect()
+}
+
 fn fresh_oom(out: &SearchOutcome, b: u64) -> bool {
     out.trials
         .iter()
@@ -557,18 +568,7 @@ fn a_near_miss_of_the_line_is_closed_by_one_fit() {
     let truth = spec.true_max(limit, 5, 1_000_000);
     let mut be = Capped(SimBackend::new(spec));
     let out = Prober::new(&mut be, SearchConfig::default(), limit).search();
-    let seq: Vec<String> = out
-        .trials
-        .iter()
-        .map(|t| {
-            format!(
-                "{}{}/{}",
-                t.batch,
-                if t.outcome.fits() { "✓" } else { "✗" },
-                t.steps
-            )
-        })
-        .collect();
+    let seq = sequence(&out);
     let b = out.max_fitting.unwrap();
     assert!(
         b <= truth && b + tolerance_gap(b, 0.005, 1) >= truth,
@@ -745,18 +745,7 @@ fn the_second_point_above_a_flat_part_is_measured_below_the_largest_fit() {
         let truth = spec.true_max(limit, 5, 1_000_000);
         let mut be = Capped(SimBackend::new(spec));
         let out = Prober::new(&mut be, SearchConfig::default(), limit).search();
-        let seq: Vec<String> = out
-            .trials
-            .iter()
-            .map(|t| {
-                format!(
-                    "{}{}/{}",
-                    t.batch,
-                    if t.outcome.fits() { "✓" } else { "✗" },
-                    t.steps
-                )
-            })
-            .collect();
+        let seq = sequence(&out);
         let b = out.max_fitting.unwrap();
         assert!(
             b <= truth && b + tolerance_gap(b, 0.005, 1) > truth,
