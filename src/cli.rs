@@ -311,8 +311,9 @@ pub struct ProbeArgs {
     /// Search strategy.
     #[arg(long, value_enum, default_value = "guided")]
     pub strategy: StrategyArg,
-    /// Training steps per trial (≥ 3 counts Adam's state, which appears at the first step).
-    #[arg(long, default_value_t = 3)]
+    /// Training steps per exploration trial (≥ 2 counts the optimizer's state: Adam's appears at the
+    /// first step and is resident through the second's forward and backward).
+    #[arg(long, default_value_t = 2)]
     pub steps: u32,
     /// Training steps of the confirmation trial of the final size.
     #[arg(long, default_value_t = 5)]

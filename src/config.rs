@@ -472,7 +472,7 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         return err("--world-size must be at least 1".into());
     }
     if a.steps == 0 {
-        return err("--steps must be at least 1 (3 or more counts Adam's state)".into());
+        return err("--steps must be at least 1 (2 or more counts the optimizer's state)".into());
     }
     if a.confirm_steps == 0 {
         return err("--confirm-steps must be at least 1".into());

@@ -334,11 +334,14 @@ fn throughput_advice_names_only_tested_fitting_sizes() {
     let fastest = r["fastest_micro_batch"].as_u64().expect("advice at 20%");
     let micro = r["micro_batch"].as_u64().unwrap();
     assert!(fastest < micro);
-    // recompute from the trials: smallest fitting size run with 3 or 5 steps within 20% of the best
+    // recompute from the trials: smallest fitting size run with the exploration or confirmation
+    // steps within 20% of the best
     let trials = plan["trials"].as_array().unwrap();
+    let (steps, confirm) = (&plan["search"]["steps"], &plan["search"]["confirm_steps"]);
+    assert!(steps.as_u64().is_some() && confirm.as_u64().is_some());
     let sps: Vec<(u64, f64)> = trials
         .iter()
-        .filter(|t| t["outcome"] == "fits" && (t["steps"] == 3 || t["steps"] == 5))
+        .filter(|t| t["outcome"] == "fits" && (t["steps"] == *steps || t["steps"] == *confirm))
         .map(|t| {
             let b = t["batch"].as_u64().unwrap();
             (b, b as f64 / t["step_seconds"].as_f64().unwrap())

@@ -37,6 +37,11 @@ mod tolerance;
 use std::path::PathBuf;
 
 fn main() {
+    assert_eq!(
+        suite::STEPS,
+        batchfit::search::SearchConfig::default().steps,
+        "the bench's exploration steps are batchfit's default"
+    );
     let s = suite::run();
     // The replay machinery checked on the suite itself, then the recordings of the real tools.
     let self_check = suite::self_check_replay(&s.cases, &s.tools);

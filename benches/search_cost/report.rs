@@ -14,7 +14,7 @@ use crate::peers::{
 };
 use crate::suite::{
     describe, step_cost, SearchRun, Suite, GUIDED_IDX, LBIN_RAISED_IDX, MARGIN, START_COST_S,
-    STEPS, STEP_BASE_S, STEP_PER_SAMPLE_S,
+    PEER_STEPS, STEPS, STEP_BASE_S, STEP_PER_SAMPLE_S,
 };
 
 fn median(v: &[f64]) -> f64 {
@@ -117,7 +117,7 @@ fn intro(w: &mut String, s: &Suite) {
          so it can be that much below the truth — *exact answers* counts the answers equal to it, and the \
          tolerance section below the tables has the exact search too).\n\
          * **Lightning 2.6.6** `scale_batch_size`: `init_val` {LIGHTNING_INIT_VAL}, `max_trials` {LIGHTNING_MAX_TRIALS}, \
-         `steps_per_trial` {STEPS}, `margin` {LIGHTNING_MARGIN} (binsearch), `max_val` {LIGHTNING_MAX_VAL_DEFAULT} (default) \
+         `steps_per_trial` {PEER_STEPS}, `margin` {LIGHTNING_MARGIN} (binsearch), `max_val` {LIGHTNING_MAX_VAL_DEFAULT} (default) \
          or {LIGHTNING_MAX_VAL_RAISED} (raised); re-implemented with its flaws: a size that reaches `max_val` is \
          returned untested; power mode's doubling and binsearch's post-OOM step are capped at 8192 by \
          `_adjust_batch_size`'s default `max_val` even when `max_val` is raised; binsearch counts only successful \

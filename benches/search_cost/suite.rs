@@ -24,8 +24,11 @@ use crate::peers::{
 
 /// batchfit's default margin: limit = capacity × (1 − margin).
 pub const MARGIN: f64 = 0.05;
-/// Training steps per exploration trial (batchfit's default, Lightning's `steps_per_trial`).
-pub const STEPS: u32 = 3;
+/// Training steps per exploration trial: batchfit's default (`main` checks it against
+/// `SearchConfig::default()`).
+pub const STEPS: u32 = 2;
+/// Lightning's `steps_per_trial` (and the steps of the other in-process peers' trials).
+pub const PEER_STEPS: u32 = 3;
 /// Start of a process with libtorch loaded (seconds): paid once by the in-process peers; by batchfit per
 /// trial with `--isolation process`, and with `--isolation hybrid` once for the exploration
 /// worker plus once per proof trial (confirmation, split, fresh re-run of the failure, retry).
@@ -389,7 +392,7 @@ fn run_tool(tool: Tool, spec: &SimSpec, limit: u64) -> SearchRun {
             }
         }
         _ => {
-            let mut oracle = |b: u64| Some(spec.peak(b, STEPS) <= limit);
+            let mut oracle = |b: u64| Some(spec.peak(b, PEER_STEPS) <= limit);
             let run = match tool {
                 Tool::LightningPower(m) => {
                     lightning_power(LIGHTNING_INIT_VAL, LIGHTNING_MAX_TRIALS, m, &mut oracle)
@@ -405,7 +408,7 @@ fn run_tool(tool: Tool, spec: &SimSpec, limit: u64) -> SearchRun {
                 Tool::Batchfit(_) => unreachable!(),
             };
             SearchRun {
-                trials: run.trials.iter().map(|&(b, f)| (b, STEPS, f)).collect(),
+                trials: run.trials.iter().map(|&(b, f)| (b, PEER_STEPS, f)).collect(),
                 answer: run.answer,
                 note: run.note.unwrap_or_default(),
                 in_process: tool.in_process(),

@@ -1371,29 +1371,36 @@ mod sweep_tests {
     }
 
     #[test]
-    fn a_noisy_second_point_costs_no_more_than_no_prior() {
+    fn a_noisy_second_point_costs_less_than_no_prior_over_many_draws() {
         // The bench's noisy family (0.5 % peak noise, power 1.2, seq-len 256 → 512): the guess
-        // missed, the retry at half fit, the prior's line through it predicted 10958, which fit.
-        // The next trial is the size whose out-of-memory closes the proof (11012): 4 trials, 5
-        // without a prior (was 6: a line through 6293 and 10958, whose 1 % noise sent it on to
-        // 11072, 11018 and back to 10964).
-        let spec = |v: u64| {
-            let mut s = family(2 * GIB, 3 * MIB, 80 * GIB, 256, v, 1.2);
-            s.noise = 0.005;
-            s.seed = v;
-            s
-        };
-        let s0 = spec(256);
-        let limit = s0.capacity / 20 * 19;
-        let (t0, _, _, _) = point(&s0, None);
-        let m0 = CapacityModel::fit(&t0, limit).unwrap();
-        let prior = sweep_prior(&[(256, &m0)], 512, 1.0, None).unwrap();
-        let (t1, b1, truth, alone) = point(&spec(512), Some(prior));
-        let seq: Vec<_> = t1.iter().map(|t| (t.batch, t.outcome.fits())).collect();
-        assert!(b1 <= truth);
+        // misses, the retry at half fits, and the prior's line through it predicts the candidate.
+        // One draw of the noise decides whether that candidate fits (4 trials) or the line is
+        // re-fitted (6), so this holds over many draws, not one: fewer trials in all than without
+        // a prior (measured over 200 draws: 992 against 1149 with 2 exploration steps, 975 against
+        // 1155 with 3), never more than 6 for one point, and never above the truth.
+        let (mut with, mut alone_total) = (0, 0);
+        for k in 0..100u64 {
+            let spec = |v: u64| {
+                let mut s = family(2 * GIB, 3 * MIB, 80 * GIB, 256, v, 1.2);
+                s.noise = 0.005;
+                s.seed = v + 1000 * k;
+                s
+            };
+            let s0 = spec(256);
+            let limit = s0.capacity / 20 * 19;
+            let (t0, _, _, _) = point(&s0, None);
+            let m0 = CapacityModel::fit(&t0, limit).unwrap();
+            let prior = sweep_prior(&[(256, &m0)], 512, 1.0, None).unwrap();
+            let (t1, b1, truth, alone) = point(&spec(512), Some(prior));
+            let seq: Vec<_> = t1.iter().map(|t| (t.batch, t.outcome.fits())).collect();
+            assert!(b1 <= truth, "draw {k}: {b1} above the truth {truth}");
+            assert!(t1.len() <= 6, "draw {k}: {seq:?} against {alone} alone");
+            with += t1.len();
+            alone_total += alone;
+        }
         assert!(
-            t1.len() <= 4 && t1.len() <= alone,
-            "{seq:?} against {alone} alone"
+            with * 100 <= alone_total * 90,
+            "{with} trials with the prior against {alone_total} without"
         );
     }
 
@@ -1418,7 +1425,7 @@ mod sweep_tests {
                     let prior = sweep_prior(&[(v0, &m0)], v1, 1.0, None).unwrap();
                     let s1 = family(base, per0, cap, v0, v1, exponent);
                     let (t1, b1, truth, alone) = point(&s1, Some(prior));
-                    let seq: Vec<_> = t1.iter().map(|t| (t.batch, t.outcome.fits())).collect();
+                    let seq: Vec<_> = t1.iter().map(|t| (t.batch, t.outcome.fits(), t.steps, t.purpose.clone())).collect();
                     assert!(b1 <= truth, "^{exponent} ×{ratio}: {b1} > {truth}");
                     let allowed = if exponent <= 2.0 { alone } else { alone + 1 };
                     assert!(

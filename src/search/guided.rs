@@ -20,7 +20,7 @@
 //!   half, where the geometric middle above cost more than the largest fit (on CPU the default MLP
 //!   ran 4096 and then 6538 at 3 steps, 1.8× the proof's floor). Once per search.
 //! * **Candidate.** An unconfirmed line's prediction runs at confirmation length at once, half the
-//!   tolerance's gap below the line: memory the 3-step line misses (on CPU a few samples) then
+//!   tolerance's gap below the line: memory the exploration line misses (on CPU a few samples) then
 //!   leaves it a fit, and the out-of-memory a gap above closes the proof.
 //! * **Exactness** is checked, not assumed: the newest point is compared with the line fitted without it.
 //!   On an exact line the prediction is proposed as is, and the next size up is the proof: five trials in
