@@ -675,18 +675,42 @@ fn a_plan_verified_elsewhere_predicts_nothing_from_the_old_line() {
 #[test]
 fn a_sweep_cut_short_after_its_plan_point_writes_a_readable_partial_plan() {
     let d = tmp();
+    let sweep = |seed: u64, cap: Option<u64>, out: &std::path::Path| {
+        let mut c = batchfit();
+        c.args(["probe", "--backend", "sim", "--model", "gpt"])
+            .arg("--sim")
+            .arg(format!(
+                "base=2GiB,per-sample=3MiB,capacity=80GiB,noise=0.01,seed={seed}"
+            ))
+            .args(["--sweep", "seq-len=256,512,1024", "--seq-len", "256"]);
+        if let Some(n) = cap {
+            c.arg("--max-trials").arg(n.to_string());
+        }
+        c.args(["--no-cache", "--quiet", "--out"])
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    // A noise draw whose plan point (the first) takes fewer trials than a later point; a cap of
+    // the first point's trials then completes it and cuts the later one short. (Which draw that
+    // is depends on the search, so it is looked for, not pinned.)
+    let full = path(&d, "full.json");
+    let (seed, cap) = (1..=40u64)
+        .find_map(|seed| {
+            let _ = std::fs::remove_file(&full);
+            assert!(sweep(seed, None, &full).status.success());
+            let plan = read_json(&full);
+            let trials: Vec<u64> = plan["sweep"]["points"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["trials"].as_u64().unwrap())
+                .collect();
+            (trials[1..].iter().any(|&t| t > trials[0])).then_some((seed, trials[0]))
+        })
+        .expect("a noise draw where a later point costs more trials than the first");
     let out = path(&d, "q.json");
-    let o = batchfit()
-        .args(["probe", "--backend", "sim", "--model", "gpt"])
-        .args([
-            "--sim",
-            "base=2GiB,per-sample=3MiB,capacity=80GiB,noise=0.01,seed=2",
-        ])
-        .args(["--sweep", "seq-len=256,512,1024", "--seq-len", "256"])
-        .args(["--max-trials", "6", "--no-cache", "--quiet", "--out"])
-        .arg(&out)
-        .output()
-        .unwrap();
+    let o = sweep(seed, Some(cap), &out);
     assert_eq!(
         o.status.code(),
         Some(5),

@@ -13,8 +13,8 @@ use crate::peers::{
     LIGHTNING_MAX_TRIALS, LIGHTNING_MAX_VAL_DEFAULT, LIGHTNING_MAX_VAL_RAISED,
 };
 use crate::suite::{
-    describe, step_cost, SearchRun, Suite, GUIDED_IDX, LBIN_RAISED_IDX, MARGIN, START_COST_S,
-    PEER_STEPS, STEPS, STEP_BASE_S, STEP_PER_SAMPLE_S,
+    describe, step_cost, SearchRun, Suite, GUIDED_IDX, LBIN_RAISED_IDX, MARGIN, PEER_STEPS,
+    START_COST_S, STEPS, STEP_BASE_S, STEP_PER_SAMPLE_S,
 };
 
 fn median(v: &[f64]) -> f64 {

@@ -408,7 +408,11 @@ fn run_tool(tool: Tool, spec: &SimSpec, limit: u64) -> SearchRun {
                 Tool::Batchfit(_) => unreachable!(),
             };
             SearchRun {
-                trials: run.trials.iter().map(|&(b, f)| (b, PEER_STEPS, f)).collect(),
+                trials: run
+                    .trials
+                    .iter()
+                    .map(|&(b, f)| (b, PEER_STEPS, f))
+                    .collect(),
                 answer: run.answer,
                 note: run.note.unwrap_or_default(),
                 in_process: tool.in_process(),
