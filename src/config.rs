@@ -611,7 +611,7 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         budget,
         reserve,
         reserve_given: a.reserve.is_some(),
-        margin: a.margin,
+        margin: a.margin + 0.0,
         global,
         world_size,
         world_size_given: a.world_size.is_some(),
@@ -635,7 +635,8 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             max_trials: a.max_trials,
             time_limit,
             allow_retries: a.allow_retries,
-            tolerance: a.tolerance,
+            // `--tolerance=-0` is 0 (the plan would say -0.0)
+            tolerance: a.tolerance + 0.0,
             prior: None,
         },
         trial_timeout,

@@ -1,0 +1,79 @@
+//! T19 (hostile tester, session 19): what a new user following README and a hostile one found on the
+//! real binaries. One test per finding; docs/errors.md, section "T19 (hostile tester, session 19)",
+//! has a row for each.
+
+mod common;
+use common::*;
+use predicates::prelude::*;
+
+const SIM: &str = "base=1GiB,per-sample=3MiB,capacity=16GiB";
+
+fn sim_probe(extra: &[&str]) -> assert_cmd::Command {
+    let mut c = batchfit();
+    c.args(["probe", "--backend", "sim", "--sim", SIM, "--quiet", "--no-cache"])
+        .args(extra);
+    c
+}
+
+/// T19-1: a negative value reached clap as an unknown flag: `error: unexpected argument '-0' found …
+/// tip: to pass '-0' as a value, use '-- -0'` (for probe, `--` starts the --exec command), and
+/// `--seed -1` (an i64) could not be given at all. Now each value reaches its own check.
+#[test]
+fn negative_values_reach_their_own_checks() {
+    let no_tip = || predicate::str::contains("use '--").not();
+    for (args, says) in [
+        (vec!["--margin", "-0.1"], "--margin -0.1 is outside [0, 0.9]"),
+        (vec!["--tolerance", "-0.01"], "--tolerance -0.01 is outside [0, 0.1]"),
+        (vec!["--throughput-tolerance", "-1"], "--throughput-tolerance -1 is outside"),
+        (vec!["--memory-budget", "-5GiB"], "a size cannot be negative"),
+        (vec!["--reserve", "-1GiB"], "a size cannot be negative"),
+        (vec!["--time-limit", "-3"], "--time-limit"),
+    ] {
+        sim_probe(&args)
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(says).and(no_tip()));
+    }
+    // a negative seed is a seed
+    sim_probe(&["--seed", "-1", "--format", "json"]).assert().success();
+    // `--tolerance -0` is the exact proof, recorded as 0.0 (not -0.0)
+    let a = sim_probe(&["--tolerance", "-0", "--format", "json"])
+        .assert()
+        .success();
+    let out = String::from_utf8_lossy(&a.get_output().stdout).to_string();
+    assert!(out.contains("\"tolerance\": 0.0"), "{out}");
+    let d = tmp();
+    let plan = path(&d, "plan.json");
+    sim_probe(&["--out"]).arg(&plan).assert().success();
+    batchfit()
+        .args(["predict", "--memory", "-5GiB"])
+        .arg(&plan)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("a size cannot be negative").and(no_tip()));
+    batchfit()
+        .args(["predict", "--memory", "24GiB", "--margin", "-0.5"])
+        .arg(&plan)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("-0.5").and(no_tip()));
+    batchfit()
+        .args(["merge", "--global-batch", "-5", "--out"])
+        .arg(path(&d, "m.json"))
+        .arg(&plan)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("invalid value '-5'").and(no_tip()));
+    trainer()
+        .args(["--lr", "-1", "--plan"])
+        .arg(&plan)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--lr -1 must be a positive number").and(no_tip()));
+    trainer()
+        .args(["--memory-limit", "-1GiB", "--plan"])
+        .arg(&plan)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("a size cannot be negative").and(no_tip()));
+}
