@@ -77,3 +77,63 @@ fn negative_values_reach_their_own_checks() {
         .code(2)
         .stderr(predicate::str::contains("a size cannot be negative").and(no_tip()));
 }
+
+/// T19-2: a command that prints an out-of-memory and exits 0 (a job that catches
+/// `torch.OutOfMemoryError` and goes on, a wrapper that hides the exit status) was a fit at every
+/// size: the plan recommended 76 where every size above 20 said it ran out of memory. Now such a
+/// trial is an error (not a fit, and no proof of out-of-memory either): the probe stops unproven.
+#[test]
+fn an_exit_0_that_says_out_of_memory_is_no_fit() {
+    let d = tmp();
+    let script = path(&d, "caught.py");
+    std::fs::write(
+        &script,
+        "import sys\nb = int(sys.argv[1])\nx = bytearray(b * 1024 * 1024)\n\
+         for i in range(0, len(x), 4096): x[i] = 1\n\
+         if b > 20:\n    print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB', file=sys.stderr)\n\
+         sys.exit(0)\n",
+    )
+    .unwrap();
+    let out = path(&d, "plan.json");
+    let a = batchfit()
+        .args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--cpu-limit",
+            "rlimit",
+            "--memory-budget",
+            "100MiB",
+            "--max-batch",
+            "200",
+            "--quiet",
+            "--no-cache",
+            "--format",
+            "json",
+            "--out",
+        ])
+        .arg(&out)
+        .args(["--exec", "--", "/usr/bin/python3"])
+        .arg(&script)
+        .arg("{batch}")
+        .assert()
+        .code(4);
+    let p: serde_json::Value = serde_json::from_slice(&a.get_output().stdout).unwrap();
+    let trials = p["trials"].as_array().unwrap();
+    let said = trials
+        .iter()
+        .filter(|t| t["batch"].as_u64().unwrap() > 20)
+        .collect::<Vec<_>>();
+    assert!(!said.is_empty(), "{p:#}");
+    for t in said {
+        assert_eq!(t["outcome"], "error", "{t:#}");
+        assert!(
+            t["message"]
+                .as_str()
+                .unwrap()
+                .contains("exited 0, but its output ends with an out-of-memory"),
+            "{t:#}"
+        );
+    }
+    assert!(p["recommendation"].is_null(), "{p:#}");
+}

@@ -23,8 +23,9 @@
 //! (a memory cgroup: [`Evidence::limit_peak`]) is an error: that limit is not what ran out.
 //!
 //! A command that exited 0 is judged by [`classify_clean_exit`]: an OOM kill counted by its own
-//! cgroup or an OOM its CUDA allocator counted is out of memory; a descendant killed by a signal or
-//! left running is an error. Neither is ever a fit.
+//! cgroup or an OOM its CUDA allocator counted is out of memory; an out-of-memory in its decisive
+//! output lines (caught by the job, or hidden by a wrapper's exit status), a descendant killed by a
+//! signal or left running is an error. Neither is ever a fit.
 //!
 //! Callers: the tch trial child (a failed step), `batchfit-train` (exit 6 vs 3), the process runner
 //! (a trial process that died without a result) and the user-command workload.
@@ -93,6 +94,11 @@ pub struct CleanExit<'a> {
     pub killed_descendants: &'a [String],
     /// Descendants still running when the command's main process exited.
     pub left_behind: &'a [String],
+    /// The command's output (stderr, then stdout): its decisive lines are read for an
+    /// out-of-memory that the job caught (or a wrapper swallowed) before it exited 0.
+    pub output: &'a str,
+    /// `--oom-pattern`s.
+    pub extra_markers: &'a [regex_lite::Regex],
 }
 
 /// What the evidence proves.
@@ -196,6 +202,14 @@ pub fn classify_clean_exit(c: &CleanExit) -> Option<Verdict> {
             "the command exited 0, but its report says the CUDA allocator ran out of memory {} \
              time(s) (the job caught it): this size ran out of memory",
             c.allocator_ooms
+        )));
+    }
+    if let Some(line) = oom_line(&decisive_lines(c.output), c.extra_markers) {
+        return Some(Verdict::Error(format!(
+            "the command exited 0, but its output ends with an out-of-memory ({line}): a job that \
+             catches it (or a wrapper that hides its exit code) may not have trained this size; not \
+             a fit, and not counted as out of memory. Let the job exit non-zero when it runs out of \
+             memory"
         )));
     }
     if !c.killed_descendants.is_empty() {
@@ -529,6 +543,44 @@ mod tests {
             !v.is_oom() && v.message().contains("left processes behind"),
             "{v:?}"
         );
+    }
+
+    /// T19-2: exit 0 whose decisive lines say memory ran out (a caught `torch.OutOfMemoryError`, a
+    /// wrapper that hides the exit code) is no fit: an error, since the text alone is no proof either.
+    #[test]
+    fn a_clean_exit_whose_output_ends_in_an_oom_is_no_fit() {
+        for out in [
+            "step 1\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n",
+            "Traceback (most recent call last):\nMemoryError\ndone\n",
+            "RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes\n",
+        ] {
+            let v = classify_clean_exit(&CleanExit {
+                output: out,
+                ..Default::default()
+            })
+            .unwrap_or_else(|| panic!("a fit: {out:?}"));
+            assert!(
+                !v.is_oom() && v.message().contains("exited 0, but its output ends with an out-of-memory"),
+                "{v:?}"
+            );
+        }
+        // a log line that mentions memory before a clean end is not evidence
+        let quiet = "INFO MemoryErrorHandler installed\nTip: if you see CUDA out of memory, lower the batch\nValueError: x\nstep 1\nstep 2\nstep 3\nstep 4\nstep 5\ndone\n";
+        assert_eq!(
+            classify_clean_exit(&CleanExit {
+                output: quiet,
+                ..Default::default()
+            }),
+            None
+        );
+        // the user's own --oom-pattern counts too
+        let re = [regex_lite::Regex::new("^OOM at batch").unwrap()];
+        assert!(classify_clean_exit(&CleanExit {
+            output: "OOM at batch 64, skipped\n",
+            extra_markers: &re,
+            ..Default::default()
+        })
+        .is_some());
     }
 
     #[test]

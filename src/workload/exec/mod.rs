@@ -446,11 +446,14 @@ impl Workload for ExecWorkload {
             .filter_map(|r| r.cuda.as_ref())
             .map(|c| c.ooms)
             .sum();
+        let output = format!("{}\n{}", f.stderr, f.stdout);
         if let Some(v) = classify_clean_exit(&CleanExit {
             group_oom_kills: m.group_oom_kills.unwrap_or(0),
             allocator_ooms,
             killed_descendants: &m.killed_descendants,
             left_behind: &m.left_behind,
+            output: &output,
+            extra_markers: &self.oom_patterns,
         }) {
             details.report = report;
             details.rank_reports = others;
