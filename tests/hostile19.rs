@@ -137,3 +137,22 @@ fn an_exit_0_that_says_out_of_memory_is_no_fit() {
     }
     assert!(p["recommendation"].is_null(), "{p:#}");
 }
+
+/// T19-3: `batchfit cache list` / `clear` with a cache directory that is a file printed the OS error
+/// twice (`cache directory X: Not a directory (os error 20): Not a directory (os error 20)`).
+#[test]
+fn a_cache_error_is_said_once() {
+    let d = tmp();
+    let file = path(&d, "cache");
+    std::fs::write(&file, "").unwrap();
+    for action in ["list", "clear"] {
+        let a = batchfit()
+            .env("BATCHFIT_CACHE_DIR", &file)
+            .args(["cache", action])
+            .assert()
+            .code(3);
+        let err = String::from_utf8_lossy(&a.get_output().stderr).to_string();
+        assert_eq!(err.matches("Not a directory").count(), 1, "{err}");
+    }
+    assert_eq!(std::fs::read(&file).unwrap(), b"");
+}

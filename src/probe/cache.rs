@@ -20,10 +20,11 @@ pub const DIR_ENV: &str = "BATCHFIT_CACHE_DIR";
 pub enum CacheError {
     #[error("cannot find a cache directory: set BATCHFIT_CACHE_DIR, XDG_CACHE_HOME or HOME")]
     NoDir,
-    #[error("cache directory {path}: {source}")]
+    // not `source`: `{e:#}` at the binary's edge would print the OS error twice
+    #[error("cache directory {path}: {error}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error(transparent)]
     Plan(#[from] PlanError),
@@ -276,9 +277,9 @@ pub fn store(dir: &Path, key: &str, plan: &Plan) -> Result<(), CacheError> {
     if plan.status != Status::Complete {
         return Ok(());
     }
-    std::fs::create_dir_all(dir).map_err(|source| CacheError::Io {
+    std::fs::create_dir_all(dir).map_err(|error| CacheError::Io {
         path: dir.to_path_buf(),
-        source,
+        error,
     })?;
     plan.write_atomic(&entry_path(dir, key))?;
     Ok(())
@@ -325,9 +326,9 @@ pub fn list(dir: &Path) -> Result<Vec<Entry>, CacheError> {
 pub fn clear(dir: &Path) -> Result<usize, CacheError> {
     let mut n = 0;
     for path in entry_files(dir)? {
-        std::fs::remove_file(&path).map_err(|source| CacheError::Io {
+        std::fs::remove_file(&path).map_err(|error| CacheError::Io {
             path: path.clone(),
-            source,
+            error,
         })?;
         n += 1;
     }
@@ -339,10 +340,10 @@ fn entry_files(dir: &Path) -> Result<Vec<PathBuf>, CacheError> {
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
-        Err(source) => {
+        Err(error) => {
             return Err(CacheError::Io {
                 path: dir.to_path_buf(),
-                source,
+                error,
             })
         }
     };
