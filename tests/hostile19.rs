@@ -156,3 +156,49 @@ fn a_cache_error_is_said_once() {
     }
     assert_eq!(std::fs::read(&file).unwrap(), b"");
 }
+
+/// T19-4: a command that replaced its report (`BATCHFIT_RESULT`) with a symbolic link to /dev/zero
+/// got batchfit killed for memory (it read the link's target whole); a FIFO there hung it. Now the
+/// report is opened without following links or waiting, only a regular file of at most 4 MiB is
+/// read, and anything else is the trial's error.
+#[test]
+fn a_report_that_is_a_link_a_fifo_or_huge_is_an_error() {
+    let d = tmp();
+    for (what, cmd, says) in [
+        ("link", r#"ln -sf /dev/zero "$BATCHFIT_RESULT"; echo {batch}"#, "is a symbolic link"),
+        ("fifo", r#"mkfifo "$BATCHFIT_RESULT"; echo {batch}"#, "is not a regular file (a FIFO)"),
+        (
+            "huge",
+            r#"head -c 5000000 /dev/zero > "$BATCHFIT_RESULT"; echo {batch}"#,
+            "more than a report's",
+        ),
+    ] {
+        let out = path(&d, &format!("{what}.json"));
+        let a = batchfit()
+            .args([
+                "probe",
+                "--backend",
+                "cpu",
+                "--cpu-limit",
+                "rlimit",
+                "--memory-budget",
+                "100MiB",
+                "--max-trials",
+                "2",
+                "--quiet",
+                "--no-cache",
+                "--format",
+                "json",
+                "--out",
+            ])
+            .arg(&out)
+            .args(["--exec", "--", "/bin/sh", "-c", cmd])
+            .timeout(std::time::Duration::from_secs(60))
+            .assert()
+            .code(4);
+        let p: serde_json::Value = serde_json::from_slice(&a.get_output().stdout).unwrap();
+        let t = &p["trials"][0];
+        assert_eq!(t["outcome"], "error", "{what}: {t:#}");
+        assert!(t["message"].as_str().unwrap().contains(says), "{what}: {t:#}");
+    }
+}
