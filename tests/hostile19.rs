@@ -202,3 +202,54 @@ fn a_report_that_is_a_link_a_fifo_or_huge_is_an_error() {
         assert!(t["message"].as_str().unwrap().contains(says), "{what}: {t:#}");
     }
 }
+
+/// T19-5: every plan reader (`show`, `predict`, `verify`, `merge`, `batchfit-train`) read its PLAN
+/// whole, whatever it was: a FIFO hung it, `/dev/zero` was read until memory ran out, a directory
+/// printed its OS error twice. Now only a regular file is read (opened without waiting), and the
+/// error names what the path is.
+#[test]
+fn a_plan_that_is_not_a_regular_file_is_refused_at_once() {
+    let d = tmp();
+    let fifo = path(&d, "plan.fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let dir = path(&d, "adir");
+    std::fs::create_dir(&dir).unwrap();
+    let t = std::time::Duration::from_secs(20);
+    for (plan, what) in [
+        (fifo.as_path(), "is a FIFO, not a regular file"),
+        (std::path::Path::new("/dev/null"), "is a character device, not a regular file"),
+        (dir.as_path(), "is a directory, not a regular file"),
+    ] {
+        for args in [
+            vec!["show"],
+            vec!["predict", "--memory", "1GiB"],
+            vec!["verify"],
+        ] {
+            let a = batchfit()
+                .args(&args)
+                .arg(plan)
+                .timeout(t)
+                .assert()
+                .code(2)
+                .stderr(predicate::str::contains(what));
+            let err = String::from_utf8_lossy(&a.get_output().stderr).to_string();
+            assert_eq!(err.matches("plan file").count(), 1, "{err}");
+        }
+        batchfit()
+            .args(["merge", "--global-batch", "10", "--out"])
+            .arg(path(&d, "m.json"))
+            .arg(plan)
+            .timeout(t)
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(what));
+        trainer()
+            .arg("--plan")
+            .arg(plan)
+            .timeout(t)
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(what));
+    }
+}
