@@ -253,3 +253,38 @@ fn a_plan_that_is_not_a_regular_file_is_refused_at_once() {
             .stderr(predicate::str::contains(what));
     }
 }
+
+/// T19-6: `batchfit predict plan.json --out plan.json` replaced the plan with the predictions (the
+/// next `show`/`merge` said `not a batchfit plan: no schema_version`); `merge a.json b.json --out
+/// b.json` replaced a node's proven plan with the unverified merge. Both are refused, the files kept.
+#[test]
+fn predict_and_merge_never_replace_their_own_input() {
+    let d = tmp();
+    let plan = path(&d, "plan.json");
+    sim_probe(&["--out"]).arg(&plan).assert().success();
+    let link = path(&d, "link.json");
+    std::os::unix::fs::symlink(&plan, &link).unwrap();
+    let before = std::fs::read(&plan).unwrap();
+    for out in [&plan, &link] {
+        batchfit()
+            .args(["predict", "--memory", "24GiB", "--out"])
+            .arg(out)
+            .arg(&plan)
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains("is the plan file itself"));
+    }
+    let other = path(&d, "other.json");
+    std::fs::copy(&plan, &other).unwrap();
+    batchfit()
+        .args(["merge", "--global-batch", "100", "--out"])
+        .arg(&other)
+        .arg(&plan)
+        .arg(&other)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("is the plan").and(predicate::str::contains("being merged")));
+    assert_eq!(std::fs::read(&plan).unwrap(), before);
+    assert_eq!(std::fs::read(&other).unwrap(), before);
+    batchfit().arg("show").arg(&plan).assert().success();
+}
