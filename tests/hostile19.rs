@@ -104,8 +104,10 @@ fn an_exit_0_that_says_out_of_memory_is_no_fit() {
             "rlimit",
             "--memory-budget",
             "100MiB",
+            // every size above 20 exits 0 saying out of memory; none reaches the real limit
+            // (79 MiB), where Python's MemoryError would be a true out-of-memory
             "--max-batch",
-            "200",
+            "50",
             "--quiet",
             "--no-cache",
             "--format",
@@ -126,6 +128,10 @@ fn an_exit_0_that_says_out_of_memory_is_no_fit() {
         .collect::<Vec<_>>();
     assert!(!said.is_empty(), "{p:#}");
     for t in said {
+        assert_ne!(t["outcome"], "fits", "{t:#}");
+        if t["outcome"] == "oom" {
+            continue; // a real MemoryError (a loaded machine's Python is larger)
+        }
         assert_eq!(t["outcome"], "error", "{t:#}");
         assert!(
             t["message"]
