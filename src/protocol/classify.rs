@@ -204,9 +204,14 @@ pub fn classify_clean_exit(c: &CleanExit) -> Option<Verdict> {
             c.allocator_ooms
         )));
     }
-    if let Some(line) = oom_line(&decisive_lines(c.output), c.extra_markers) {
+    // only an exception line (the job's last, per rank) or the user's own --oom-pattern: a clean
+    // run's last lines may be any log (`Tip: if you see CUDA out of memory, lower the batch`)
+    let caught = oom_line(&exception_lines(c.output).join("\n"), &[]).or_else(|| {
+        matching_line(c.output, |l| c.extra_markers.iter().any(|r| r.is_match(l)))
+    });
+    if let Some(line) = caught {
         return Some(Verdict::Error(format!(
-            "the command exited 0, but its output ends with an out-of-memory ({line}): a job that \
+            "the command exited 0, but its output reports an out-of-memory ({line}): a job that \
              catches it (or a wrapper that hides its exit code) may not have trained this size; not \
              a fit, and not counted as out of memory. Let the job exit non-zero when it runs out of \
              memory"
@@ -256,6 +261,16 @@ fn rank_tag(line: &str) -> Option<&str> {
 /// The decisive lines of a process's output: the last exception line of each rank's lines and of
 /// the unprefixed ones, else the last [`LAST_LINES`] lines.
 fn decisive_lines(msg: &str) -> String {
+    let last = exception_lines(msg);
+    if !last.is_empty() {
+        return last.join("\n");
+    }
+    let lines: Vec<&str> = msg.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(LAST_LINES)..].join("\n")
+}
+
+/// The last exception line of each torchrun rank and of the unprefixed output.
+fn exception_lines(msg: &str) -> Vec<&str> {
     let mut last: Vec<(Option<&str>, &str)> = vec![];
     for line in msg.lines() {
         if exception_name(unprefixed(line)).is_some() {
@@ -266,11 +281,7 @@ fn decisive_lines(msg: &str) -> String {
             }
         }
     }
-    if !last.is_empty() {
-        return last.iter().map(|(_, l)| *l).collect::<Vec<_>>().join("\n");
-    }
-    let lines: Vec<&str> = msg.lines().filter(|l| !l.trim().is_empty()).collect();
-    lines[lines.len().saturating_sub(LAST_LINES)..].join("\n")
+    last.into_iter().map(|(_, l)| l).collect()
 }
 
 /// The line of `msg` that says memory ran out, if one does.
@@ -552,6 +563,7 @@ mod tests {
         for out in [
             "step 1\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n",
             "Traceback (most recent call last):\nMemoryError\ndone\n",
+            "[rank1]: torch.OutOfMemoryError: CUDA out of memory.\n[rank0]: step 5\n",
             "RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes\n",
         ] {
             let v = classify_clean_exit(&CleanExit {
@@ -560,19 +572,25 @@ mod tests {
             })
             .unwrap_or_else(|| panic!("a fit: {out:?}"));
             assert!(
-                !v.is_oom() && v.message().contains("exited 0, but its output ends with an out-of-memory"),
+                !v.is_oom() && v.message().contains("exited 0, but its output reports an out-of-memory"),
                 "{v:?}"
             );
         }
-        // a log line that mentions memory before a clean end is not evidence
-        let quiet = "INFO MemoryErrorHandler installed\nTip: if you see CUDA out of memory, lower the batch\nValueError: x\nstep 1\nstep 2\nstep 3\nstep 4\nstep 5\ndone\n";
-        assert_eq!(
-            classify_clean_exit(&CleanExit {
-                output: quiet,
-                ..Default::default()
-            }),
-            None
-        );
+        // log lines that mention memory before a clean end are not evidence, even among the last
+        // lines (sneaky.py's log-lines)
+        for quiet in [
+            "INFO MemoryErrorHandler installed\nTip: if you see CUDA out of memory, lower the batch\n",
+            "INFO MemoryErrorHandler installed\nTip: if you see CUDA out of memory, lower the batch\nValueError: x\nstep 1\ndone\n",
+        ] {
+            assert_eq!(
+                classify_clean_exit(&CleanExit {
+                    output: quiet,
+                    ..Default::default()
+                }),
+                None,
+                "{quiet:?}"
+            );
+        }
         // the user's own --oom-pattern counts too
         let re = [regex_lite::Regex::new("^OOM at batch").unwrap()];
         assert!(classify_clean_exit(&CleanExit {
