@@ -137,7 +137,7 @@ fn an_exit_0_that_says_out_of_memory_is_no_fit() {
             t["message"]
                 .as_str()
                 .unwrap()
-                .contains("exited 0, but its output ends with an out-of-memory"),
+                .contains("exited 0, but its output reports an out-of-memory"),
             "{t:#}"
         );
     }
@@ -293,4 +293,29 @@ fn predict_and_merge_never_replace_their_own_input() {
     assert_eq!(std::fs::read(&plan).unwrap(), before);
     assert_eq!(std::fs::read(&other).unwrap(), before);
     batchfit().arg("show").arg(&plan).assert().success();
+}
+
+/// T19-9: `--exec -- ./train.sh` where train.sh has no execute bit was accepted; every trial then
+/// failed to start (`cannot start a trial process: Permission denied`), exit 4 and a partial plan of
+/// 0 trials. Now it is a usage error before anything runs, saying how to run it.
+#[test]
+fn a_program_without_execute_permission_is_refused_before_any_trial() {
+    let d = tmp();
+    let script = path(&d, "train.sh");
+    std::fs::write(&script, "#!/bin/sh\necho {batch}\n").unwrap();
+    let out = path(&d, "plan.json");
+    batchfit()
+        .args(["probe", "--backend", "cpu", "--cpu-limit", "rlimit", "--memory-budget", "100MiB"])
+        .args(["--quiet", "--no-cache", "--out"])
+        .arg(&out)
+        .args(["--exec", "--"])
+        .arg(&script)
+        .arg("{batch}")
+        .assert()
+        .code(2)
+        .stderr(
+            predicate::str::contains("is not executable")
+                .and(predicate::str::contains("chmod +x")),
+        );
+    assert!(!out.exists() && !path(&d, "plan.partial.json").exists());
 }
