@@ -319,3 +319,26 @@ fn a_program_without_execute_permission_is_refused_before_any_trial() {
         );
     assert!(!out.exists() && !path(&d, "plan.partial.json").exists());
 }
+
+/// T19-10: a plan of no trials printed `0 trials, -0.0 s of trials` (an empty f64 sum is -0.0).
+#[test]
+fn no_trials_take_zero_seconds_not_minus_zero() {
+    let d = tmp();
+    let plan = path(&d, "plan.json");
+    sim_probe(&["--out"]).arg(&plan).assert().success();
+    let mut v = read_json(&plan);
+    v["status"] = "partial".into();
+    v["stop_reason"] = "interrupted".into();
+    v["recommendation"] = serde_json::Value::Null;
+    v["trials"] = serde_json::json!([]);
+    v.as_object_mut().unwrap().remove("capacity_model");
+    write_json(&plan, &v);
+    let a = batchfit()
+        .args(["show", "--format", "text"])
+        .arg(&plan)
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&a.get_output().stdout).to_string();
+    assert!(text.contains("0 trials, 0.0 s of trials"), "{text}");
+    assert!(!text.contains("-0.0"), "{text}");
+}
