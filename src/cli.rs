@@ -109,7 +109,13 @@ pub struct PredictArgs {
     pub plan: PathBuf,
     /// Memory budgets to predict for, comma-separated, as --memory-budget takes them (the memory the
     /// job gets, e.g. 24GiB,40GiB,80GiB,141GiB).
-    #[arg(long, value_name = "SIZE,…", value_delimiter = ',', required = true, allow_hyphen_values = true)]
+    #[arg(
+        long,
+        value_name = "SIZE,…",
+        value_delimiter = ',',
+        required = true,
+        allow_hyphen_values = true
+    )]
     pub memory: Vec<String>,
     /// Memory kept free (default: the plan's --reserve).
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]

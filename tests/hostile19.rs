@@ -10,8 +10,16 @@ const SIM: &str = "base=1GiB,per-sample=3MiB,capacity=16GiB";
 
 fn sim_probe(extra: &[&str]) -> assert_cmd::Command {
     let mut c = batchfit();
-    c.args(["probe", "--backend", "sim", "--sim", SIM, "--quiet", "--no-cache"])
-        .args(extra);
+    c.args([
+        "probe",
+        "--backend",
+        "sim",
+        "--sim",
+        SIM,
+        "--quiet",
+        "--no-cache",
+    ])
+    .args(extra);
     c
 }
 
@@ -22,10 +30,22 @@ fn sim_probe(extra: &[&str]) -> assert_cmd::Command {
 fn negative_values_reach_their_own_checks() {
     let no_tip = || predicate::str::contains("use '--").not();
     for (args, says) in [
-        (vec!["--margin", "-0.1"], "--margin -0.1 is outside [0, 0.9]"),
-        (vec!["--tolerance", "-0.01"], "--tolerance -0.01 is outside [0, 0.1]"),
-        (vec!["--throughput-tolerance", "-1"], "--throughput-tolerance -1 is outside"),
-        (vec!["--memory-budget", "-5GiB"], "a size cannot be negative"),
+        (
+            vec!["--margin", "-0.1"],
+            "--margin -0.1 is outside [0, 0.9]",
+        ),
+        (
+            vec!["--tolerance", "-0.01"],
+            "--tolerance -0.01 is outside [0, 0.1]",
+        ),
+        (
+            vec!["--throughput-tolerance", "-1"],
+            "--throughput-tolerance -1 is outside",
+        ),
+        (
+            vec!["--memory-budget", "-5GiB"],
+            "a size cannot be negative",
+        ),
         (vec!["--reserve", "-1GiB"], "a size cannot be negative"),
         (vec!["--time-limit", "-3"], "--time-limit"),
     ] {
@@ -35,7 +55,9 @@ fn negative_values_reach_their_own_checks() {
             .stderr(predicate::str::contains(says).and(no_tip()));
     }
     // a negative seed is a seed
-    sim_probe(&["--seed", "-1", "--format", "json"]).assert().success();
+    sim_probe(&["--seed", "-1", "--format", "json"])
+        .assert()
+        .success();
     // `--tolerance -0` is the exact proof, recorded as 0.0 (not -0.0)
     let a = sim_probe(&["--tolerance", "-0", "--format", "json"])
         .assert()
@@ -171,8 +193,16 @@ fn a_cache_error_is_said_once() {
 fn a_report_that_is_a_link_a_fifo_or_huge_is_an_error() {
     let d = tmp();
     for (what, cmd, says) in [
-        ("link", r#"ln -sf /dev/zero "$BATCHFIT_RESULT"; echo {batch}"#, "is a symbolic link"),
-        ("fifo", r#"mkfifo "$BATCHFIT_RESULT"; echo {batch}"#, "is not a regular file (a FIFO)"),
+        (
+            "link",
+            r#"ln -sf /dev/zero "$BATCHFIT_RESULT"; echo {batch}"#,
+            "is a symbolic link",
+        ),
+        (
+            "fifo",
+            r#"mkfifo "$BATCHFIT_RESULT"; echo {batch}"#,
+            "is not a regular file (a FIFO)",
+        ),
         (
             "huge",
             r#"head -c 5000000 /dev/zero > "$BATCHFIT_RESULT"; echo {batch}"#,
@@ -205,7 +235,10 @@ fn a_report_that_is_a_link_a_fifo_or_huge_is_an_error() {
         let p: serde_json::Value = serde_json::from_slice(&a.get_output().stdout).unwrap();
         let t = &p["trials"][0];
         assert_eq!(t["outcome"], "error", "{what}: {t:#}");
-        assert!(t["message"].as_str().unwrap().contains(says), "{what}: {t:#}");
+        assert!(
+            t["message"].as_str().unwrap().contains(says),
+            "{what}: {t:#}"
+        );
     }
 }
 
@@ -224,7 +257,10 @@ fn a_plan_that_is_not_a_regular_file_is_refused_at_once() {
     let t = std::time::Duration::from_secs(20);
     for (plan, what) in [
         (fifo.as_path(), "is a FIFO, not a regular file"),
-        (std::path::Path::new("/dev/null"), "is a character device, not a regular file"),
+        (
+            std::path::Path::new("/dev/null"),
+            "is a character device, not a regular file",
+        ),
         (dir.as_path(), "is a directory, not a regular file"),
     ] {
         for args in [
@@ -289,7 +325,9 @@ fn predict_and_merge_never_replace_their_own_input() {
         .arg(&other)
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("is the plan").and(predicate::str::contains("being merged")));
+        .stderr(
+            predicate::str::contains("is the plan").and(predicate::str::contains("being merged")),
+        );
     assert_eq!(std::fs::read(&plan).unwrap(), before);
     assert_eq!(std::fs::read(&other).unwrap(), before);
     batchfit().arg("show").arg(&plan).assert().success();
@@ -305,7 +343,15 @@ fn a_program_without_execute_permission_is_refused_before_any_trial() {
     std::fs::write(&script, "#!/bin/sh\necho {batch}\n").unwrap();
     let out = path(&d, "plan.json");
     batchfit()
-        .args(["probe", "--backend", "cpu", "--cpu-limit", "rlimit", "--memory-budget", "100MiB"])
+        .args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--cpu-limit",
+            "rlimit",
+            "--memory-budget",
+            "100MiB",
+        ])
         .args(["--quiet", "--no-cache", "--out"])
         .arg(&out)
         .args(["--exec", "--"])
@@ -314,8 +360,7 @@ fn a_program_without_execute_permission_is_refused_before_any_trial() {
         .assert()
         .code(2)
         .stderr(
-            predicate::str::contains("is not executable")
-                .and(predicate::str::contains("chmod +x")),
+            predicate::str::contains("is not executable").and(predicate::str::contains("chmod +x")),
         );
     assert!(!out.exists() && !path(&d, "plan.partial.json").exists());
 }

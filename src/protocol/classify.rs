@@ -206,9 +206,8 @@ pub fn classify_clean_exit(c: &CleanExit) -> Option<Verdict> {
     }
     // only an exception line (the job's last, per rank) or the user's own --oom-pattern: a clean
     // run's last lines may be any log (`Tip: if you see CUDA out of memory, lower the batch`)
-    let caught = oom_line(&exception_lines(c.output).join("\n"), &[]).or_else(|| {
-        matching_line(c.output, |l| c.extra_markers.iter().any(|r| r.is_match(l)))
-    });
+    let caught = oom_line(&exception_lines(c.output).join("\n"), &[])
+        .or_else(|| matching_line(c.output, |l| c.extra_markers.iter().any(|r| r.is_match(l))));
     if let Some(line) = caught {
         return Some(Verdict::Error(format!(
             "the command exited 0, but its output reports an out-of-memory ({line}): a job that \

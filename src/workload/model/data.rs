@@ -326,7 +326,10 @@ mod tests {
             (&zero, "a character device"),
         ] {
             let e = FileData::load(p, &mlp(4, 3)).err().unwrap().to_string();
-            assert!(e.contains(&format!("it is {what}, not a regular file")), "{e}");
+            assert!(
+                e.contains(&format!("it is {what}, not a regular file")),
+                "{e}"
+            );
         }
     }
 

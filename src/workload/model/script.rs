@@ -143,7 +143,10 @@ mod tests {
         // /dev/null first: without the check it hashes to the empty file's digest at once
         for (p, what) in [(&zero, "a character device"), (&fifo, "a FIFO")] {
             let e = sha256_file(p).unwrap_err().to_string();
-            assert!(e.contains(&format!("it is {what}, not a regular file")), "{e}");
+            assert!(
+                e.contains(&format!("it is {what}, not a regular file")),
+                "{e}"
+            );
             let e = inspect(p).unwrap_err().to_string();
             assert!(e.contains(what), "{e}");
         }
