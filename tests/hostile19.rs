@@ -387,3 +387,33 @@ fn no_trials_take_zero_seconds_not_minus_zero() {
     assert!(text.contains("0 trials, 0.0 s of trials"), "{text}");
     assert!(!text.contains("-0.0"), "{text}");
 }
+
+/// T19-11: a symbolic link planted at a cache entry's name (a shared plan cache, as the Slurm
+/// recipe uses) made root's batchfit write the plan through it, replacing the link's target. Now a
+/// cache entry that is not a regular file is not written (a warning says so); the target is kept.
+#[test]
+fn a_link_in_the_plan_cache_is_never_written_through() {
+    let d = tmp();
+    let cache = path(&d, "cache");
+    let probe = || {
+        let mut c = batchfit();
+        c.env("BATCHFIT_CACHE_DIR", &cache).args([
+            "probe", "--backend", "sim", "--sim", SIM, "--quiet", "--format", "json",
+        ]);
+        c
+    };
+    probe().assert().success();
+    let entries: Vec<_> = std::fs::read_dir(&cache).unwrap().flatten().collect();
+    assert_eq!(entries.len(), 1);
+    let entry = entries[0].path();
+    let victim = path(&d, "victim.txt");
+    std::fs::write(&victim, "precious\n").unwrap();
+    std::fs::remove_file(&entry).unwrap();
+    std::os::unix::fs::symlink(&victim, &entry).unwrap();
+    probe()
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("is a symbolic link, not a file batchfit wrote"));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    assert!(std::fs::symlink_metadata(&entry).unwrap().file_type().is_symlink());
+}

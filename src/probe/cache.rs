@@ -20,6 +20,11 @@ pub const DIR_ENV: &str = "BATCHFIT_CACHE_DIR";
 pub enum CacheError {
     #[error("cannot find a cache directory: set BATCHFIT_CACHE_DIR, XDG_CACHE_HOME or HOME")]
     NoDir,
+    #[error(
+        "cache entry {path} is {what}, not a file batchfit wrote: not written through (remove it \
+         to cache again)"
+    )]
+    NotAFile { path: PathBuf, what: &'static str },
     // not `source`: `{e:#}` at the binary's edge would print the OS error twice
     #[error("cache directory {path}: {error}")]
     Io {
@@ -281,7 +286,24 @@ pub fn store(dir: &Path, key: &str, plan: &Plan) -> Result<(), CacheError> {
         path: dir.to_path_buf(),
         error,
     })?;
-    plan.write_atomic(&entry_path(dir, key))?;
+    // An entry is batchfit's own regular file: anything else at its name (a symbolic link planted
+    // in a shared cache, pointing at a file of root's) is not written through (T19-11)
+    let entry = entry_path(dir, key);
+    if let Ok(m) = std::fs::symlink_metadata(&entry) {
+        if !m.file_type().is_file() {
+            return Err(CacheError::NotAFile {
+                path: entry,
+                what: if m.file_type().is_symlink() {
+                    "a symbolic link"
+                } else if m.is_dir() {
+                    "a directory"
+                } else {
+                    crate::platform::files::kind_of(&m.file_type())
+                },
+            });
+        }
+    }
+    plan.write_atomic(&entry)?;
     Ok(())
 }
 
