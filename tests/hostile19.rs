@@ -398,7 +398,14 @@ fn a_link_in_the_plan_cache_is_never_written_through() {
     let probe = || {
         let mut c = batchfit();
         c.env("BATCHFIT_CACHE_DIR", &cache).args([
-            "probe", "--backend", "sim", "--sim", SIM, "--quiet", "--format", "json",
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            SIM,
+            "--quiet",
+            "--format",
+            "json",
         ]);
         c
     };
@@ -410,10 +417,12 @@ fn a_link_in_the_plan_cache_is_never_written_through() {
     std::fs::write(&victim, "precious\n").unwrap();
     std::fs::remove_file(&entry).unwrap();
     std::os::unix::fs::symlink(&victim, &entry).unwrap();
-    probe()
-        .assert()
-        .success()
-        .stderr(predicate::str::contains("is a symbolic link, not a file batchfit wrote"));
+    probe().assert().success().stderr(predicate::str::contains(
+        "is a symbolic link, not a file batchfit wrote",
+    ));
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
-    assert!(std::fs::symlink_metadata(&entry).unwrap().file_type().is_symlink());
+    assert!(std::fs::symlink_metadata(&entry)
+        .unwrap()
+        .file_type()
+        .is_symlink());
 }
