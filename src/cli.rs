@@ -30,7 +30,10 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Search for the largest micro-batch that fits and write a plan.
-    #[command(after_help = exit_codes())]
+    // a negative value reaches its flag's own check (`--margin -0.1 is outside [0, 0.9]`), and
+    // `--seed -1` is a seed: without this clap says "unexpected argument '-0'" and suggests
+    // `-- -0`, which for probe is the --exec command
+    #[command(after_help = exit_codes(), allow_negative_numbers = true)]
     Probe(Box<ProbeArgs>),
     /// Print a plan file in another format (for job scripts and DeepSpeed configs).
     Show(ShowArgs),
@@ -64,6 +67,7 @@ pub enum Command {
     /// Combine complete plans of one model from several nodes or GPU types into one plan: the
     /// smallest largest-fitting micro-batch, the accumulation re-solved (unverified until
     /// `batchfit verify`).
+    #[command(allow_negative_numbers = true)]
     Merge(MergeArgs),
     /// Run confirmation trials of a plan's micro-batch sizes on this machine and mark it verified
     /// (exit 4 when a size does not fit here).
@@ -86,6 +90,7 @@ pub enum Command {
     /// Predict the largest micro-batch for other memory sizes from a plan's capacity model (its
     /// measured memory line): predicted, not proven, with an error bar, refused where the line cannot
     /// be extended (a knee or a jump).
+    #[command(allow_negative_numbers = true)]
     Predict(PredictArgs),
 }
 
@@ -104,10 +109,16 @@ pub struct PredictArgs {
     pub plan: PathBuf,
     /// Memory budgets to predict for, comma-separated, as --memory-budget takes them (the memory the
     /// job gets, e.g. 24GiB,40GiB,80GiB,141GiB).
-    #[arg(long, value_name = "SIZE,…", value_delimiter = ',', required = true)]
+    #[arg(
+        long,
+        value_name = "SIZE,…",
+        value_delimiter = ',',
+        required = true,
+        allow_hyphen_values = true
+    )]
     pub memory: Vec<String>,
     /// Memory kept free (default: the plan's --reserve).
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub reserve: Option<String>,
     /// Safety margin (default: the plan's --margin).
     #[arg(long, value_name = "F")]
@@ -286,12 +297,12 @@ pub struct ProbeArgs {
     /// (budget − reserve) × (1 − margin), which `batchfit-train --memory-limit plan` applies too.
     /// Default: cpu 80% of what is available now (MemAvailable, and what the cgroup can still take);
     /// cuda NVML's free memory; sim its capacity.
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub memory_budget: Option<String>,
     /// Memory kept free for what a trial does not contain (evaluation, data loaders, pinned memory).
     /// Default 0; on cuda with --world-size > 1, one copy of the gradients (DDP's gradient buckets),
     /// stated in the plan.
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub reserve: Option<String>,
     /// Safety margin: the limit is (budget − reserve) × (1 − margin). In [0, 0.9].
     #[arg(long, default_value_t = 0.05)]

@@ -611,7 +611,7 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         budget,
         reserve,
         reserve_given: a.reserve.is_some(),
-        margin: a.margin,
+        margin: a.margin + 0.0,
         global,
         world_size,
         world_size_given: a.world_size.is_some(),
@@ -635,7 +635,8 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             max_trials: a.max_trials,
             time_limit,
             allow_retries: a.allow_retries,
-            tolerance: a.tolerance,
+            // `--tolerance=-0` is 0 (the plan would say -0.0)
+            tolerance: a.tolerance + 0.0,
             prior: None,
         },
         trial_timeout,
@@ -861,13 +862,33 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
         ));
     }
     let program = &a.command[0];
-    let found = if program.contains('/') {
-        std::path::Path::new(program).is_file()
+    // what exec would run: a file with an execute bit (execvp skips the others on PATH)
+    let executable = |p: &std::path::Path| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let candidates: Vec<std::path::PathBuf> = if program.contains('/') {
+        vec![std::path::PathBuf::from(program)]
     } else {
         std::env::var_os("PATH")
-            .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
+            .map(|paths| {
+                std::env::split_paths(&paths)
+                    .map(|d| d.join(program))
+                    .collect()
+            })
+            .unwrap_or_default()
     };
-    if !found {
+    if !candidates.iter().any(|p| executable(p)) {
+        if let Some(file) = candidates.iter().find(|p| p.is_file()) {
+            // was: every trial failed to start (`Permission denied`), exit 4 after the set-up
+            return err(format!(
+                "--exec: {} is not executable (no execute permission); make it executable (chmod \
+                 +x {}) or run it through its interpreter, e.g. --exec -- sh {} …",
+                file.display(),
+                file.display(),
+                file.display()
+            ));
+        }
         return err(format!(
             "--exec: cannot find the program {program:?} (not a file{}); give its path or check PATH",
             if program.contains('/') { "" } else { " in any PATH directory" }

@@ -24,11 +24,14 @@ use thiserror::Error;
 pub enum PlanError {
     #[error("plan file {0} does not exist; run `batchfit probe --out {0}` first")]
     Missing(PathBuf),
-    #[error("cannot read plan file {path}: {source}")]
+    // not `source`: `{e:#}` at the binaries' edge would print the OS error twice
+    #[error("cannot read plan file {path}: {error}")]
     Unreadable {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
+    #[error("plan file {path} is {what}, not a regular file; give the path of a plan")]
+    NotAFile { path: PathBuf, what: &'static str },
     #[error("plan file {path} is not valid JSON ({detail}); it may be truncated: re-run `batchfit probe`")]
     NotJson { path: PathBuf, detail: String },
     #[error("plan file {path} has schema_version {found}, newer than this build understands ({SCHEMA_VERSION}); upgrade batchfit")]
@@ -58,14 +61,37 @@ impl Plan {
 
     /// Reads and validates a plan file (JSON, schema version, the invariants of [`check`]).
     pub fn read(path: &Path) -> Result<Plan, PlanError> {
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
         let p = path.to_path_buf();
-        let text = match std::fs::read_to_string(path) {
-            Ok(t) => t,
+        // only a regular file is read: a FIFO must not hang the reader (O_NONBLOCK), and a device
+        // (`/dev/zero`) must not be read until memory runs out
+        let mut file = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)
+        {
+            Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(PlanError::Missing(p))
             }
-            Err(e) => return Err(PlanError::Unreadable { path: p, source: e }),
+            Err(error) => return Err(PlanError::Unreadable { path: p, error }),
         };
+        let meta = file.metadata().map_err(|error| PlanError::Unreadable {
+            path: p.clone(),
+            error,
+        })?;
+        if !meta.is_file() {
+            let what = if meta.is_dir() {
+                "a directory"
+            } else {
+                crate::platform::files::kind_of(&meta.file_type())
+            };
+            return Err(PlanError::NotAFile { path: p, what });
+        }
+        let mut text = String::new();
+        file.read_to_string(&mut text)
+            .map_err(|error| PlanError::Unreadable { path: p, error })?;
         Self::parse(&text, path)
     }
 

@@ -45,7 +45,8 @@ pub enum FileError {
     },
 }
 
-fn kind_of(ft: &std::fs::FileType) -> &'static str {
+/// What a non-regular file is, in words (for errors).
+pub fn kind_of(ft: &std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
     if ft.is_char_device() {
         "a character device"

@@ -40,6 +40,9 @@ pub fn parse_size(input: &str) -> Result<u64, SizeError> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
+    if num.is_empty() && s.starts_with('-') {
+        return Err(err("a size cannot be negative"));
+    }
     if num.is_empty() {
         return Err(err("no number"));
     }

@@ -20,10 +20,16 @@ pub const DIR_ENV: &str = "BATCHFIT_CACHE_DIR";
 pub enum CacheError {
     #[error("cannot find a cache directory: set BATCHFIT_CACHE_DIR, XDG_CACHE_HOME or HOME")]
     NoDir,
-    #[error("cache directory {path}: {source}")]
+    #[error(
+        "cache entry {path} is {what}, not a file batchfit wrote: not written through (remove it \
+         to cache again)"
+    )]
+    NotAFile { path: PathBuf, what: &'static str },
+    // not `source`: `{e:#}` at the binary's edge would print the OS error twice
+    #[error("cache directory {path}: {error}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error(transparent)]
     Plan(#[from] PlanError),
@@ -276,11 +282,28 @@ pub fn store(dir: &Path, key: &str, plan: &Plan) -> Result<(), CacheError> {
     if plan.status != Status::Complete {
         return Ok(());
     }
-    std::fs::create_dir_all(dir).map_err(|source| CacheError::Io {
+    std::fs::create_dir_all(dir).map_err(|error| CacheError::Io {
         path: dir.to_path_buf(),
-        source,
+        error,
     })?;
-    plan.write_atomic(&entry_path(dir, key))?;
+    // An entry is batchfit's own regular file: anything else at its name (a symbolic link planted
+    // in a shared cache, pointing at a file of root's) is not written through (T19-11)
+    let entry = entry_path(dir, key);
+    if let Ok(m) = std::fs::symlink_metadata(&entry) {
+        if !m.file_type().is_file() {
+            return Err(CacheError::NotAFile {
+                path: entry,
+                what: if m.file_type().is_symlink() {
+                    "a symbolic link"
+                } else if m.is_dir() {
+                    "a directory"
+                } else {
+                    crate::platform::files::kind_of(&m.file_type())
+                },
+            });
+        }
+    }
+    plan.write_atomic(&entry)?;
     Ok(())
 }
 
@@ -325,9 +348,9 @@ pub fn list(dir: &Path) -> Result<Vec<Entry>, CacheError> {
 pub fn clear(dir: &Path) -> Result<usize, CacheError> {
     let mut n = 0;
     for path in entry_files(dir)? {
-        std::fs::remove_file(&path).map_err(|source| CacheError::Io {
+        std::fs::remove_file(&path).map_err(|error| CacheError::Io {
             path: path.clone(),
-            source,
+            error,
         })?;
         n += 1;
     }
@@ -339,10 +362,10 @@ fn entry_files(dir: &Path) -> Result<Vec<PathBuf>, CacheError> {
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
-        Err(source) => {
+        Err(error) => {
             return Err(CacheError::Io {
                 path: dir.to_path_buf(),
-                source,
+                error,
             })
         }
     };

@@ -100,7 +100,7 @@ pub fn run(
                     super::single::best_fit(&p.trials, b).and_then(|t| t.outcome.peak_bytes())
                 }),
                 trials: p.trials.len(),
-                seconds: p.trials.iter().map(|t| t.seconds).sum(),
+                seconds: p.trials.iter().map(|t| t.seconds).sum::<f64>() + 0.0,
                 model_fingerprint: p.model.fingerprint().to_string(),
                 predicted_batch: *predicted,
                 capacity_model: p.capacity_model.clone(),

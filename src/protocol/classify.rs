@@ -23,8 +23,9 @@
 //! (a memory cgroup: [`Evidence::limit_peak`]) is an error: that limit is not what ran out.
 //!
 //! A command that exited 0 is judged by [`classify_clean_exit`]: an OOM kill counted by its own
-//! cgroup or an OOM its CUDA allocator counted is out of memory; a descendant killed by a signal or
-//! left running is an error. Neither is ever a fit.
+//! cgroup or an OOM its CUDA allocator counted is out of memory; an out-of-memory in its decisive
+//! output lines (caught by the job, or hidden by a wrapper's exit status), a descendant killed by a
+//! signal or left running is an error. Neither is ever a fit.
 //!
 //! Callers: the tch trial child (a failed step), `batchfit-train` (exit 6 vs 3), the process runner
 //! (a trial process that died without a result) and the user-command workload.
@@ -93,6 +94,11 @@ pub struct CleanExit<'a> {
     pub killed_descendants: &'a [String],
     /// Descendants still running when the command's main process exited.
     pub left_behind: &'a [String],
+    /// The command's output (stderr, then stdout): its decisive lines are read for an
+    /// out-of-memory that the job caught (or a wrapper swallowed) before it exited 0.
+    pub output: &'a str,
+    /// `--oom-pattern`s.
+    pub extra_markers: &'a [regex_lite::Regex],
 }
 
 /// What the evidence proves.
@@ -198,6 +204,18 @@ pub fn classify_clean_exit(c: &CleanExit) -> Option<Verdict> {
             c.allocator_ooms
         )));
     }
+    // only an exception line (the job's last, per rank) or the user's own --oom-pattern: a clean
+    // run's last lines may be any log (`Tip: if you see CUDA out of memory, lower the batch`)
+    let caught = oom_line(&exception_lines(c.output).join("\n"), &[])
+        .or_else(|| matching_line(c.output, |l| c.extra_markers.iter().any(|r| r.is_match(l))));
+    if let Some(line) = caught {
+        return Some(Verdict::Error(format!(
+            "the command exited 0, but its output reports an out-of-memory ({line}): a job that \
+             catches it (or a wrapper that hides its exit code) may not have trained this size; not \
+             a fit, and not counted as out of memory. Let the job exit non-zero when it runs out of \
+             memory"
+        )));
+    }
     if !c.killed_descendants.is_empty() {
         return Some(Verdict::Error(format!(
             "the command exited 0, but a process it started was killed by a signal ({}): not a \
@@ -242,6 +260,16 @@ fn rank_tag(line: &str) -> Option<&str> {
 /// The decisive lines of a process's output: the last exception line of each rank's lines and of
 /// the unprefixed ones, else the last [`LAST_LINES`] lines.
 fn decisive_lines(msg: &str) -> String {
+    let last = exception_lines(msg);
+    if !last.is_empty() {
+        return last.join("\n");
+    }
+    let lines: Vec<&str> = msg.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(LAST_LINES)..].join("\n")
+}
+
+/// The last exception line of each torchrun rank and of the unprefixed output.
+fn exception_lines(msg: &str) -> Vec<&str> {
     let mut last: Vec<(Option<&str>, &str)> = vec![];
     for line in msg.lines() {
         if exception_name(unprefixed(line)).is_some() {
@@ -252,11 +280,7 @@ fn decisive_lines(msg: &str) -> String {
             }
         }
     }
-    if !last.is_empty() {
-        return last.iter().map(|(_, l)| *l).collect::<Vec<_>>().join("\n");
-    }
-    let lines: Vec<&str> = msg.lines().filter(|l| !l.trim().is_empty()).collect();
-    lines[lines.len().saturating_sub(LAST_LINES)..].join("\n")
+    last.into_iter().map(|(_, l)| l).collect()
 }
 
 /// The line of `msg` that says memory ran out, if one does.
@@ -529,6 +553,51 @@ mod tests {
             !v.is_oom() && v.message().contains("left processes behind"),
             "{v:?}"
         );
+    }
+
+    /// T19-2: exit 0 whose decisive lines say memory ran out (a caught `torch.OutOfMemoryError`, a
+    /// wrapper that hides the exit code) is no fit: an error, since the text alone is no proof either.
+    #[test]
+    fn a_clean_exit_whose_output_ends_in_an_oom_is_no_fit() {
+        for out in [
+            "step 1\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n",
+            "Traceback (most recent call last):\nMemoryError\ndone\n",
+            "[rank1]: torch.OutOfMemoryError: CUDA out of memory.\n[rank0]: step 5\n",
+            "RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes\n",
+        ] {
+            let v = classify_clean_exit(&CleanExit {
+                output: out,
+                ..Default::default()
+            })
+            .unwrap_or_else(|| panic!("a fit: {out:?}"));
+            assert!(
+                !v.is_oom() && v.message().contains("exited 0, but its output reports an out-of-memory"),
+                "{v:?}"
+            );
+        }
+        // log lines that mention memory before a clean end are not evidence, even among the last
+        // lines (sneaky.py's log-lines)
+        for quiet in [
+            "INFO MemoryErrorHandler installed\nTip: if you see CUDA out of memory, lower the batch\n",
+            "INFO MemoryErrorHandler installed\nTip: if you see CUDA out of memory, lower the batch\nValueError: x\nstep 1\ndone\n",
+        ] {
+            assert_eq!(
+                classify_clean_exit(&CleanExit {
+                    output: quiet,
+                    ..Default::default()
+                }),
+                None,
+                "{quiet:?}"
+            );
+        }
+        // the user's own --oom-pattern counts too
+        let re = [regex_lite::Regex::new("^OOM at batch").unwrap()];
+        assert!(classify_clean_exit(&CleanExit {
+            output: "OOM at batch 64, skipped\n",
+            extra_markers: &re,
+            ..Default::default()
+        })
+        .is_some());
     }
 
     #[test]

@@ -29,7 +29,8 @@ fn exit_codes() -> String {
 }
 
 #[derive(Debug, Parser)]
-#[command(name = "batchfit-train", version, about = "Trains with the micro-batch and accumulation of a batchfit plan", after_help = exit_codes())]
+// allow_negative_numbers: `--lr -1` reaches its own check, not clap's "unexpected argument '-1'"
+#[command(name = "batchfit-train", version, about = "Trains with the micro-batch and accumulation of a batchfit plan", after_help = exit_codes(), allow_negative_numbers = true)]
 struct Args {
     /// The plan written by `batchfit probe --out`.
     #[arg(long)]
@@ -55,7 +56,7 @@ struct Args {
     /// the limit is RLIMIT_DATA on the data segment (the "peak" the probe measured), with the trial
     /// process's set-up from the plan's runtime (stack limit, OpenMP stack size, threads); on cuda,
     /// the caching allocator's per-process memory fraction.
-    #[arg(long, default_value = "none")]
+    #[arg(long, default_value = "none", allow_hyphen_values = true)]
     memory_limit: String,
     /// Train on real data: a .safetensors or .npz file with tensors `x` (inputs; `x0`, `x1`, … for
     /// several) and `y` (targets), samples along the first dimension. Default: synthetic data of the

@@ -69,6 +69,17 @@ pub fn merge(a: &MergeArgs) -> Result<Exit, Fail> {
         ));
     }
     files::check_target(&a.out).map_err(|e| Fail(Exit::Usage, anyhow::anyhow!("--out: {e}")))?;
+    if let Some(src) = a.plans.iter().find(|p| files::same_file(&a.out, p)) {
+        return Err(Fail(
+            Exit::Usage,
+            anyhow::anyhow!(
+                "--out {} is the plan {} being merged: the merged plan (unverified) would replace \
+                 that node's proven plan; give the merged plan its own name, e.g. --out merged.json",
+                a.out.display(),
+                src.display()
+            ),
+        ));
+    }
     let opts = MergeOptions {
         plans: a.plans.clone(),
         global_batch: a.global_batch,
@@ -165,6 +176,16 @@ pub fn cache(action: &CacheAction) -> Result<Exit, Fail> {
 pub fn predict(a: &PredictArgs) -> Result<Exit, Fail> {
     if let Some(out) = &a.out {
         files::check_target(out).map_err(|e| Fail(Exit::Usage, anyhow::anyhow!("--out: {e}")))?;
+        if files::same_file(out, &a.plan) {
+            return Err(Fail(
+                Exit::Usage,
+                anyhow::anyhow!(
+                    "--out {} is the plan file itself: the predictions would replace the plan; \
+                     give them their own name, e.g. --out pred.json",
+                    out.display()
+                ),
+            ));
+        }
     }
     let plan = Plan::read(&a.plan).map_err(fail(Exit::Usage))?;
     let report = batchfit::plan::capacity::report(

@@ -164,10 +164,29 @@ fn error_line(f: &Finished) -> String {
 }
 
 /// Reads the report at `path`: `Ok(None)` when the command wrote none.
+/// A report is a few KB of JSON; a larger file is not one (and is never read whole).
+const REPORT_MAX_BYTES: u64 = 4 << 20;
+
 fn read_report(path: &Path) -> Result<Option<TrialReport>, String> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    // The command may have put anything at the report's path: only a regular file is read, never
+    // through a symbolic link (batchfit runs as root), never waiting on a FIFO, never more than
+    // REPORT_MAX_BYTES (a link to /dev/zero was read until batchfit was killed for memory).
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(format!(
+                "the trial report {} is a symbolic link, not a file the command wrote: batchfit \
+                 does not follow links there (batchfit_trial's report() writes a regular file)",
+                path.display()
+            ))
+        }
         Err(e) => {
             return Err(format!(
                 "cannot read the trial report {}: {e}",
@@ -175,6 +194,29 @@ fn read_report(path: &Path) -> Result<Option<TrialReport>, String> {
             ))
         }
     };
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot read the trial report {}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!(
+            "the trial report {} is not a regular file ({}): batchfit reads only a file the \
+             command wrote there",
+            path.display(),
+            crate::platform::files::kind_of(&meta.file_type())
+        ));
+    }
+    if meta.len() > REPORT_MAX_BYTES {
+        return Err(format!(
+            "the trial report {} holds {} bytes, more than a report's {REPORT_MAX_BYTES}: it is \
+             not a batchfit trial report",
+            path.display(),
+            meta.len()
+        ));
+    }
+    let mut text = String::new();
+    file.take(REPORT_MAX_BYTES)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read the trial report {}: {e}", path.display()))?;
     let r: TrialReport = serde_json::from_str(&text).map_err(|e| {
         if ["NaN", "Infinity"].iter().any(|w| text.contains(w)) {
             format!(
@@ -446,11 +488,14 @@ impl Workload for ExecWorkload {
             .filter_map(|r| r.cuda.as_ref())
             .map(|c| c.ooms)
             .sum();
+        let output = format!("{}\n{}", f.stderr, f.stdout);
         if let Some(v) = classify_clean_exit(&CleanExit {
             group_oom_kills: m.group_oom_kills.unwrap_or(0),
             allocator_ooms,
             killed_descendants: &m.killed_descendants,
             left_behind: &m.left_behind,
+            output: &output,
+            extra_markers: &self.oom_patterns,
         }) {
             details.report = report;
             details.rank_reports = others;

@@ -66,6 +66,27 @@ impl FileData {
                 reason: "no such file".into(),
             });
         }
+        // tch's readers open what the path names: a FIFO hung them, /dev/zero was read forever
+        match std::fs::metadata(path) {
+            Ok(m) if m.is_file() => {}
+            Ok(m) => {
+                let what = if m.is_dir() {
+                    "a directory"
+                } else {
+                    crate::platform::files::kind_of(&m.file_type())
+                };
+                return Err(DataError::Read {
+                    path: shown,
+                    reason: format!("it is {what}, not a regular file"),
+                });
+            }
+            Err(e) => {
+                return Err(DataError::Read {
+                    path: shown,
+                    reason: e.to_string(),
+                })
+            }
+        }
         let mut named = read(path).map_err(|reason| DataError::Read {
             path: shown.clone(),
             reason: crate::protocol::classify::first_line(&reason),
@@ -283,6 +304,32 @@ mod tests {
             },
             optimizer: OptimizerKind::Sgd,
             precision: Default::default(),
+        }
+    }
+
+    /// T19-7: `batchfit-train --data` of a FIFO hung in tch's reader, of a link to /dev/zero read
+    /// forever; a directory said `Invalid argument`. Each is refused at once, naming what it is.
+    #[test]
+    fn data_that_is_not_a_regular_file_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("d.npz");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let zero = dir.path().join("z.safetensors");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let sub = dir.path().join("s.npz");
+        std::fs::create_dir(&sub).unwrap();
+        // the directory first: without the check it fails at once (the others hang or eat memory)
+        for (p, what) in [
+            (&sub, "a directory"),
+            (&fifo, "a FIFO"),
+            (&zero, "a character device"),
+        ] {
+            let e = FileData::load(p, &mlp(4, 3)).err().unwrap().to_string();
+            assert!(
+                e.contains(&format!("it is {what}, not a regular file")),
+                "{e}"
+            );
         }
     }
 

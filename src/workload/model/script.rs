@@ -36,7 +36,29 @@ pub struct ScriptFile {
 /// SHA-256 (hex) of a file's content.
 pub fn sha256_file(path: &Path) -> Result<String, ScriptError> {
     let shown = path.display().to_string();
-    let mut f = std::fs::File::open(path).map_err(|e| open_error(path, e))?;
+    // O_NONBLOCK and a regular file only: a FIFO hung the probe, a link to /dev/zero was hashed
+    // without end
+    let mut f = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|e| open_error(path, e))?
+    };
+    let meta = f.metadata().map_err(|e| open_error(path, e))?;
+    if meta.is_dir() {
+        return Err(ScriptError::Directory(shown));
+    }
+    if !meta.is_file() {
+        return Err(ScriptError::Unreadable {
+            path: shown,
+            reason: format!(
+                "it is {}, not a regular file",
+                crate::platform::files::kind_of(&meta.file_type())
+            ),
+        });
+    }
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
@@ -107,6 +129,28 @@ pub fn verify(path: &Path, planned_sha256: &str) -> Result<(), ScriptError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// T19-8: `--model x.pt` where x.pt is a FIFO hung the probe (hashing waited for a writer); a
+    /// link to /dev/zero was hashed without end. Both are refused at once.
+    #[test]
+    fn a_model_file_that_is_not_a_regular_file_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let zero = dir.path().join("z.pt");
+        std::os::unix::fs::symlink("/dev/null", &zero).unwrap();
+        let fifo = dir.path().join("m.pt");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // /dev/null first: without the check it hashes to the empty file's digest at once
+        for (p, what) in [(&zero, "a character device"), (&fifo, "a FIFO")] {
+            let e = sha256_file(p).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("it is {what}, not a regular file")),
+                "{e}"
+            );
+            let e = inspect(p).unwrap_err().to_string();
+            assert!(e.contains(what), "{e}");
+        }
+    }
 
     #[test]
     fn bad_files_are_named() {

@@ -8,7 +8,9 @@
   abort          SIGABRT via os.abort() (what a C++ `terminate` does, without std::bad_alloc)
   exit           prints `crash: giving up` on stderr and exits with --code (default 2)
   recovered-oom  prints an OOM message as a log line (as a script that caught it and went on would)
-                 and exits 0: the exit status decides, so this is a fit, not an OOM
+                 and exits 0 (for measure.py the exit status decides; batchfit reads the decisive
+                 lines of an exit 0 too and makes this trial an error, neither a fit nor an OOM:
+                 docs/errors.md T19-2)
 Standard library only.
 """
 import argparse
