@@ -818,3 +818,66 @@ fn escaped_placeholders_and_trial_numbers() {
         assert_eq!(text.trim(), format!("got {b} {{batch}} trial={}", n - 1));
     }
 }
+
+/// Hostile tester (session 19): two probes given one `--logs DIR` wrote the same `trial-001-…`
+/// names, so each overwrote the other's logs and a plan's `details.log` could name the other run's
+/// output. The first probe holds the directory (`.batchfit-logs.lock`, an exclusive flock, until it
+/// exits); the second is refused before any trial, exit 2, and the first goes on.
+#[test]
+fn two_probes_never_share_one_logs_directory() {
+    let d = tmp();
+    let logs = d.path().join("logs");
+    let marker = format!("logs-lock-{}", std::process::id());
+    let out_a = d.path().join("a.json");
+    let script = "import time; time.sleep(3)";
+    let mut a = batchfit_process(&marker)
+        .args(probe_args(&out_a, "30"))
+        .args(["--cpu-limit", "rlimit", "--logs"])
+        .arg(&logs)
+        .args(["--exec", "--", PY, "-c", script, "{batch}"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // the first probe's first trial is running: its log exists
+    let t0 = Instant::now();
+    while !logs.join("trial-001-b1-a1.stdout").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the first probe never started its trial"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out_b = d.path().join("b.json");
+    let b = batchfit()
+        .args(probe_args(&out_b, "30"))
+        .args(["--cpu-limit", "rlimit", "--logs"])
+        .arg(&logs)
+        .args(["--exec", "--", PY, "-c", script, "{batch}"])
+        .assert()
+        .code(2);
+    let err = stderr_of(&b);
+    assert!(err.contains("another batchfit probe"), "{err}");
+    assert!(!out_b.exists());
+    // the first probe's log is still its own, and it ends on its own
+    let (status, _) = wait_within(&mut a, Duration::from_secs(60));
+    assert!(status.code().is_some(), "{status:?}");
+    assert!(survivors("time.sleep(3)", &marker).is_empty());
+    // once it is gone, the directory is free again
+    let out_c = d.path().join("c.json");
+    let c = batchfit()
+        .args(probe_args(&out_c, "30"))
+        .args(["--cpu-limit", "rlimit", "--max-batch", "1", "--logs"])
+        .arg(&logs)
+        .args([
+            "--exec",
+            "--",
+            PY,
+            "-c",
+            "import time; time.sleep(0.2)",
+            "{batch}",
+        ])
+        .assert();
+    let err = stderr_of(&c);
+    assert!(!err.contains("another batchfit probe"), "{err}");
+}

@@ -75,13 +75,63 @@ fn workload(cfg: &ProbeConfig, exe: &Path) -> Result<Arc<dyn Workload>, ProbeErr
     }
 }
 
-/// `--logs DIR`, created when missing.
+/// `--logs DIR`, created when missing, and held for this process (see [`hold_logs_dir`]).
 fn logs_dir(cfg: &ProbeConfig) -> Result<Option<std::path::PathBuf>, ProbeError> {
     let Some(d) = &cfg.logs else { return Ok(None) };
     std::fs::create_dir_all(d).map_err(|e| {
         ProbeError::Environment(format!("cannot create --logs {}: {e}", d.display()))
     })?;
+    hold_logs_dir(d)?;
     Ok(Some(d.clone()))
+}
+
+/// The name of the lock file in a `--logs` directory.
+pub const LOGS_LOCK: &str = ".batchfit-logs.lock";
+
+/// Trial logs are named by the trial's number (`trial-001-b1-a1.stdout`, documented), so two probes
+/// writing to one `--logs` directory would overwrite each other's logs and each plan's `details.log`
+/// could name the other run's output. The first probe takes an exclusive `flock` on
+/// [`LOGS_LOCK`] in the directory and keeps it until the process exits (every backend of one process,
+/// the GPUs of a multi-GPU probe or the points of a sweep, shares it); a second process is refused
+/// before any trial. The lock file is opened without following a link or waiting on a FIFO, and must
+/// be a regular file.
+fn hold_logs_dir(d: &Path) -> Result<(), ProbeError> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    use std::os::unix::io::AsRawFd;
+    use std::sync::{Mutex, OnceLock};
+    static HELD: OnceLock<Mutex<Vec<(std::path::PathBuf, std::fs::File)>>> = OnceLock::new();
+    let env = |why: String| ProbeError::Environment(format!("--logs {}: {why}", d.display()));
+    let dir = d.canonicalize().map_err(|e| env(e.to_string()))?;
+    let mut held = HELD
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if held.iter().any(|(p, _)| *p == dir) {
+        return Ok(());
+    }
+    let path = dir.join(LOGS_LOCK);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .mode(0o644)
+        .open(&path)
+        .map_err(|e| env(format!("cannot open its lock file {}: {e}", path.display())))?;
+    let ft = f.metadata().map_err(|e| env(e.to_string()))?.file_type();
+    if !ft.is_file() || ft.is_fifo() {
+        return Err(env(format!("{} is not a regular file", path.display())));
+    }
+    // SAFETY: flock on a file descriptor this function owns.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(ProbeError::Usage(format!(
+            "--logs {}: another batchfit probe is writing its trial logs there (their names would \
+             collide); give each probe its own --logs directory",
+            d.display()
+        )));
+    }
+    held.push((dir, f));
+    Ok(())
 }
 
 /// The resolved cuda set-up: NVML (or the scripted GPUs of tests), the GPUs to probe.
