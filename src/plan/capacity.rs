@@ -355,7 +355,12 @@ impl CapacityModel {
         let err_bytes = self.max_residual_bytes.max(floor)
             + 2.0 * self.per_sample_error_bytes * (b - mid).abs();
         let err = err_bytes / k;
-        if b + err < self.range[0] as f64 {
+        // Below the range with a bend measured under it, the crossing lies where nothing says the
+        // line holds: the bend (a flat part above the line) may start anywhere between the point off
+        // the line and the range, so even a crossing whose error bar reaches into the range is
+        // refused (review R19: a knee at 4090 under a range from 4096 up; 4089 (4051–4126) was
+        // predicted where nothing fits).
+        if b < self.range[0] as f64 {
             if let Some(kb) = self.knee_below {
                 return Err(format!(
                     "the line was measured from {} up; below it the curve bends (the fit at {kb} lies off \
@@ -1111,6 +1116,12 @@ mod tests {
         // Above the range: predicted; below it: refused.
         assert_eq!(m.largest_under(peak(4000), 0.0).unwrap().micro_batch, 4000);
         assert!(m.largest_under(peak(256) + 24 * MIB, 0.0).is_err());
+        // Just under the range, the error bar reaching into it: the curve between 32 and 300 is
+        // unmeasured, and a flat part up to 299.5 would leave nothing fitting (review R19).
+        let e = m.largest_under(peak(300), 0.0).unwrap();
+        assert_eq!(e.micro_batch, 300, "{e:?}");
+        let r = m.largest_under(peak(299), 0.0);
+        assert!(r.is_err(), "{r:?}");
     }
 
     #[test]
