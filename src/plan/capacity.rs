@@ -127,6 +127,30 @@ impl CapacityModel {
         if by_batch.is_empty() {
             return None;
         }
+        // Memory that grows after the exploration steps (late memory: a size whose longer trial
+        // peaked clearly above its shorter one): the shorter trials' peaks lie below the curve the
+        // answer was proven on, and a line through both kinds is neither (review R19: 5200 at 2
+        // steps with 5731–5881 at 5 made a line 32 % too steep, fixed part −1.5 GB, and predicted
+        // 22630 (21503–23757) where 27986 is the largest). Then only the longest trials make it.
+        let longest = by_batch.iter().map(|x| x.2).max().unwrap_or(0);
+        let late = trials
+            .iter()
+            .filter(|t| t.accumulation <= 1 && t.outcome.fits() && t.steps < longest)
+            .filter_map(|t| Some((t.batch, t.outcome.peak_bytes()?)))
+            .find_map(|(b, short)| {
+                let (_, long, _) = by_batch.iter().find(|x| x.0 == b && x.2 == longest)?;
+                (*long as f64 - short as f64 > 2.0 * NOISE * *long as f64).then_some((b, short, *long))
+            });
+        if let Some((b, short, long)) = late {
+            by_batch.retain(|x| x.2 == longest);
+            if by_batch.len() < 2 {
+                return Some(CapacityModel::refused(format!(
+                    "memory grows after the exploration steps ({b} peaked {} higher with {longest} \
+                     steps), and only one size ran with {longest} steps: a line needs two",
+                    crate::platform::units::format_size(long - short)
+                )));
+            }
+        }
         by_batch.sort_by_key(|x| x.0);
         let empty = |why: String, pts: &[(u64, u64, u32)]| CapacityModel {
             fixed_bytes: 0.0,
@@ -1122,6 +1146,42 @@ mod tests {
         assert_eq!(e.micro_batch, 300, "{e:?}");
         let r = m.largest_under(peak(299), 0.0);
         assert!(r.is_err(), "{r:?}");
+    }
+
+    /// Review R19: late memory (`--sim …,late=44220`, 2 exploration steps, 5 confirmation steps):
+    /// the line through a 2-step peak and 5-step peaks was 32 % too steep and predicted far below
+    /// the truth, outside its error bar. With a size measured at both lengths showing the growth,
+    /// only the 5-step peaks make the line.
+    #[test]
+    fn late_memory_keeps_the_short_trials_off_the_line() {
+        let (per, late, base) = (1_021_205u64, 44_220u64, 420 * MIB);
+        let peak = |b: u64, steps: u32| base + per * b + if steps > 3 { late * b } else { 0 };
+        let mut trials: Vec<_> = [(100, 2), (1600, 2), (4000, 2), (5200, 2), (5731, 2)]
+            .iter()
+            .map(|&(b, s)| trial(b, Some(peak(b, s)), s, 1))
+            .collect();
+        for b in [5731, 5846, 5881] {
+            trials.push(trial(b, Some(peak(b, 5)), 5, 1));
+        }
+        let limit = peak(5881, 5) + MIB;
+        let m = CapacityModel::fit(&trials, limit).unwrap();
+        assert!(m.points.iter().all(|p| p.steps == 5), "{:?}", m.points);
+        assert!(((m.per_sample_bytes - (per + late) as f64) / (per + late) as f64).abs() < 1e-6);
+        let big = 30 << 30;
+        let truth = (big - base) / (per + late);
+        let e = m.largest_under(big, 0.0).unwrap();
+        assert!(e.low <= truth && truth <= e.high, "{e:?} truth {truth}");
+        // Only one size at 5 steps: refused, not a line through the 2-step peaks.
+        let one: Vec<_> = trials[..5]
+            .iter()
+            .cloned()
+            .chain([trial(5731, Some(peak(5731, 5)), 5, 1)])
+            .collect();
+        let m = CapacityModel::fit(&one, limit).unwrap();
+        assert!(
+            m.refusal.as_deref().is_some_and(|r| r.contains("grows after")),
+            "{m:?}"
+        );
     }
 
     #[test]
