@@ -298,7 +298,9 @@ fn verify_elsewhere_checks_the_plans_bracket() {
         .arg(&v)
         .assert()
         .code(4)
-        .stderr(predicate::str::contains("first failing micro-batch 2258 fits here"));
+        .stderr(predicate::str::contains(
+            "first failing micro-batch 2258 fits here",
+        ));
     // the same curve (its sim_spec): verified, bracket kept
     batchfit()
         .args(["verify", "--quiet"])

@@ -1170,17 +1170,26 @@ mod tests {
         // (a late growth under 1 % of the peak counts too: 8704 at 2 and 5 steps, 0.99 % apart on
         // a 36 GB peak, left a line 4 % off and 21774 outside 20995–21664 at 90 GB)
         let (per2, late2, base2) = (3_751_302u64, 40_860u64, 3_092_238_061u64);
-        let peak2 = |b: u64, steps: u32| {
-            base2 + per2 * b.max(4875) + if steps > 3 { late2 * b } else { 0 }
-        };
-        let t2: Vec<_> = [(1, 2), (4096, 2), (7168, 2), (8704, 2), (8704, 5), (9438, 5)]
-            .iter()
-            .map(|&(b, s)| trial(b, Some(peak2(b, s)), s, 1))
-            .collect();
+        let peak2 =
+            |b: u64, steps: u32| base2 + per2 * b.max(4875) + if steps > 3 { late2 * b } else { 0 };
+        let t2: Vec<_> = [
+            (1, 2),
+            (4096, 2),
+            (7168, 2),
+            (8704, 2),
+            (8704, 5),
+            (9438, 5),
+        ]
+        .iter()
+        .map(|&(b, s)| trial(b, Some(peak2(b, s)), s, 1))
+        .collect();
         let m2 = CapacityModel::fit(&t2, 39_202_097_345).unwrap();
         let truth2 = (85_666_519_017 - base2) / (per2 + late2);
         let e2 = m2.largest_under(85_666_519_017, 0.0).unwrap();
-        assert!(e2.low <= truth2 && truth2 <= e2.high, "{e2:?} truth {truth2}");
+        assert!(
+            e2.low <= truth2 && truth2 <= e2.high,
+            "{e2:?} truth {truth2}"
+        );
         assert!(m.points.iter().all(|p| p.steps == 5), "{:?}", m.points);
         assert!(((m.per_sample_bytes - (per + late) as f64) / (per + late) as f64).abs() < 1e-6);
         let big = 30 << 30;
@@ -1195,7 +1204,9 @@ mod tests {
             .collect();
         let m = CapacityModel::fit(&one, limit).unwrap();
         assert!(
-            m.refusal.as_deref().is_some_and(|r| r.contains("grows after")),
+            m.refusal
+                .as_deref()
+                .is_some_and(|r| r.contains("grows after")),
             "{m:?}"
         );
     }
@@ -1512,7 +1523,10 @@ mod sweep_tests {
                     let prior = sweep_prior(&[(v0, &m0)], v1, 1.0, None).unwrap();
                     let s1 = family(base, per0, cap, v0, v1, exponent);
                     let (t1, b1, truth, alone) = point(&s1, Some(prior));
-                    let seq: Vec<_> = t1.iter().map(|t| (t.batch, t.outcome.fits(), t.steps, t.purpose.clone())).collect();
+                    let seq: Vec<_> = t1
+                        .iter()
+                        .map(|t| (t.batch, t.outcome.fits(), t.steps, t.purpose))
+                        .collect();
                     assert!(b1 <= truth, "^{exponent} ×{ratio}: {b1} > {truth}");
                     let allowed = if exponent <= 2.0 { alone } else { alone + 1 };
                     assert!(
