@@ -253,6 +253,67 @@ fn verify_fails_with_exit_4_when_a_size_does_not_fit_here() {
         .stderr(predicate::str::contains("not verified"));
 }
 
+/// Review R19: a plan proven on one device (fits at 2247, 2258 runs out of memory) and verified on
+/// another whose largest size is 2162 was marked verified with that device's name and its bracket
+/// unchanged: `show` said "largest fitting micro-batch: 2247 (fits at 2247, 2258 runs out of
+/// memory)" of a device where 2247 does not fit, exit 0 (only the recommended 2000 × 5 was run).
+/// Elsewhere the bracket is checked too; where it does not hold the verification fails (exit 4),
+/// and where it holds (a larger device whose first failing size still fails) it passes.
+#[test]
+fn verify_elsewhere_checks_the_plans_bracket() {
+    let d = tmp();
+    let a = path(&d, "a.json");
+    let spec = "base=1GiB,per-sample=3MiB,capacity=8GiB,accumulation=100MiB";
+    probe_to(spec, &a, &["--global-batch", "10000"]);
+    let plan = read_json(&a);
+    let r = &plan["recommendation"];
+    assert_eq!(r["micro_batch"], 2000, "{r}");
+    assert_eq!(r["max_fitting_batch"], 2247, "{r}");
+    let v = path(&d, "v.json");
+    // 3200 KiB per sample: 2000 × 5 fits, 2247 does not (the largest is 2162)
+    batchfit()
+        .args(["verify", "--quiet"])
+        .arg(&a)
+        .args([
+            "--sim",
+            "base=1GiB,per-sample=3200KiB,capacity=8GiB,accumulation=100MiB",
+        ])
+        .args(["--out"])
+        .arg(&v)
+        .assert()
+        .code(4)
+        .stderr(predicate::str::contains(
+            "largest fitting micro-batch 2247 ran out of memory here",
+        ));
+    assert_eq!(read_json(&v)["verified"], false);
+    // a curve with more memory above 2247: 2258 fits there
+    batchfit()
+        .args(["verify", "--quiet"])
+        .arg(&a)
+        .args([
+            "--sim",
+            "base=1GiB,per-sample=3MiB,capacity=8GiB,accumulation=100MiB,dip=2250:100MiB",
+        ])
+        .args(["--out"])
+        .arg(&v)
+        .assert()
+        .code(4)
+        .stderr(predicate::str::contains(
+            "first failing micro-batch 2258 fits here",
+        ));
+    // the same curve (its sim_spec): verified, bracket kept
+    batchfit()
+        .args(["verify", "--quiet"])
+        .arg(&a)
+        .args(["--out"])
+        .arg(&v)
+        .assert()
+        .success();
+    let w = read_json(&v);
+    assert_eq!(w["verified"], true);
+    assert_eq!(w["recommendation"]["max_fitting_batch"], 2247);
+}
+
 #[test]
 fn verify_of_an_old_sim_plan_needs_sim() {
     let d = tmp();

@@ -59,8 +59,16 @@ pub fn verify(
             "--sim is only used with plans of the sim backend".into(),
         ));
     }
+    // The curve a sim plan is verified on (`--sim`, or its own).
+    let sim_used = sim.clone().or_else(|| plan.sim_spec.clone());
     let mut backend = setup::plan_backend(plan, exe, sim)?;
     let device = backend.device().clone();
+    // Verified on another device (or another simulated curve: its name shows only three of the
+    // curve's numbers): the plan's bracket was proven there, not here.
+    let elsewhere = plan.device.kind != device.kind
+        || plan.device.name != device.name
+        || plan.device.total_bytes != device.total_bytes
+        || (device.kind == DeviceKind::Sim && sim_used != plan.sim_spec);
     if plan.budget_bytes > device.total_bytes {
         return Err(ProbeError::Usage(format!(
             "the plan's budget {} is larger than this device's {} ({}); probe here instead",
@@ -139,6 +147,16 @@ pub fn verify(
                 }
             }
         }
+        if ending == VerifyEnding::Verified && elsewhere {
+            // The verified plan names this device, and its bracket (largest fitting size, first
+            // failing size) is what it claims of it: on another device that claim was proven there
+            // only, so it is checked here too, or the verification fails (review R19: a plan proven
+            // at 2247/2258 on one device, verified on one where 2162 is the largest, said "largest
+            // fitting micro-batch: 2247 (fits at 2247, 2258 runs out of memory)" of the new one).
+            if let Err(e) = check_bracket(&mut prober, &rec, plan.search.steps, &device.name) {
+                ending = e;
+            }
+        }
         (ending, prober.trials().to_vec())
     };
     let mut out = plan.clone();
@@ -146,9 +164,6 @@ pub fn verify(
     match &ending {
         VerifyEnding::Verified => {
             out.verified = Some(true);
-            let elsewhere = plan.device.kind != device.kind
-                || plan.device.name != device.name
-                || plan.device.total_bytes != device.total_bytes;
             if elsewhere {
                 // The plan's line was measured on the plan's device; the trials here only confirm
                 // sizes. Kept, it would be predicted from as this device's (`batchfit predict`).
@@ -161,6 +176,9 @@ pub fn verify(
             }
             out.device = device.clone();
             out.limit_bytes = limit;
+            if device.kind == DeviceKind::Sim {
+                out.sim_spec = sim_used.clone();
+            }
             if let (Some(r), Some(t)) = (
                 out.recommendation.as_mut(),
                 trials
@@ -190,4 +208,57 @@ pub fn verify(
         }
     }
     Ok(VerifyReport { plan: out, ending })
+}
+
+/// Checks on this device the bracket `rec` claims: its largest fitting size fits alone with the
+/// confirmation's steps, and its first failing size runs out of memory (with the exploration's
+/// `steps`, as the probe's proof ran). An error or a timeout is no evidence either way: the
+/// verification fails then too.
+fn check_bracket(
+    prober: &mut Prober,
+    rec: &crate::plan::Recommendation,
+    steps: u32,
+    device: &str,
+) -> Result<(), VerifyEnding> {
+    let fail = |m: String| {
+        VerifyEnding::Failed(format!(
+            "{m}: the plan's bracket was proven on another device and does not hold on {device}; \
+             probe this device (batchfit probe) for its own"
+        ))
+    };
+    let stop = |s: Stop| match s {
+        Stop::Interrupted(sig) => VerifyEnding::Interrupted(sig),
+        Stop::Fatal(m) => VerifyEnding::Failed(m),
+        Stop::Reason(r) => VerifyEnding::Failed(r.describe().to_string()),
+    };
+    let b = rec.max_fitting_batch;
+    match prober.confirm_split(b, 1, Purpose::Confirm).map_err(stop)? {
+        Confirmation::Fits => {}
+        Confirmation::OutOfMemory => {
+            return Err(fail(format!(
+                "its largest fitting micro-batch {b} ran out of memory here"
+            )))
+        }
+        Confirmation::Failed(why) => {
+            return Err(fail(format!(
+                "its largest fitting micro-batch {b} could not be confirmed here ({why})"
+            )))
+        }
+    }
+    if let Some(f) = rec.first_failing_batch {
+        let o = prober
+            .trial(f, steps.max(1), Purpose::Proof)
+            .map_err(stop)?;
+        if !o.is_bound() {
+            return Err(fail(format!(
+                "its first failing micro-batch {f} {} here",
+                if o.fits() {
+                    "fits".to_string()
+                } else {
+                    format!("ended in {} (no evidence)", o.kind())
+                }
+            )));
+        }
+    }
+    Ok(())
 }
