@@ -655,11 +655,14 @@ fn logs_keep_every_trials_output() {
         .success();
     let p = read_json(&out);
     let n = p["trials"].as_array().unwrap().len();
+    // every trial's stdout and stderr, and the lock that keeps other probes out (errors.md L19-3)
     let files: Vec<PathBuf> = std::fs::read_dir(&logs)
         .unwrap()
         .flatten()
         .map(|e| e.path())
+        .filter(|f| !f.ends_with(".batchfit-logs.lock"))
         .collect();
+    assert!(logs.join(".batchfit-logs.lock").is_file());
     assert_eq!(files.len(), 2 * n, "{files:?}");
     let oom_log = files
         .iter()
