@@ -288,6 +288,7 @@ pub fn is_log_name(name: &str) -> bool {
 /// is a symlink (`O_NOFOLLOW`), and opening does not wait on a FIFO (`O_NONBLOCK`); whatever is not a
 /// regular file at the name is refused, never written or truncated.
 fn open_log(path: &std::path::Path) -> Result<std::fs::File, BackendError> {
+    use crate::platform::files::{open_regular, OpenError};
     use std::os::unix::fs::OpenOptionsExt;
     let refuse = |why: String| {
         BackendError::Environment(format!(
@@ -295,30 +296,22 @@ fn open_log(path: &std::path::Path) -> Result<std::fs::File, BackendError> {
             path.display()
         ))
     };
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => refuse(
-                "it is a symbolic link; batchfit does not follow links \
-                                        there"
-                    .into(),
-            ),
-            Some(libc::ENXIO) => refuse("it is a FIFO, not a regular file".into()),
-            _ => refuse(e.to_string()),
-        })?;
-    let meta = f.metadata().map_err(|e| refuse(e.to_string()))?;
-    if !meta.is_file() {
-        return Err(refuse(
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(false).mode(0o644);
+    let f = open_regular(path, &mut opts, false).map_err(|e| match e {
+        OpenError::Link(_) => {
+            refuse("it is a symbolic link; batchfit does not follow links there".into())
+        }
+        OpenError::Io(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+            refuse("it is a FIFO, not a regular file".into())
+        }
+        OpenError::Missing(e) | OpenError::Io(e) => refuse(e.to_string()),
+        OpenError::Directory | OpenError::NotRegular(_) => refuse(
             "it is not a regular file (a FIFO, socket or device); remove it or use another \
              --logs directory"
                 .into(),
-        ));
-    }
+        ),
+    })?;
     f.set_len(0).map_err(|e| refuse(e.to_string()))?;
     Ok(f)
 }

@@ -20,6 +20,10 @@ use serde::{Deserialize, Serialize};
 /// spans over its range (the per-sample part at the largest size), and by more than [`NOISE`] of
 /// its peak, and by more than three times the scatter of the points already on it.
 const OFF_LINE: f64 = 0.02;
+/// The rise of the top peak over another fit, as a fraction of it, below which the two give no slope
+/// (measurement noise would dominate it): the line's first pair needs at least this, and fits that
+/// all lie within it refuse a line (and seed a sweep's next point as a single fit would).
+const CLEAR_RISE: f64 = 0.02;
 /// The refusal of fits whose peaks do not rise with the batch size.
 const FLAT: &str =
     "the peaks do not rise with the batch size (flat: memory does not limit the batch here)";
@@ -229,7 +233,7 @@ impl CapacityModel {
         let top_peak = by_batch[n - 1].1 as f64;
         let Some(mut start) = (0..n - 1)
             .rev()
-            .find(|&j| (top_peak - by_batch[j].1 as f64) >= 0.02 * top_peak)
+            .find(|&j| (top_peak - by_batch[j].1 as f64) >= CLEAR_RISE * top_peak)
         else {
             let (lo, hi) = (by_batch[0].0, by_batch[n - 1].0);
             return Some(empty(
@@ -845,7 +849,7 @@ pub fn sweep_prior(
             let top = m.points.iter().map(|p| p.peak_bytes).max().unwrap_or(0) as f64;
             m.points
                 .iter()
-                .all(|p| (top - p.peak_bytes as f64) < 0.02 * top)
+                .all(|p| (top - p.peak_bytes as f64) < CLEAR_RISE * top)
         })
         .filter_map(|(v, m)| {
             let pt = m.points.iter().max_by_key(|p| p.batch)?;
@@ -1133,7 +1137,12 @@ mod tests {
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
 
-    fn trial(batch: u64, peak: Option<u64>, steps: u32, accumulation: u32) -> TrialRecord {
+    pub(super) fn trial(
+        batch: u64,
+        peak: Option<u64>,
+        steps: u32,
+        accumulation: u32,
+    ) -> TrialRecord {
         TrialRecord {
             batch,
             steps,
@@ -1527,22 +1536,7 @@ mod sweep_tests {
         // 6 MB was true, the 1024 point's prior predicted 8318 for a truth of 6315, and that point
         // took 16 trials. Such fits now refuse a line, and the next prior takes the largest one's
         // peak less the nearest line's fixed part, as for a single fit.
-        let trial = |b: u64, p: u64| TrialRecord {
-            batch: b,
-            steps: 5,
-            purpose: crate::search::Purpose::Proof,
-            isolation: crate::protocol::Isolation::None,
-            accumulation: 1,
-            outcome: crate::protocol::TrialOutcome::Fits {
-                peak_bytes: p,
-                rss_peak_bytes: None,
-                step_seconds: 0.1,
-                gpu: None,
-            },
-            seconds: 1.0,
-            gpu_index: None,
-            details: None,
-        };
+        let trial = |b: u64, p: u64| super::tests::trial(b, Some(p), 5, 1);
         let limit = 76 * GIB;
         let exact = |per: u64, b: u64| 2 * GIB + per * b;
         let t0: Vec<_> = [1, 38, 20820, 25248]

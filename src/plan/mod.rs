@@ -61,34 +61,25 @@ impl Plan {
 
     /// Reads and validates a plan file (JSON, schema version, the invariants of [`check`]).
     pub fn read(path: &Path) -> Result<Plan, PlanError> {
+        use crate::platform::files::{open_regular, OpenError};
         use std::io::Read;
-        use std::os::unix::fs::OpenOptionsExt;
         let p = path.to_path_buf();
-        // only a regular file is read: a FIFO must not hang the reader (O_NONBLOCK), and a device
-        // (`/dev/zero`) must not be read until memory runs out
-        let mut file = match std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(path)
-        {
+        // only a regular file is read: a FIFO must not hang the reader, and a device (`/dev/zero`)
+        // must not be read until memory runs out
+        let mut file = match open_regular(path, std::fs::OpenOptions::new().read(true), true) {
             Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(PlanError::Missing(p))
+            Err(OpenError::Missing(_)) => return Err(PlanError::Missing(p)),
+            Err(OpenError::Link(error) | OpenError::Io(error)) => {
+                return Err(PlanError::Unreadable { path: p, error })
             }
-            Err(error) => return Err(PlanError::Unreadable { path: p, error }),
+            Err(OpenError::Directory) => {
+                return Err(PlanError::NotAFile {
+                    path: p,
+                    what: "a directory",
+                })
+            }
+            Err(OpenError::NotRegular(what)) => return Err(PlanError::NotAFile { path: p, what }),
         };
-        let meta = file.metadata().map_err(|error| PlanError::Unreadable {
-            path: p.clone(),
-            error,
-        })?;
-        if !meta.is_file() {
-            let what = if meta.is_dir() {
-                "a directory"
-            } else {
-                crate::platform::files::kind_of(&meta.file_type())
-            };
-            return Err(PlanError::NotAFile { path: p, what });
-        }
         let mut text = String::new();
         file.read_to_string(&mut text)
             .map_err(|error| PlanError::Unreadable { path: p, error })?;

@@ -45,6 +45,53 @@ pub enum FileError {
     },
 }
 
+/// Why [`open_regular`] did not open a path.
+#[derive(Debug)]
+pub enum OpenError {
+    /// Nothing at the path.
+    Missing(std::io::Error),
+    /// A symbolic link at the name, and links are not followed there.
+    Link(std::io::Error),
+    /// A directory at the path.
+    Directory,
+    /// Something other than a regular file (the words of [`kind_of`]).
+    NotRegular(&'static str),
+    /// Any other failure of the open (a FIFO without a reader opened for writing: `ENXIO`).
+    Io(std::io::Error),
+}
+
+/// Opens `path` with `opts` as a **regular file only**: opening never waits on a FIFO
+/// (`O_NONBLOCK`), a device, FIFO, socket or directory at the path is refused before a byte is read
+/// or written, the descriptor is not inherited by trials (`O_CLOEXEC`), and with `follow == false`
+/// a symbolic link at the name is refused rather than followed (`O_NOFOLLOW`: names a command or
+/// another user controls, where root must not write or read through a link). Every reader or writer
+/// of such a path calls this (plans, model and fingerprint files, trial reports and logs, the
+/// `--logs` lock); each turns the [`OpenError`] into its own message.
+pub fn open_regular(
+    path: &Path,
+    opts: &mut std::fs::OpenOptions,
+    follow: bool,
+) -> Result<std::fs::File, OpenError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
+    let f = opts
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | nofollow)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            _ if e.kind() == std::io::ErrorKind::NotFound => OpenError::Missing(e),
+            Some(libc::ELOOP) if !follow => OpenError::Link(e),
+            _ => OpenError::Io(e),
+        })?;
+    let ft = f.metadata().map_err(OpenError::Io)?.file_type();
+    if ft.is_dir() {
+        return Err(OpenError::Directory);
+    }
+    if !ft.is_file() {
+        return Err(OpenError::NotRegular(kind_of(&ft)));
+    }
+    Ok(f)
+}
+
 /// What a non-regular file is, in words (for errors).
 pub fn kind_of(ft: &std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
@@ -234,21 +281,17 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
 pub fn sha256(path: &Path) -> std::io::Result<String> {
     use sha2::{Digest, Sha256};
     use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    // O_NONBLOCK: opening a FIFO must not wait for a writer (it hung); only a regular file is read
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
-    let ft = f.metadata()?.file_type();
-    if !ft.is_file() {
-        let kind = if ft.is_dir() {
-            "a directory"
-        } else {
-            kind_of(&ft)
-        };
-        return Err(std::io::Error::other(format!("{kind}, not a regular file")));
-    }
+    // a FIFO must not make the open wait for a writer (it hung); only a regular file is read
+    let mut f = match open_regular(path, std::fs::OpenOptions::new().read(true), true) {
+        Ok(f) => f,
+        Err(OpenError::Missing(e) | OpenError::Link(e) | OpenError::Io(e)) => return Err(e),
+        Err(OpenError::Directory) => {
+            return Err(std::io::Error::other("a directory, not a regular file"))
+        }
+        Err(OpenError::NotRegular(kind)) => {
+            return Err(std::io::Error::other(format!("{kind}, not a regular file")))
+        }
+    };
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
     loop {

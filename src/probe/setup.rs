@@ -93,10 +93,11 @@ pub const LOGS_LOCK: &str = ".batchfit-logs.lock";
 /// could name the other run's output. The first probe takes an exclusive `flock` on
 /// [`LOGS_LOCK`] in the directory and keeps it until the process exits (every backend of one process,
 /// the GPUs of a multi-GPU probe or the points of a sweep, shares it); a second process is refused
-/// before any trial. The lock file is opened without following a link or waiting on a FIFO, and must
-/// be a regular file.
+/// before any trial. The lock file is opened with [`open_regular`] (no link followed, no wait on a
+/// FIFO, a regular file only).
 fn hold_logs_dir(d: &Path) -> Result<(), ProbeError> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    use crate::platform::files::{open_regular, OpenError};
+    use std::os::unix::fs::OpenOptionsExt;
     use std::os::unix::io::AsRawFd;
     use std::sync::{Mutex, OnceLock};
     static HELD: OnceLock<Mutex<Vec<(std::path::PathBuf, std::fs::File)>>> = OnceLock::new();
@@ -110,18 +111,16 @@ fn hold_logs_dir(d: &Path) -> Result<(), ProbeError> {
         return Ok(());
     }
     let path = dir.join(LOGS_LOCK);
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .mode(0o644)
-        .open(&path)
-        .map_err(|e| env(format!("cannot open its lock file {}: {e}", path.display())))?;
-    let ft = f.metadata().map_err(|e| env(e.to_string()))?.file_type();
-    if !ft.is_file() || ft.is_fifo() {
-        return Err(env(format!("{} is not a regular file", path.display())));
-    }
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true).write(true).create(true).mode(0o644);
+    let f = open_regular(&path, &mut opts, false).map_err(|e| match e {
+        OpenError::Missing(e) | OpenError::Link(e) | OpenError::Io(e) => {
+            env(format!("cannot open its lock file {}: {e}", path.display()))
+        }
+        OpenError::Directory | OpenError::NotRegular(_) => {
+            env(format!("{} is not a regular file", path.display()))
+        }
+    })?;
     // SAFETY: flock on a file descriptor this function owns.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err(ProbeError::Usage(format!(

@@ -168,43 +168,40 @@ fn error_line(f: &Finished) -> String {
 const REPORT_MAX_BYTES: u64 = 4 << 20;
 
 fn read_report(path: &Path) -> Result<Option<TrialReport>, String> {
+    use crate::platform::files::{open_regular, OpenError};
     use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
     // The command may have put anything at the report's path: only a regular file is read, never
     // through a symbolic link (batchfit runs as root), never waiting on a FIFO, never more than
     // REPORT_MAX_BYTES (a link to /dev/zero was read until batchfit was killed for memory).
-    let file = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-    {
+    let not_regular = |kind: &str| {
+        format!(
+            "the trial report {} is not a regular file ({kind}): batchfit reads only a file the \
+             command wrote there",
+            path.display()
+        )
+    };
+    let file = match open_regular(path, std::fs::OpenOptions::new().read(true), false) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+        Err(OpenError::Missing(_)) => return Ok(None),
+        Err(OpenError::Link(_)) => {
             return Err(format!(
                 "the trial report {} is a symbolic link, not a file the command wrote: batchfit \
                  does not follow links there (batchfit_trial's report() writes a regular file)",
                 path.display()
             ))
         }
-        Err(e) => {
+        Err(OpenError::Io(e)) => {
             return Err(format!(
                 "cannot read the trial report {}: {e}",
                 path.display()
             ))
         }
+        Err(OpenError::Directory) => return Err(not_regular("a directory")),
+        Err(OpenError::NotRegular(kind)) => return Err(not_regular(kind)),
     };
     let meta = file
         .metadata()
         .map_err(|e| format!("cannot read the trial report {}: {e}", path.display()))?;
-    if !meta.is_file() {
-        return Err(format!(
-            "the trial report {} is not a regular file ({}): batchfit reads only a file the \
-             command wrote there",
-            path.display(),
-            crate::platform::files::kind_of(&meta.file_type())
-        ));
-    }
     if meta.len() > REPORT_MAX_BYTES {
         return Err(format!(
             "the trial report {} holds {} bytes, more than a report's {REPORT_MAX_BYTES}: it is \

@@ -36,29 +36,21 @@ pub struct ScriptFile {
 /// SHA-256 (hex) of a file's content.
 pub fn sha256_file(path: &Path) -> Result<String, ScriptError> {
     let shown = path.display().to_string();
-    // O_NONBLOCK and a regular file only: a FIFO hung the probe, a link to /dev/zero was hashed
-    // without end
-    let mut f = {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(path)
-            .map_err(|e| open_error(path, e))?
+    // a regular file only: a FIFO hung the probe, a link to /dev/zero was hashed without end
+    use crate::platform::files::{open_regular, OpenError};
+    let mut f = match open_regular(path, std::fs::OpenOptions::new().read(true), true) {
+        Ok(f) => f,
+        Err(OpenError::Missing(e) | OpenError::Link(e) | OpenError::Io(e)) => {
+            return Err(open_error(path, e))
+        }
+        Err(OpenError::Directory) => return Err(ScriptError::Directory(shown)),
+        Err(OpenError::NotRegular(kind)) => {
+            return Err(ScriptError::Unreadable {
+                path: shown,
+                reason: format!("it is {kind}, not a regular file"),
+            })
+        }
     };
-    let meta = f.metadata().map_err(|e| open_error(path, e))?;
-    if meta.is_dir() {
-        return Err(ScriptError::Directory(shown));
-    }
-    if !meta.is_file() {
-        return Err(ScriptError::Unreadable {
-            path: shown,
-            reason: format!(
-                "it is {}, not a regular file",
-                crate::platform::files::kind_of(&meta.file_type())
-            ),
-        });
-    }
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
