@@ -290,11 +290,26 @@ fn small_gpt_sweep_on_cpu() {
             .iter()
             .any(|t| t["batch"] == f && t["outcome"] == "oom"));
         // A line, or (a point whose prior held: one fit and the out-of-memory above it are its
-        // whole proof) a model that says why it has none
+        // whole proof, or fits too close together for a slope: errors.md L19-2) a model that says
+        // why it has none
         let m = &p["capacity_model"];
-        let fits = trials.iter().filter(|t| t["outcome"] == "fits").count();
-        if fits >= 2 {
-            assert!(m["per_sample_bytes"].as_f64().unwrap() > 0.0, "{p}");
+        // (sizes, not trials: a point's size can fit twice, at the exploration steps and in its
+        // confirmation, and one size still makes no line)
+        let mut fits: Vec<u64> = trials
+            .iter()
+            .filter(|t| t["outcome"] == "fits")
+            .map(|t| t["batch"].as_u64().unwrap())
+            .collect();
+        fits.sort_unstable();
+        fits.dedup();
+        if fits.len() >= 2 {
+            assert!(
+                m["per_sample_bytes"].as_f64().unwrap() > 0.0
+                    || m["refusal"]
+                        .as_str()
+                        .is_some_and(|r| r.contains("within 2 %")),
+                "{p}"
+            );
         } else {
             assert!(
                 m["refusal"].as_str().unwrap().contains("only one size fit"),
