@@ -17,7 +17,7 @@ fn fake(name: &str) -> String {
 }
 
 fn helper_dir() -> String {
-    repo().join("src/workload/exec").display().to_string()
+    repo().join("python/batchfit").display().to_string()
 }
 
 fn py() -> String {
@@ -540,7 +540,7 @@ fn a_command_without_batch_is_warned() {
 fn the_python_helper_ships_inside_the_binary() {
     let o = batchfit().arg("python-helper").output().unwrap();
     assert!(o.status.success());
-    let shipped = std::fs::read(repo().join("src/workload/exec/batchfit_trial.py")).unwrap();
+    let shipped = std::fs::read(repo().join("python/batchfit/batchfit_trial.py")).unwrap();
     assert_eq!(o.stdout, shipped);
 }
 

@@ -253,7 +253,7 @@ fn a_report_of_fewer_samples_or_nan_is_an_error() {
 /// reports show the job read BATCHFIT_BATCH (was: twice on stderr, and always).
 #[test]
 fn the_no_batch_warning_is_said_once_and_only_when_unproven() {
-    let helper = repo().join("src/workload/exec").display().to_string();
+    let helper = repo().join("python/batchfit").display().to_string();
     let hog = repo()
         .join("tests/support/exec/hog.py")
         .display()
@@ -309,7 +309,7 @@ fn the_no_batch_warning_is_said_once_and_only_when_unproven() {
 /// env exports (`BATCHFIT_ACCUMULATION_PROVEN=0`), not only warned about.
 #[test]
 fn an_unproven_accumulation_is_exported_and_marked() {
-    let helper = repo().join("src/workload/exec").display().to_string();
+    let helper = repo().join("python/batchfit").display().to_string();
     let hog = repo()
         .join("tests/support/exec/hog.py")
         .display()

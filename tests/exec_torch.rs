@@ -27,7 +27,7 @@ fn script(name: &str) -> String {
 
 /// The job's environment: the helper importable, one thread per process (two cores).
 fn env(c: &mut Command) {
-    c.env("PYTHONPATH", repo().join("src/workload/exec"))
+    c.env("PYTHONPATH", repo().join("python/batchfit"))
         .env("OMP_NUM_THREADS", "1");
 }
 

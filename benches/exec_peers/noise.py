@@ -115,7 +115,7 @@ def main():
     script = a.script[1:] if a.script[:1] == ["--"] else a.script
     sizes = [int(s) for s in a.sizes.split(",")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHFIT_")}
-    env.update(PYTHONPATH=os.path.join(ROOT, "src", "workload", "exec"), OMP_NUM_THREADS="1",
+    env.update(PYTHONPATH=os.path.join(ROOT, "python", "batchfit"), OMP_NUM_THREADS="1",
                OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     res = load_json(a.out)
     runs = res.setdefault(a.tag, {"mechanism": a.mechanism, "limit": a.limit, "command": script, "runs": []})

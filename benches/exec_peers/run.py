@@ -183,7 +183,7 @@ def job_env():
     """The environment of every run of a script (batchfit's trials inherit it unchanged): the helper
     importable, one OpenMP/OpenBLAS thread per process (2 shared cores), no BATCHFIT_* left over."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHFIT_")}
-    env.update(PYTHONPATH=os.path.join(ROOT, "src", "workload", "exec"), OMP_NUM_THREADS="1",
+    env.update(PYTHONPATH=os.path.join(ROOT, "python", "batchfit"), OMP_NUM_THREADS="1",
                OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     return env
 

@@ -26,8 +26,9 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
-/// `batchfit python-helper`: the optional helper for training scripts (standard library only).
-pub const PYTHON_HELPER: &str = include_str!("batchfit_trial.py");
+/// `batchfit python-helper`: the optional helper for training scripts (standard library only). One
+/// source: the same file is the `batchfit.batchfit_trial` module of the Python package (the wheel).
+pub const PYTHON_HELPER: &str = include_str!("../../../python/batchfit/batchfit_trial.py");
 
 /// The placeholders substituted in the command's arguments.
 pub const PLACEHOLDERS: [&str; 3] = ["{batch}", "{steps}", "{accumulation}"];

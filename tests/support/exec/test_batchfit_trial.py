@@ -1,4 +1,4 @@
-"""Unit tests of src/workload/exec/batchfit_trial.py (the helper `batchfit python-helper` prints).
+"""Unit tests of python/batchfit/batchfit_trial.py (the helper `batchfit python-helper` prints).
 
 Standard library only; torch and Lightning are used when present (those tests say so when skipped).
 
@@ -16,7 +16,7 @@ import unittest
 from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HELPER_DIR = os.path.normpath(os.path.join(HERE, "..", "..", "..", "src", "workload", "exec"))
+HELPER_DIR = os.path.normpath(os.path.join(HERE, "..", "..", "..", "python", "batchfit"))
 sys.path.insert(0, HELPER_DIR)
 import batchfit_trial as bt  # noqa: E402
 

@@ -14,7 +14,7 @@ import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HELPER_DIR = os.path.normpath(os.path.join(HERE, "..", "..", "..", "src", "workload", "exec"))
+HELPER_DIR = os.path.normpath(os.path.join(HERE, "..", "..", "..", "python", "batchfit"))
 sys.path.insert(0, HERE)
 import measure  # noqa: E402
 

@@ -6,7 +6,9 @@ lets that command (1) read the batch size, step count and accumulation batchfit 
 batchfit what it really trained, so a trial that exits 0 can be checked (the batch it was given, the
 number of optimizer steps, the time per step, the CUDA allocator's peaks).
 
-Get it with ``batchfit python-helper > batchfit_trial.py`` and put it next to your script. It needs only
+Get it with ``batchfit python-helper > batchfit_trial.py`` and put it next to your script, or install
+batchfit with pip (``pip install batchfit``): then the same file is the ``batchfit`` package's
+(``import batchfit``; ``batchfit.Trial``, ``batchfit.report``, ... are the names below). It needs only
 the Python standard library; torch, Lightning and transformers are used when the script already uses
 them and are never imported by this file on its own.
 
