@@ -52,7 +52,7 @@ Usage: bash scripts/gpu-check.sh [--cpu-smoke] [--bin DIR] [--out DIR] [--stages
 
 Proves batchfit on a real NVIDIA GPU (see the header of this script for the stages).
 
-  --bin DIR          where batchfit and batchfit-train are (default: target/release); built elsewhere
+  --bin DIR          where batchfit, batchfit-train and batchfit-torch are (default: target/release); built elsewhere
                      is fine: libtorch comes from PY's torch through LD_LIBRARY_PATH
   --out DIR          results and raw data (default: gpu-check-results/ in the repository)
   --stages LIST      stages to run, e.g. 3,4 for a second call (default 1,2,3,4; 4 is --exec of
@@ -214,6 +214,8 @@ PYEOF
   )
   export LD_LIBRARY_PATH="$torch_dir/lib${nv_dirs:+:$nv_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   echo "gpu-check: libtorch from $torch_dir/lib" >&2
+  # the batchfit commands find the same torch through this interpreter
+  export BATCHFIT_PYTHON="$py"
 
   # ---- the stamp: the device and the commit -------------------------------------------------------
   if [ "$mode" = gpu ]; then
@@ -248,7 +250,7 @@ PYEOF
 
   # ---- the binaries start? (a missing library or an old glibc shows here, not in every stage) -------
   version="?"
-  for b in batchfit batchfit-train; do
+  for b in batchfit batchfit-train batchfit-torch; do
     if [ ! -x "$bin/$b" ]; then
       echo "gpu-check: WARNING: $bin/$b is missing or not executable; the stages that need it will fail" >&2
     elif ! "$bin/$b" --version >"$out/logs/$b.version" 2>&1; then
@@ -260,10 +262,10 @@ PYEOF
   done
 
   # ---- the GPU-only unit test of the allocator shim, when its test binary was carried along -------
-  # (build it here with `cargo test --release --lib --no-run` and copy the printed
-  # target/release/deps/batchfit-HASH as BIN/batchfit-lib-tests)
+  # (build it here with `cargo test --release -p batchfit-torch --lib --no-run` and copy the printed
+  # target/release/deps/batchfit_torch-HASH as BIN/batchfit-lib-tests)
   if [ "$mode" = gpu ] && [ -x "$bin/batchfit-lib-tests" ]; then
-    if "$bin/batchfit-lib-tests" --ignored --exact gpu::allocator::tests::stats_follow_a_cuda_allocation \
+    if "$bin/batchfit-lib-tests" --ignored --exact allocator::tests::stats_follow_a_cuda_allocation \
         >"$out/logs/shim-test.log" 2>&1; then
       echo "gpu-check: allocator shim test on the GPU: passed ($out/logs/shim-test.log)" >&2
     else

@@ -11,7 +11,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 LIBTORCH="$(scripts/setup-libtorch.sh)"
 export LIBTORCH
-cargo build --release --bins
+# the commands run model trials and training on this venv's torch, as they would on yours
+BATCHFIT_PYTHON="$(cd "$LIBTORCH/../../../.." && pwd)/bin/python"
+export BATCHFIT_PYTHON
+cargo build --release --workspace --bins
 budget="${BATCHFIT_DEMO_BUDGET:-1GiB}"
 extra=()
 [ "$budget" != none ] && extra+=(--memory-budget "$budget")

@@ -71,9 +71,9 @@ helpers=$here/recipes_check
 
 BIN_DIR=${BATCHFIT_BIN_DIR:-$root/target/release}
 VENV=${BATCHFIT_LIBTORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/batchfit/libtorch-2.11.0}
-for b in batchfit batchfit-train; do
+for b in batchfit batchfit-train batchfit-torch; do
   if [ ! -x "$BIN_DIR/$b" ]; then
-    echo "recipes-check: $BIN_DIR/$b is missing: build it (cargo build --release) or set BATCHFIT_BIN_DIR" >&2
+    echo "recipes-check: $BIN_DIR/$b is missing: build it (cargo build --release --workspace) or set BATCHFIT_BIN_DIR" >&2
     exit 2
   fi
 done

@@ -81,12 +81,6 @@ pub enum Command {
     /// only): `batchfit python-helper > batchfit_trial.py`.
     #[command(name = "python-helper")]
     PythonHelper,
-    /// Run one trial in this process (used internally by the cpu backend).
-    #[command(name = "__trial", hide = true)]
-    Trial { spec: String },
-    /// Run trials read from stdin in one process (hybrid isolation; used internally).
-    #[command(name = "__worker", hide = true)]
-    Worker { template: String },
     /// Predict the largest micro-batch for other memory sizes from a plan's capacity model (its
     /// measured memory line): predicted, not proven, with an error bar, refused where the line cannot
     /// be extended (a knee or a jump).
@@ -560,4 +554,50 @@ pub fn man_page(subcommand: Option<&str>, out: &mut dyn Write) -> Result<(), Man
     };
     clap_mangen::Man::new(page).render(out)?;
     Ok(())
+}
+
+/// `batchfit-train`'s arguments: parsed by the launcher (usage errors and `--help` need no torch)
+/// and again by the torch runner's `train`.
+#[derive(Debug, Parser)]
+// allow_negative_numbers: `--lr -1` reaches its own check, not clap's "unexpected argument '-1'"
+#[command(name = "batchfit-train", version, about = "Trains with the micro-batch and accumulation of a batchfit plan", after_help = crate::exit::help(crate::exit::Program::Train), allow_negative_numbers = true)]
+pub struct TrainArgs {
+    /// The plan written by `batchfit probe --out`.
+    #[arg(long)]
+    pub plan: PathBuf,
+    /// Optimizer steps to run (each of `accumulation` micro-batches).
+    #[arg(long, default_value_t = 20)]
+    pub steps: u64,
+    /// Override the plan's micro-batch (for experiments; reported as an override).
+    #[arg(long)]
+    pub micro_batch: Option<u64>,
+    /// Override the plan's accumulation (for experiments; reported as an override).
+    #[arg(long)]
+    pub accumulation: Option<u64>,
+    /// Learning rate (Adam's usual 1e-3 overshoots at the first steps on the zoo's models).
+    #[arg(long, default_value_t = 1e-4)]
+    pub lr: f64,
+    /// Train even with a plan that is partial or made for another model or device.
+    #[arg(long)]
+    pub force: bool,
+    /// Run under a memory limit: `plan` (the job's limit: the probe's --memory-budget less --reserve
+    /// and --margin; the trials ran under it less the plan's guard band, `limit_bytes`), a size like
+    /// 1GiB, or `none`. On cpu
+    /// the limit is RLIMIT_DATA on the data segment (the "peak" the probe measured), with the trial
+    /// process's set-up from the plan's runtime (stack limit, OpenMP stack size, threads); on cuda,
+    /// the caching allocator's per-process memory fraction.
+    #[arg(long, default_value = "none", allow_hyphen_values = true)]
+    pub memory_limit: String,
+    /// Train on real data: a .safetensors or .npz file with tensors `x` (inputs; `x0`, `x1`, … for
+    /// several) and `y` (targets), samples along the first dimension. Default: synthetic data of the
+    /// model's shapes, as in probing.
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
+    /// Where the TorchScript model file is now (default: the path in the plan). Its SHA-256 must
+    /// match the plan's.
+    #[arg(long, value_name = "FILE.pt")]
+    pub model_file: Option<PathBuf>,
+    /// Only the final summary.
+    #[arg(long, short)]
+    pub quiet: bool,
 }

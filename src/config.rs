@@ -13,7 +13,7 @@ use crate::plan::schema::{exec_fingerprint, ExecInfo, ExecKind, ExecSweepPoint, 
 use crate::platform::files;
 use crate::platform::units::parse_size;
 use crate::search::{Grid, SearchConfig, StrategyKind};
-use crate::workload::child::fault::FaultAt;
+use crate::workload::fault::FaultAt;
 use std::path::PathBuf;
 use std::time::Duration;
 use thiserror::Error;
@@ -1140,8 +1140,7 @@ fn torchscript(a: &ProbeArgs) -> Result<Architecture, ConfigError> {
         })?
         .parse()
         .map_err(|e: crate::plan::input::LossSpecError| ConfigError(e.to_string()))?;
-    let file =
-        crate::workload::model::script::inspect(path).map_err(|e| ConfigError(e.to_string()))?;
+    let file = crate::workload::script::inspect(path).map_err(|e| ConfigError(e.to_string()))?;
     Ok(Architecture::Torchscript {
         file: file.path,
         sha256: file.sha256,

@@ -9,15 +9,18 @@
 //! |---|---|
 //! | platform | [`platform`] (sizes, `/proc`, rlimits, signals, the one file writer), [`exit`] (exit codes) |
 //! | protocol | [`protocol`]: trial request and outcome, the workload interface, the OOM classifier |
-//! | GPU | [`gpu`]: NVML, the caching allocator's shim, GPU selection |
+//! | GPU | [`gpu`]: NVML, GPU selection |
 //! | where memory is measured | [`device`]: the `Backend` trait; `sim`, `cpu`, `cuda`; the trial-process runner, process trees, memory cgroups |
 //! | engine | [`search`] (the proof), [`accumulate`] (the split), [`plan`] (the contract: schema, model spec, merge, advice) |
-//! | what a trial runs | [`workload`]: the tch model (networks, training step, trial child), the user's command (`--exec`) |
+//! | what a trial runs | [`workload`]: batchfit's own model (through the torch runner), the user's command (`--exec`) |
 //! | outputs | [`output`]: one exporter per `--format`, progress, plot |
 //! | command line | [`cli`] (clap definitions, completions, man pages), [`config`] (arguments → validated config) |
 //! | orchestration | [`probe`] (set-up, single/multi-GPU runs, split, cache, verify), [`doctor`] |
 //!
-//! The binaries (`src/bin/batchfit`, `src/bin/batchfit-train`) sit on top of all of them.
+//! The binaries (`src/bin/batchfit`, `src/bin/batchfit-train`) sit on top of all of them. This
+//! package links no libtorch: everything that does (the model zoo, the model trials, the trainer) is
+//! the torch runner, package `crates/batchfit-torch`, which depends on this library
+//! ([`workload::runner`] finds it and the user's torch at run time).
 
 // (one `mod` per group, so that rustfmt keeps the layer order)
 // platform

@@ -182,7 +182,7 @@ fn gpu_selection_errors_are_usage_errors() {
 /// auto falls back to the cpu with a notice.
 #[test]
 fn no_driver_is_a_clear_environment_error() {
-    if tch::Cuda::is_available() {
+    if torch_sees_cuda() {
         eprintln!("not testing the no-driver path: this machine has a usable GPU");
         return;
     }
@@ -355,7 +355,7 @@ fn cuda_visible_devices_is_respected() {
 /// `--force` cannot make a cuda plan train without CUDA: a clear environment error.
 #[test]
 fn forced_cuda_plan_without_cuda_is_an_environment_error() {
-    if tch::Cuda::is_available() {
+    if torch_sees_cuda() {
         eprintln!("not testing the no-CUDA path: this machine has a usable GPU");
         return;
     }

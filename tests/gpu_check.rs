@@ -4,6 +4,8 @@
 //! probe --exec` of the Python job of a model and that job's own true maximum), writing its table to
 //! `--out` only. Takes a few minutes.
 
+mod common;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -364,17 +366,7 @@ fn usage_errors_and_help() {
 /// docs/gpu-results.md alone.
 #[test]
 fn gpu_run_without_a_gpu_refuses() {
-    // the libtorch venv the binaries were built against (…/venv/lib/python3.X/site-packages/torch/lib)
-    let python = PathBuf::from(env!("BATCHFIT_LIBTORCH_LIB"))
-        .ancestors()
-        .nth(5)
-        .expect("venv root")
-        .join("bin/python");
-    assert!(
-        python.exists(),
-        "{} not found (scripts/setup-libtorch.sh creates it)",
-        python.display()
-    );
+    let python = common::venv_python();
     let fake = tempfile::tempdir().unwrap();
     let smi = fake.path().join("nvidia-smi");
     std::fs::write(

@@ -95,9 +95,7 @@ fn the_trainer_warns_about_data_the_probe_never_saw() {
         .code(5);
     // 40000 × 64 floats: 10 MiB in memory, more than 1% of the 760 MiB limit, and no --reserve
     let data = path(&d, "data.npz");
-    let x = tch::Tensor::randn([40000, 64], (tch::Kind::Float, tch::Device::Cpu));
-    let y = tch::Tensor::randint(10, [40000], (tch::Kind::Int64, tch::Device::Cpu));
-    tch::Tensor::write_npz(&[("x", &x), ("y", &y)], &data).unwrap();
+    write_npz(&data, 40000, 64, 10);
     trainer()
         .args(["--force", "--micro-batch", "256", "--steps", "1", "--plan"])
         .arg(path(&d, "plan.partial.json"))
@@ -145,4 +143,31 @@ fn hybrid_isolation_proves_in_fresh_processes() {
             .any(|t| t["batch"] == fail && t["outcome"] == "oom" && t["isolation"] == "process"),
         "{trials:?}"
     );
+}
+
+/// An `.npz` of `x` (`rows` × `cols` float32, random) and `y` (`rows` int64 labels below
+/// `classes`), written with Python's standard library (the format is a zip of `.npy` files).
+fn write_npz(path: &std::path::Path, rows: u64, cols: u64, classes: u64) {
+    const NPZ: &str = r#"
+import io, random, struct, sys, zipfile
+path, rows, cols, classes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+def npy(descr, shape, payload):
+    header = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, shape)
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + payload
+r = random.Random(0)
+x = struct.pack("<%df" % (rows * cols), *(r.gauss(0, 1) for _ in range(rows * cols)))
+y = struct.pack("<%dq" % rows, *(r.randrange(classes) for _ in range(rows)))
+with zipfile.ZipFile(path, "w") as z:
+    z.writestr("x.npy", npy("<f4", "(%d, %d)" % (rows, cols), x))
+    z.writestr("y.npy", npy("<i8", "(%d,)" % rows, y))
+"#;
+    let ok = std::process::Command::new(venv_python())
+        .args(["-c", NPZ])
+        .arg(path)
+        .args([rows, cols, classes].map(|n| n.to_string()))
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "writing {} failed", path.display());
 }

@@ -288,3 +288,65 @@ fn the_checks_can_fail() {
         ["crate::device::{sim::SimSpec, DeviceInfo}"]
     );
 }
+
+/// The `batchfit` package's dependency tree (normal dependencies, as Cargo resolves them).
+fn batchfit_dependencies() -> String {
+    let out = std::process::Command::new(env!("CARGO"))
+        .args([
+            "tree",
+            "--offline",
+            "-p",
+            "batchfit",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo tree runs");
+    assert!(
+        out.status.success(),
+        "cargo tree failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The crate boundary, not a text scan, keeps the command free of libtorch: `tch` and `torch-sys`
+/// are dependencies of `crates/batchfit-torch` alone.
+#[test]
+fn the_batchfit_package_depends_on_no_torch() {
+    let tree = batchfit_dependencies();
+    assert!(tree.lines().any(|l| l.starts_with("clap ")), "{tree}");
+    for banned in ["tch ", "torch-sys ", "batchfit-torch "] {
+        assert!(
+            !tree.lines().any(|l| l.starts_with(banned)),
+            "the batchfit package depends on {banned}:\n{tree}"
+        );
+    }
+}
+
+/// The shared libraries an executable names (`DT_NEEDED`), and its RUNPATH/RPATH entries.
+fn dynamic_section(exe: &str) -> String {
+    let out = std::process::Command::new("readelf")
+        .args(["-d", exe])
+        .output()
+        .expect("readelf (binutils) runs");
+    assert!(out.status.success(), "readelf -d {exe} failed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_batchfit_commands_link_no_libtorch() {
+    for exe in [
+        env!("CARGO_BIN_EXE_batchfit"),
+        env!("CARGO_BIN_EXE_batchfit-train"),
+    ] {
+        let d = dynamic_section(exe);
+        assert!(d.contains("libc.so"), "{exe}: {d}");
+        for banned in ["torch", "c10", "cuda", "libstdc++", "RUNPATH", "RPATH"] {
+            assert!(!d.contains(banned), "{exe} names {banned}:\n{d}");
+        }
+    }
+}

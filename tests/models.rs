@@ -477,7 +477,7 @@ fn bf16_probe_then_train() {
 #[test]
 fn amp_is_refused_off_cuda() {
     for backend in ["cpu", "auto"] {
-        if backend == "auto" && tch::Cuda::is_available() {
+        if backend == "auto" && torch_sees_cuda() {
             eprintln!(
                 "not testing --backend auto with amp: this machine has CUDA, so auto picks it"
             );

@@ -229,7 +229,7 @@ fn a_driver_that_refuses_or_is_missing_is_an_environment_error() {
 /// it): `--backend cuda` stops before any trial with a sentence, and auto keeps to the cpu.
 #[test]
 fn nvml_without_cuda_in_libtorch_is_refused_before_any_trial() {
-    if tch::Cuda::is_available() {
+    if common::torch_sees_cuda() {
         eprintln!("not testing NVML-without-CUDA: libtorch sees a CUDA device on this machine");
         return;
     }

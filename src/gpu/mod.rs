@@ -1,14 +1,14 @@
 //! GPU memory truth from NVML, behind a trait ([`GpuQuery`]) so every consumer (the cuda device,
 //! `batchfit doctor`, `batchfit-train`) is testable on machines without a GPU (with the scripted GPUs
-//! of [`crate::device::cuda::fake`]); the caching allocator's own figures through the C++ shim
-//! ([`allocator`]); and which GPUs a job may use ([`visible_indices`], [`select`]).
+//! of [`crate::device::cuda::fake`]); and which GPUs a job may use ([`visible_indices`], [`select`]).
+//! (The caching allocator's own figures come from the trial itself: the torch runner's C++ shim,
+//! or a user's command's report.)
 //!
 //! NVML reports what the card actually gives up (CUDA contexts, caching-allocator reserves, other
 //! processes), which is what decides a "CUDA out of memory" — not what `torch.cuda.memory_allocated`
 //! says. NVML is loaded at run time, so binaries build and run anywhere; without a driver the error is
 //! kept as a value and reported clearly, never as zeros.
 
-pub mod allocator;
 pub mod nvml;
 
 pub use crate::protocol::GpuProcess;

@@ -1162,9 +1162,7 @@ mod tests {
             panic!()
         };
         let cfg = crate::config::validate(&args).unwrap();
-        let mut plan = crate::probe::run(&cfg, Path::new("unused"), &mut |_| {})
-            .unwrap()
-            .plan;
+        let mut plan = crate::probe::run(&cfg, &mut |_| {}).unwrap().plan;
         let batches: Vec<(u64, &str)> = plan
             .trials
             .iter()
@@ -1267,9 +1265,7 @@ mod tests {
             panic!()
         };
         let cfg = crate::config::validate(&args).unwrap();
-        let capped = crate::probe::run(&cfg, Path::new("unused"), &mut |_| {})
-            .unwrap()
-            .plan;
+        let capped = crate::probe::run(&cfg, &mut |_| {}).unwrap().plan;
         assert_eq!(capped.stop_reason, crate::plan::StopReason::MaxBatch);
         let v = View::of(&capped, Scale::Linear);
         assert_eq!(v.cap.as_ref().unwrap().0, 300.0);

@@ -170,9 +170,7 @@ mod tests {
             panic!()
         };
         let cfg = crate::config::validate(&args).unwrap();
-        crate::probe::run(&cfg, Path::new("unused"), &mut |_| {})
-            .unwrap()
-            .plan
+        crate::probe::run(&cfg, &mut |_| {}).unwrap().plan
     }
 
     #[test]
@@ -336,9 +334,7 @@ mod tests {
             panic!()
         };
         let cfg = crate::config::validate(&args).unwrap();
-        crate::probe::run(&cfg, Path::new("unused"), &mut |_| {})
-            .unwrap()
-            .plan
+        crate::probe::run(&cfg, &mut |_| {}).unwrap().plan
     }
 
     fn even_plan() -> Plan {

@@ -58,17 +58,27 @@ impl std::fmt::Display for Status {
 pub struct Tool {
     pub name: String,
     pub version: String,
-    pub libtorch_version: String,
+    /// The PyTorch version batchfit's own model trials ran on (the user's torch, found by the torch
+    /// runner); absent where no libtorch ran (`--exec`, which runs the user's own, and sim plans).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub libtorch_version: Option<String>,
 }
 
 impl Tool {
+    /// This batchfit, with no libtorch (see [`Tool::on_torch`]).
     pub fn current() -> Self {
         Tool {
             name: "batchfit".into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            libtorch_version: option_env!("BATCHFIT_LIBTORCH_VERSION")
-                .unwrap_or("unknown-at-build")
-                .into(),
+            libtorch_version: None,
+        }
+    }
+
+    /// This batchfit, running model trials on the torch of `version`.
+    pub fn on_torch(version: &str) -> Self {
+        Tool {
+            libtorch_version: Some(version.into()),
+            ..Tool::current()
         }
     }
 }

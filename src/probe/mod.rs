@@ -31,36 +31,26 @@ use crate::plan::{self, GpuSection, Plan, Status};
 use crate::platform::units::format_size;
 use cache::CacheOptions;
 use setup::Devices;
-use std::path::Path;
 
 /// [`run_cached`] without the cache, with progress as plain lines.
-pub fn run(
-    cfg: &ProbeConfig,
-    exe: &Path,
-    progress: &mut dyn FnMut(&str),
-) -> Result<ProbeReport, ProbeError> {
-    run_cached(cfg, exe, &mut report::Lines(progress), None)
+pub fn run(cfg: &ProbeConfig, progress: &mut dyn FnMut(&str)) -> Result<ProbeReport, ProbeError> {
+    run_cached(cfg, &mut report::Lines(progress), None)
 }
 
 /// [`run_cached`] without the cache.
-pub fn run_with(
-    cfg: &ProbeConfig,
-    exe: &Path,
-    progress: &mut dyn Progress,
-) -> Result<ProbeReport, ProbeError> {
-    run_cached(cfg, exe, progress, None)
+pub fn run_with(cfg: &ProbeConfig, progress: &mut dyn Progress) -> Result<ProbeReport, ProbeError> {
+    run_cached(cfg, progress, None)
 }
 
 /// Probes as `cfg` says (trials are `exe`'s hidden subcommands), answering from the plan cache
 /// ([`cache`]) when `cache` allows it and the key matches, and storing a complete plan there.
 pub fn run_cached(
     cfg: &ProbeConfig,
-    exe: &Path,
     progress: &mut dyn Progress,
     cache: Option<&CacheOptions>,
 ) -> Result<ProbeReport, ProbeError> {
     if let Some(sw) = &cfg.sweep {
-        return sweep::run(cfg, sw, exe, progress, cache);
+        return sweep::run(cfg, sw, progress, cache);
     }
     let mut notices = vec![];
     let devices = setup::resolve(cfg, &mut notices)?;
@@ -84,26 +74,26 @@ pub fn run_cached(
     match devices {
         Devices::Sim(spec) => {
             let mut b = SimBackend::new(spec);
-            one_device(cfg, &mut b, None, None, exe, progress, cache)
+            one_device(cfg, &mut b, None, None, progress, cache)
         }
         Devices::Cpu => {
-            let mut b = setup::cpu_backend(cfg, exe, &mut notices)?;
+            let mut b = setup::cpu_backend(cfg, &mut notices)?;
             for n in notices.drain(..) {
                 progress.line(&n);
             }
-            one_device(cfg, &mut b, None, None, exe, progress, cache)
+            one_device(cfg, &mut b, None, None, progress, cache)
         }
         Devices::Cuda(gpus) => {
             let (c, note) = setup::cuda_effective(cfg, &gpus)?;
             if gpus.indices.len() > 1 && c.exec.is_some() {
-                return one_job_on_several_gpus(&c, &gpus, note, exe, progress, cache);
+                return one_job_on_several_gpus(&c, &gpus, note, progress, cache);
             }
             if gpus.indices.len() > 1 {
-                return several_gpus(&c, &gpus, note, exe, progress, cache);
+                return several_gpus(&c, &gpus, note, progress, cache);
             }
-            let mut b = gpus.backend(gpus.indices[0], &c, exe)?;
+            let mut b = gpus.backend(gpus.indices[0], &c)?;
             let section = gpus.section(&b, &c);
-            one_device(&c, &mut b, Some(section), note, exe, progress, cache)
+            one_device(&c, &mut b, Some(section), note, progress, cache)
         }
     }
 }
@@ -176,7 +166,6 @@ fn one_device(
     backend: &mut dyn Backend,
     gpu: Option<GpuSection>,
     reserve_note: Option<String>,
-    exe: &Path,
     progress: &mut dyn Progress,
     cache: Option<&CacheOptions>,
 ) -> Result<ProbeReport, ProbeError> {
@@ -208,7 +197,7 @@ fn one_device(
     }
     let (mut plan, ending) = single::run(cfg, backend, &skeleton, limit, progress)?;
     if cfg.compare_alloc_conf && plan.status == Status::Complete && plan.gpu.is_some() {
-        let comparison = compare_alloc_conf(cfg, exe, progress, &plan)?;
+        let comparison = compare_alloc_conf(cfg, progress, &plan)?;
         if let Some(g) = plan.gpu.as_mut() {
             g.alloc_conf_comparison = Some(comparison);
         }
@@ -242,13 +231,12 @@ fn one_job_on_several_gpus(
     cfg: &ProbeConfig,
     gpus: &setup::CudaSetup,
     reserve_note: Option<String>,
-    exe: &Path,
     progress: &mut dyn Progress,
     cache: Option<&CacheOptions>,
 ) -> Result<ProbeReport, ProbeError> {
     let (first, rest) = gpus.indices.split_first().expect("several GPUs");
     let mut b = gpus
-        .backend(*first, cfg, exe)?
+        .backend(*first, cfg)?
         .with_group(rest)
         .map_err(|e| ProbeError::Environment(e.to_string()))?;
     let section = gpus.section(&b, cfg);
@@ -256,15 +244,7 @@ fn one_job_on_several_gpus(
         "batchfit: one job on GPUs {} (CUDA_VISIBLE_DEVICES holds all of them in every trial)",
         gpus.list()
     ));
-    let mut report = one_device(
-        cfg,
-        &mut b,
-        Some(section),
-        reserve_note,
-        exe,
-        progress,
-        cache,
-    )?;
+    let mut report = one_device(cfg, &mut b, Some(section), reserve_note, progress, cache)?;
     let plan = &mut report.plan;
     let peaks: Vec<(u32, u64)> = plan
         .recommendation
@@ -305,7 +285,6 @@ fn several_gpus(
     cfg: &ProbeConfig,
     gpus: &setup::CudaSetup,
     reserve_note: Option<String>,
-    exe: &Path,
     progress: &mut dyn Progress,
     cache: Option<&CacheOptions>,
 ) -> Result<ProbeReport, ProbeError> {
@@ -320,7 +299,7 @@ fn several_gpus(
     }
     let mut devices = vec![];
     for &i in &gpus.indices {
-        let b = gpus.backend(i, cfg, exe)?;
+        let b = gpus.backend(i, cfg)?;
         let section = gpus.section(&b, cfg);
         let (skeleton, limit) = setup::skeleton(cfg, &b, Some(section), reserve_note.clone())?;
         devices.push(multi_gpu::Gpu::new(i, b, skeleton, limit));
@@ -344,7 +323,6 @@ fn several_gpus(
 /// `PYTORCH_CUDA_ALLOC_CONF` (fewer, growable segments: less fragmentation), reported beside the plan.
 fn compare_alloc_conf(
     cfg: &ProbeConfig,
-    exe: &Path,
     progress: &mut dyn Progress,
     plan: &Plan,
 ) -> Result<plan::AllocConfComparison, ProbeError> {
@@ -372,7 +350,7 @@ fn compare_alloc_conf(
     c.global = None;
     c.alloc_conf = Some(conf.clone());
     c.world_size_given = true;
-    let other = run_cached(&c, exe, progress, None)?.plan;
+    let other = run_cached(&c, progress, None)?.plan;
     let theirs = other.recommendation.as_ref().map(|r| r.max_fitting_batch);
     let ours = plan.recommendation.as_ref().map(|r| r.max_fitting_batch);
     Ok(plan::AllocConfComparison {

@@ -18,23 +18,25 @@ use crate::plan::{GpuSection, ModelInfo, Plan, Runtime, SearchSettings, Status, 
 use crate::platform::units::format_size;
 use crate::platform::{now_unix, sysmem};
 use crate::protocol::Workload;
-use crate::workload::child::TrialSpec;
 use crate::workload::exec::ExecWorkload;
+use crate::workload::fault::FaultAt;
+use crate::workload::runner::{Runner, TrialSpec};
 use crate::workload::{ModelWorkload, LIBTORCH_MIN_DATA};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The tch model workload of `model` (trials are `exe __trial …`).
+/// The tch model workload of `model`: trials are the torch runner's (`batchfit-torch trial …`), on
+/// the user's own torch; an error when the runner or a usable torch is missing.
 pub fn model_workload(
-    exe: &Path,
     model: &ModelSpec,
     threads: u32,
     seed: i64,
-    fault: Option<crate::workload::child::fault::FaultAt>,
-) -> Arc<dyn Workload> {
-    Arc::new(ModelWorkload {
-        exe: exe.to_path_buf(),
+    fault: Option<FaultAt>,
+) -> Result<Arc<dyn Workload>, ProbeError> {
+    let runner = Runner::locate().map_err(|e| ProbeError::Environment(e.to_string()))?;
+    Ok(Arc::new(ModelWorkload {
+        runner,
         template: TrialSpec {
             model: model.clone(),
             batch: 0,
@@ -45,7 +47,7 @@ pub fn model_workload(
             fault,
             cuda_device: None,
         },
-    })
+    }))
 }
 
 /// The user's command of `info` (`batchfit probe --exec`, and `verify` of its plans).
@@ -62,16 +64,10 @@ pub fn exec_workload(
 }
 
 /// What `cfg`'s trials run: the user's command (`--exec`), else batchfit's tch model.
-fn workload(cfg: &ProbeConfig, exe: &Path) -> Result<Arc<dyn Workload>, ProbeError> {
+fn workload(cfg: &ProbeConfig) -> Result<Arc<dyn Workload>, ProbeError> {
     match &cfg.exec {
         Some(e) => exec_workload(&e.info, e.oom_patterns.clone(), Some(cfg.world_size)),
-        None => Ok(model_workload(
-            exe,
-            &cfg.model,
-            cfg.threads,
-            cfg.seed,
-            cfg.fault,
-        )),
+        None => model_workload(&cfg.model, cfg.threads, cfg.seed, cfg.fault),
     }
 }
 
@@ -157,16 +153,16 @@ impl CudaSetup {
         let gpus: Arc<dyn GpuQuery + Send + Sync> = match &fake {
             Some(f) => Arc::new(f.gpus.clone()),
             None => {
-                if !tch::Cuda::is_available() {
+                let nvml = crate::gpu::nvml::RealNvml::get().map_err(gpu_error)?;
+                if let Err(why) = torch_sees_cuda(cfg) {
                     // NVML may work while libtorch cannot use the GPU (driver/runtime mismatch).
-                    let nvml = crate::gpu::nvml::RealNvml::get().map_err(gpu_error)?;
                     return Err(ProbeError::Environment(format!(
-                        "NVML sees {} GPU(s) but libtorch sees no CUDA device (driver too old for \
-                         CUDA 13, or CUDA_VISIBLE_DEVICES hides them); use --backend cpu or sim",
+                        "NVML sees {} GPU(s) but {why} (driver too old for the torch's CUDA, a \
+                         CPU-only torch, or CUDA_VISIBLE_DEVICES hides them); use --backend cpu or sim",
                         nvml.device_count().unwrap_or(0),
                     )));
                 }
-                Arc::new(crate::gpu::nvml::RealNvml::get().map_err(gpu_error)?)
+                Arc::new(nvml)
             }
         };
         // A scheduler's (or the user's) CUDA_VISIBLE_DEVICES limits which GPUs this job may use.
@@ -216,17 +212,12 @@ impl CudaSetup {
     }
 
     /// The device of GPU `index`.
-    pub fn backend(
-        &self,
-        index: u32,
-        cfg: &ProbeConfig,
-        exe: &Path,
-    ) -> Result<CudaBackend, ProbeError> {
+    pub fn backend(&self, index: u32, cfg: &ProbeConfig) -> Result<CudaBackend, ProbeError> {
         let exec = match &self.fake {
             Some(f) => Executor::Fake(SimBackend::new(f.sim(index).ok_or_else(|| {
                 ProbeError::Environment(format!("{}: no sim curve for GPU {index}", fake::ENV))
             })?)),
-            None => Executor::Real(workload(cfg, exe)?),
+            None => Executor::Real(workload(cfg)?),
         };
         let b = CudaBackend::new(
             self.gpus.clone(),
@@ -267,18 +258,31 @@ impl CudaSetup {
     }
 }
 
-/// Whether `--backend auto` may pick CUDA: libtorch sees CUDA *and* NVML initialises (or the fake GPUs
-/// of tests are set); `Err` says why not.
-fn cuda_usable() -> Result<(), String> {
+/// Whether `cfg`'s trials can use CUDA beyond NVML: a user's command decides that itself (its own
+/// torch); batchfit's model trials need the torch runner's libtorch to see a CUDA device.
+fn torch_sees_cuda(cfg: &ProbeConfig) -> Result<(), String> {
+    if cfg.exec.is_some() {
+        return Ok(());
+    }
+    let runner = Runner::locate().map_err(|e| e.to_string())?;
+    match runner.info() {
+        Ok(info) if info.cuda_available => Ok(()),
+        Ok(_) => Err(format!(
+            "the torch at {} sees no CUDA device",
+            runner.torch.dir.display()
+        )),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Whether `--backend auto` may pick CUDA: NVML initialises *and* the trials' torch sees CUDA (or
+/// the fake GPUs of tests are set); `Err` says why not.
+fn cuda_usable(cfg: &ProbeConfig) -> Result<(), String> {
     if std::env::var_os(fake::ENV).is_some() {
         return Ok(());
     }
-    if !tch::Cuda::is_available() {
-        return Err("libtorch sees no CUDA device".into());
-    }
-    crate::gpu::nvml::RealNvml::get()
-        .map(|_| ())
-        .map_err(|e| format!("NVML is unavailable: {e}"))
+    crate::gpu::nvml::RealNvml::get().map_err(|e| format!("NVML is unavailable: {e}"))?;
+    torch_sees_cuda(cfg)
 }
 
 /// The devices a probe runs on.
@@ -294,7 +298,7 @@ pub fn resolve(cfg: &ProbeConfig, notices: &mut Vec<String>) -> Result<Devices, 
         BackendChoice::Sim(spec) => Ok(Devices::Sim(spec.clone())),
         BackendChoice::Cpu => Ok(Devices::Cpu),
         BackendChoice::Cuda => Ok(Devices::Cuda(CudaSetup::resolve(cfg)?)),
-        BackendChoice::Auto => match cuda_usable() {
+        BackendChoice::Auto => match cuda_usable(cfg) {
             Ok(()) => {
                 if cfg.isolation == IsolationMode::Hybrid {
                     return Err(ProbeError::Usage(format!(
@@ -331,12 +335,8 @@ pub fn resolve(cfg: &ProbeConfig, notices: &mut Vec<String>) -> Result<Devices, 
 
 /// The cpu device running `cfg`'s workload; a user's command in a memory cgroup per trial where
 /// `--cpu-limit` asks for one or `auto` finds one (`notices` says which and why).
-pub fn cpu_backend(
-    cfg: &ProbeConfig,
-    exe: &Path,
-    notices: &mut Vec<String>,
-) -> Result<CpuBackend, ProbeError> {
-    let mut b = CpuBackend::new(workload(cfg, exe)?, cfg.trial_timeout, cfg.isolation)
+pub fn cpu_backend(cfg: &ProbeConfig, notices: &mut Vec<String>) -> Result<CpuBackend, ProbeError> {
+    let mut b = CpuBackend::new(workload(cfg)?, cfg.trial_timeout, cfg.isolation)
         .map_err(|e| ProbeError::Environment(e.to_string()))?;
     if let Some(e) = &cfg.exec {
         match (e.cpu_limit, cgroup::parent()) {
@@ -458,7 +458,13 @@ pub fn skeleton(
         schema_version: crate::plan::SCHEMA_VERSION,
         status: Status::Partial,
         created_unix: now_unix(),
-        tool: Tool::current(),
+        tool: match (&cfg.exec, &cfg.backend) {
+            (None, BackendChoice::Cpu | BackendChoice::Cuda | BackendChoice::Auto) => {
+                Runner::locate()
+                    .map_or_else(|_| Tool::current(), |r| Tool::on_torch(&r.torch.version))
+            }
+            _ => Tool::current(),
+        },
         model: match &cfg.exec {
             Some(e) => WorkloadInfo::Exec(e.info.clone()),
             None => WorkloadInfo::Model(ModelInfo::of(&cfg.model)),
@@ -581,21 +587,13 @@ pub fn guarded(limit: u64, guard_band: Option<f64>) -> u64 {
 
 /// The device to re-run `plan`'s trials on here (`batchfit verify`): the plan's kind of device, its
 /// model, threads, seed and allocator settings; `sim` replaces a sim plan's curve.
-pub fn plan_backend(
-    plan: &Plan,
-    exe: &Path,
-    sim: Option<SimSpec>,
-) -> Result<Box<dyn Backend>, ProbeError> {
+pub fn plan_backend(plan: &Plan, sim: Option<SimSpec>) -> Result<Box<dyn Backend>, ProbeError> {
     let timeout = Duration::from_secs_f64(plan.search.trial_timeout_seconds.max(1.0));
     let workload = || -> Result<Arc<dyn Workload>, ProbeError> {
         match &plan.model {
-            WorkloadInfo::Model(m) => Ok(model_workload(
-                exe,
-                &m.config,
-                plan.runtime.threads,
-                plan.runtime.seed,
-                None,
-            )),
+            WorkloadInfo::Model(m) => {
+                model_workload(&m.config, plan.runtime.threads, plan.runtime.seed, None)
+            }
             WorkloadInfo::Exec(e) => {
                 for f in &e.fingerprint_files {
                     let now = crate::platform::files::sha256(Path::new(&f.path)).map_err(|err| {

@@ -20,14 +20,12 @@ use super::report::{self, Ending, ProbeError, ProbeReport, Progress};
 use crate::config::{ProbeConfig, SweepConfig};
 use crate::plan::capacity::{prior_miss, sweep_prior, CapacityModel};
 use crate::plan::{Status, Sweep, SweepPoint};
-use std::path::Path;
 
 /// Runs every point of `sw` (in the order given) and writes the plan of its `plan_point` with the
 /// sweep table to `cfg.out`.
 pub fn run(
     cfg: &ProbeConfig,
     sw: &SweepConfig,
-    exe: &Path,
     progress: &mut dyn Progress,
     cache: Option<&CacheOptions>,
 ) -> Result<ProbeReport, ProbeError> {
@@ -55,7 +53,7 @@ pub fn run(
                 .map(|b| format!(": the points before predict about {b}"))
                 .unwrap_or_default()
         ));
-        let r = super::run_cached(&c, exe, progress, cache)?;
+        let r = super::run_cached(&c, progress, cache)?;
         let answer = r.plan.recommendation.as_ref().map(|x| x.max_fitting_batch);
         last_miss = match (&prior, answer) {
             (Some(p), Some(a)) => prior_miss(p, &r.plan.trials, a),

@@ -11,7 +11,6 @@ use crate::plan::{Plan, Status};
 use crate::platform::now_unix;
 use crate::platform::units::format_size;
 use crate::search::{Confirmation, Prober, Purpose, SearchConfig, Stop};
-use std::path::Path;
 
 /// How a verification ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,7 +34,6 @@ pub struct VerifyReport {
 /// `sim` replaces the plan's simulated device (`sim_spec`).
 pub fn verify(
     plan: &Plan,
-    exe: &Path,
     sim: Option<SimSpec>,
     progress: &mut dyn Progress,
 ) -> Result<VerifyReport, ProbeError> {
@@ -61,7 +59,7 @@ pub fn verify(
     }
     // The curve a sim plan is verified on (`--sim`, or its own).
     let sim_used = sim.clone().or_else(|| plan.sim_spec.clone());
-    let mut backend = setup::plan_backend(plan, exe, sim)?;
+    let mut backend = setup::plan_backend(plan, sim)?;
     let device = backend.device().clone();
     // Verified on another device (or another simulated curve: its name shows only three of the
     // curve's numbers): the plan's bracket was proven there, not here.

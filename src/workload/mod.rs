@@ -5,32 +5,32 @@
 //! device's ([`crate::device`]). Two kinds:
 //!
 //! * [`ModelWorkload`]: a tch model (a zoo model or a TorchScript file, described by
-//!   [`crate::plan::model::ModelSpec`]) trained by this very executable's hidden `__trial`
-//!   subcommand ([`child`]), with the step code `batchfit-train` also runs ([`model`]);
+//!   [`crate::plan::model::ModelSpec`]) trained by the torch runner's `trial` subcommand
+//!   ([`runner`]: a separate executable that links libtorch, on the user's own torch);
 //! * [`exec::ExecWorkload`]: the user's own training command, unchanged (`--exec`).
 //!
 //! Adding a workload: implement [`crate::protocol::Workload`] (the command of one trial at
 //! `(batch, steps, accumulation)` on a [`Placement`], and the outcome of a finished process, using
 //! [`crate::protocol::classify`]), give it a plan `model` section, and let `probe::setup` build it.
 
-pub mod child;
 pub mod exec;
-pub mod model;
+pub mod fault;
+pub mod runner;
+pub mod script;
 
 use crate::platform::units::format_size;
 use crate::protocol::classify::{classify, first_line, Evidence, Verdict};
 use crate::protocol::{Finished, Placement, TrialDetails, TrialOutcome, TrialRequest, Workload};
-use child::TrialSpec;
+use runner::{Runner, TrialSpec};
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
 use std::process::Command;
 
 /// The smallest data segment under which a libtorch process starts at all on CPU (measured).
 pub const LIBTORCH_MIN_DATA: u64 = 600 << 20;
 
-/// A tch model trained by `exe __trial SPEC` (`exe`: this batchfit binary).
+/// A tch model trained by `batchfit-torch trial SPEC` (the torch runner).
 pub struct ModelWorkload {
-    pub exe: PathBuf,
+    pub runner: Runner,
     /// Model, threads, seed, fault injection; batch, steps and accumulation are set per trial.
     pub template: TrialSpec,
 }
@@ -52,8 +52,8 @@ impl ModelWorkload {
 
 impl Workload for ModelWorkload {
     fn command(&self, req: &TrialRequest, at: &Placement) -> Command {
-        let mut cmd = Command::new(&self.exe);
-        cmd.arg("__trial")
+        let mut cmd = self.runner.command();
+        cmd.arg("trial")
             .arg(serde_json::to_string(&self.spec(req, at)).expect("spec serialises"));
         cmd
     }
@@ -68,8 +68,8 @@ impl Workload for ModelWorkload {
             },
             at,
         );
-        let mut cmd = Command::new(&self.exe);
-        cmd.arg("__worker")
+        let mut cmd = self.runner.command();
+        cmd.arg("worker")
             .arg(serde_json::to_string(&template).expect("spec serialises"));
         Some(cmd)
     }

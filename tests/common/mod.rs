@@ -86,15 +86,18 @@ pub fn processes_with(needle: &str) -> Vec<u32> {
     v
 }
 
-/// The Python of the libtorch environment the binaries were built against (torch 2.11.0).
+/// The Python of the environment whose torch (2.11) the binaries run on: `BATCHFIT_PYTHON`, which
+/// `scripts/test.sh` sets to the libtorch venv's interpreter (the runner finds torch through it too).
 pub fn venv_python() -> PathBuf {
-    let lib = PathBuf::from(env!("BATCHFIT_LIBTORCH_LIB")); // …/venv/lib/python3.X/site-packages/torch/lib
-    let venv = lib.ancestors().nth(5).expect("venv root").to_path_buf();
-    let py = venv.join("bin/python");
+    let py = std::env::var_os("BATCHFIT_PYTHON")
+        .map(PathBuf::from)
+        .expect(
+            "BATCHFIT_PYTHON is not set: these tests run Python with torch 2.11; run them through \
+         scripts/test.sh, or set BATCHFIT_PYTHON to the python of an environment that has it",
+        );
     assert!(
         py.exists(),
-        "{} not found: these tests run Python with the libtorch venv's interpreter \
-         (scripts/setup-libtorch.sh creates it)",
+        "BATCHFIT_PYTHON={} does not exist",
         py.display()
     );
     py
@@ -103,4 +106,12 @@ pub fn venv_python() -> PathBuf {
 /// This repository's root.
 pub fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Whether the torch the runner uses sees a CUDA device (tests of the cpu path skip a case on a GPU
+/// machine, where `--backend auto` picks the GPU, and say so).
+pub fn torch_sees_cuda() -> bool {
+    batchfit::workload::runner::Runner::locate()
+        .and_then(|r| r.info())
+        .is_ok_and(|i| i.cuda_available)
 }

@@ -8,7 +8,6 @@ mod probe;
 use batchfit::cli::{Cli, Command};
 use batchfit::exit::{self, Exit, Fail};
 use batchfit::platform::{interrupt, sysmem};
-use batchfit::workload::child;
 use clap::Parser;
 use std::process::ExitCode;
 
@@ -27,8 +26,6 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Trial { spec } => child::child_main(&spec),
-        Command::Worker { template } => child::worker_main(&template),
         Command::Probe(args) => probe::probe(&args),
         Command::Show(args) => plans::show(&args),
         Command::Merge(args) => plans::merge(&args),
@@ -45,18 +42,12 @@ fn main() -> ExitCode {
 }
 
 /// What every command that runs trials needs first: signal handlers (so an interruption kills the
-/// trials and keeps a partial plan) and this executable's path (trials are its hidden subcommands).
-fn trial_setup() -> Result<std::path::PathBuf, Fail> {
+/// trials and keeps a partial plan).
+fn trial_setup() -> Result<(), Fail> {
     interrupt::install().map_err(|e| {
         Fail(
             Exit::Environment,
             anyhow::Error::new(e).context("cannot install signal handlers"),
-        )
-    })?;
-    std::env::current_exe().map_err(|e| {
-        Fail(
-            Exit::Environment,
-            anyhow::Error::new(e).context("cannot find my own executable to start trials"),
         )
     })
 }

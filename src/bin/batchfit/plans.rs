@@ -111,9 +111,9 @@ pub fn verify(a: &VerifyArgs) -> Result<Exit, Fail> {
         .map_err(fail(Exit::Usage))?;
     let out = a.out.clone().unwrap_or_else(|| a.plan.clone());
     files::check_target(&out).map_err(|e| Fail(Exit::Usage, anyhow::anyhow!("--out: {e}")))?;
-    let exe = crate::trial_setup()?;
+    crate::trial_setup()?;
     let mut progress = StderrProgress::new(a.quiet);
-    let result = verify::verify(&plan, &exe, sim, &mut progress);
+    let result = verify::verify(&plan, sim, &mut progress);
     progress.finish();
     let report = result.map_err(|e| Fail(e.exit(), e.into()))?;
     write_plan(&report.plan, &out)?;

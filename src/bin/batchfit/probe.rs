@@ -22,10 +22,10 @@ fn cache_options(args: &ProbeArgs) -> Option<cache::CacheOptions> {
 
 pub fn probe(args: &ProbeArgs) -> Result<Exit, Fail> {
     let cfg = config::validate(args).map_err(fail(Exit::Usage))?;
-    let exe = crate::trial_setup()?;
+    crate::trial_setup()?;
     let quiet = cfg.quiet;
     let mut progress = StderrProgress::new(quiet);
-    let result = probe::run_cached(&cfg, &exe, &mut progress, cache_options(args).as_ref());
+    let result = probe::run_cached(&cfg, &mut progress, cache_options(args).as_ref());
     progress.finish();
     let report = result.map_err(|e| Fail(e.exit(), e.into()))?;
     for n in &report.notices {

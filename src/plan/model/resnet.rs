@@ -16,7 +16,7 @@ const WIDTHS: [u64; 4] = [64, 128, 256, 512];
 /// The convolutions of one block as `(c_in, c_out, kernel, stride)`, in order, with the downsample
 /// convolution last when there is one. The single source of the architecture: both the builder and
 /// [`parameter_count`] walk it.
-pub(crate) fn block_convs(
+pub fn block_convs(
     bottleneck: bool,
     c_in: u64,
     width: u64,
@@ -39,7 +39,7 @@ pub(crate) fn block_convs(
 }
 
 /// Every block as `(stage, index, c_in, width, stride)`.
-pub(crate) fn blocks(bottleneck: bool) -> Vec<(usize, u64, u64, u64, u64)> {
+pub fn blocks(bottleneck: bool) -> Vec<(usize, u64, u64, u64, u64)> {
     let expansion = if bottleneck { 4 } else { 1 };
     let mut c_in = 64;
     let mut v = vec![];

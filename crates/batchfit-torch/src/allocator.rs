@@ -1,5 +1,5 @@
 //! libtorch's CUDA caching allocator and autocast, through batchfit's own C++ shim
-//! (`src/gpu/shim.cpp`, compiled by `build.rs` with the `cc` crate against libtorch's headers).
+//! (`src/shim.cpp`, compiled by `build.rs` with the `cc` crate against libtorch's headers).
 //!
 //! Why a shim: `tch 0.24` (and `torch-sys`) bind no CUDA memory statistics at all — no
 //! `memory_allocated`/`max_memory_reserved`, no `empty_cache`, no peak reset, no free/total query —
@@ -335,8 +335,12 @@ pub fn autocast<T>(dtype: Option<AutocastDtype>, f: impl FnOnce() -> T) -> Resul
 mod tests {
     use super::*;
 
-    /// This machine has no GPU; on a GPU machine these expectations do not apply.
+    /// This machine has no GPU; on a GPU machine these expectations do not apply. (libtorch's CUDA
+    /// half is loaded first, as the runner does at start-up.)
     fn no_gpu_here() -> bool {
+        crate::cuda::load()
+            .as_ref()
+            .expect("the test's torch has libtorch_cuda.so");
         !tch::Cuda::is_available()
     }
 
@@ -347,7 +351,7 @@ mod tests {
             return;
         }
         let a = accelerator().unwrap();
-        // build.rs force-links libtorch_cuda, so CUDA is registered as the accelerator even here.
+        // libtorch_cuda is loaded (crate::cuda), so CUDA is registered as the accelerator even here.
         assert_eq!(a.name.as_deref(), Some("cuda"), "{a:?}");
         assert!(a.is_cuda);
         assert_eq!(a.device_count, 0);
@@ -448,8 +452,9 @@ mod tests {
 
     /// Proves the stats on a real GPU: allocating a CUDA tensor raises allocated/reserved bytes.
     #[test]
-    #[ignore = "needs a CUDA GPU: scripts/gpu-check.sh runs it when the lib test binary is carried as BIN/batchfit-lib-tests (or cargo test --release --lib -- --ignored on a GPU machine)"]
+    #[ignore = "needs a CUDA GPU: scripts/gpu-check.sh runs it when the lib test binary is carried as BIN/batchfit-lib-tests (or cargo test --release -p batchfit-torch --lib -- --ignored on a GPU machine, with the torch lib/ on LD_LIBRARY_PATH)"]
     fn stats_follow_a_cuda_allocation() {
+        let _ = crate::cuda::load();
         assert!(
             tch::Cuda::is_available(),
             "this test needs a CUDA GPU; it proves nothing without one"

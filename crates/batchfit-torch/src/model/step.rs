@@ -4,7 +4,7 @@
 //! One optimizer step = zero the gradients, then for each micro-batch: forward, loss, backward, then the
 //! optimizer step. Every fallible libtorch call uses tch's `f_` form so an out-of-memory comes back as an
 //! error ([`StepError::Failed`], with libtorch's whole message, which the caller hands to the one
-//! classifier, [`crate::protocol::classify`], with the evidence it has); tch calls that can only panic
+//! classifier, [`batchfit::protocol::classify`], with the evidence it has); tch calls that can only panic
 //! are caught by the trial child and the trainer.
 //!
 //! **Loss scaling.** Each micro-batch's loss is the *sum* of per-sample losses divided by the number of
@@ -13,14 +13,16 @@
 //! `tests::accumulated_gradients_equal_full_batch` fail.
 
 use super::{gpt::Gpt, mlp::Mlp, resnet, resnet::Resnet, vit::Vit};
-use crate::plan::model::{Architecture, InputSpec, LossSpec, ModelSpec, OptimizerKind, Precision};
+use batchfit::plan::model::{
+    Architecture, InputSpec, LossSpec, ModelSpec, OptimizerKind, Precision,
+};
 use tch::{nn, COptimizer, Device, Kind, Reduction, TchError, Tensor};
 use thiserror::Error;
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum StepError {
     /// libtorch or the model code failed: the whole message (out of memory or not is for
-    /// [`crate::protocol::classify`] to say, with the evidence the caller has).
+    /// [`batchfit::protocol::classify`] to say, with the evidence the caller has).
     #[error("{0}")]
     Failed(String),
     #[error("loss is not finite ({0}): the step diverged or the data is bad")]
@@ -168,8 +170,8 @@ impl Synthetic {
 }
 
 /// The libtorch kind of an input dtype.
-pub fn input_kind(d: crate::plan::input::InputDtype) -> Kind {
-    use crate::plan::input::InputDtype as D;
+pub fn input_kind(d: batchfit::plan::input::InputDtype) -> Kind {
+    use batchfit::plan::input::InputDtype as D;
     match d {
         D::F32 => Kind::Float,
         D::F64 => Kind::Double,
@@ -593,12 +595,12 @@ impl Learner {
 
 /// Runs `f` (the forward pass and loss) under CUDA autocast for the `amp-*` precisions, restoring the
 /// previous state afterwards. tch's own `autocast` takes no dtype, so the dtype is set through the
-/// allocator shim ([`crate::gpu::allocator`]).
+/// allocator shim ([`crate::allocator`]).
 fn autocast<T>(
     precision: Precision,
     f: impl FnOnce() -> Result<T, StepError>,
 ) -> Result<T, StepError> {
-    use crate::gpu::allocator::{autocast, AutocastDtype};
+    use crate::allocator::{autocast, AutocastDtype};
     let dtype = match precision {
         Precision::AmpBf16 => AutocastDtype::Bf16,
         Precision::AmpFp16 => AutocastDtype::Fp16,
@@ -610,7 +612,7 @@ fn autocast<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::model::Precision;
+    use batchfit::plan::model::Precision;
 
     #[test]
     fn fp16_loss_scale_halves_on_overflow_and_grows_after_clean_steps() {
@@ -761,7 +763,7 @@ mod tests {
     }
 
     fn resnet(deep: bool, image_size: u64) -> ModelSpec {
-        let classes = crate::plan::model::RESNET_CLASSES;
+        let classes = batchfit::plan::model::RESNET_CLASSES;
         ModelSpec {
             architecture: if deep {
                 Architecture::Resnet50 {
@@ -848,9 +850,9 @@ mod tests {
     fn zoo_models_train_with_finite_loss() {
         let _g = RNG.lock().unwrap_or_else(|e| e.into_inner());
         // one intra-op thread: on a loaded machine more threads make this test many times slower
-        crate::workload::child::configure_threads(1);
+        crate::child::configure_threads(1);
         // the smallest image side keeps the ResNets cheap (their last feature map is 2×2)
-        let side = crate::plan::model::resnet::min_image_size();
+        let side = batchfit::plan::model::resnet::min_image_size();
         for (spec, batch) in [
             (tiny_gpt(), 4u64),
             (resnet(false, side), 2),
@@ -880,7 +882,7 @@ mod tests {
     #[test]
     fn synthetic_data_is_learnable_and_seeded() {
         let _g = RNG.lock().unwrap_or_else(|e| e.into_inner());
-        crate::workload::child::configure_threads(1);
+        crate::child::configure_threads(1);
         let mlp = ModelSpec {
             architecture: Architecture::Mlp {
                 input: 64,

@@ -1,6 +1,8 @@
 //! TorchScript model files: checked before any trial (exists, readable, really TorchScript), hashed for
 //! the fingerprint, and re-checked by `batchfit-train` so a plan is never used with a changed file.
 
+use crate::protocol::classify::first_line;
+use crate::workload::runner::Runner;
 use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::Path;
@@ -16,6 +18,8 @@ pub enum ScriptError {
     Unreadable { path: String, reason: String },
     #[error("{path} is not a TorchScript model that libtorch can load ({reason}); export it with scripts/export_torchscript.py (torch.jit.script or trace, then save)")]
     NotTorchscript { path: String, reason: String },
+    #[error("{0}")]
+    NoRunner(String),
     #[error("model file {path} changed since the probe (its SHA-256 is {now}, the plan's is {planned}); re-probe with this file")]
     Changed {
         path: String,
@@ -78,31 +82,42 @@ fn open_error(path: &Path, e: std::io::Error) -> ScriptError {
     }
 }
 
-/// Checks and hashes a TorchScript file and counts its parameters (loaded on the CPU, once).
+/// Checks and hashes a TorchScript file and counts its parameters (loaded on the CPU, once, by the
+/// torch runner).
 pub fn inspect(path: &Path) -> Result<ScriptFile, ScriptError> {
     if path.is_dir() {
         return Err(ScriptError::Directory(path.display().to_string()));
     }
     let sha256 = sha256_file(path)?;
     let abs = std::fs::canonicalize(path).map_err(|e| open_error(path, e))?;
-    let module = tch::CModule::load(&abs).map_err(|e| ScriptError::NotTorchscript {
-        path: path.display().to_string(),
-        reason: crate::protocol::classify::first_line(&e.to_string()),
-    })?;
-    let parameters = module
-        .named_parameters()
-        .map_err(|e| ScriptError::NotTorchscript {
-            path: path.display().to_string(),
-            reason: crate::protocol::classify::first_line(&e.to_string()),
-        })?
-        .iter()
-        .map(|(_, t)| t.numel() as u64)
-        .sum();
+    let parameters = count_parameters(path, &abs)?;
     Ok(ScriptFile {
         path: abs.to_string_lossy().into_owned(),
         sha256,
         parameters,
     })
+}
+
+/// Loads the file with libtorch (the torch runner's `inspect`) and counts its parameters.
+fn count_parameters(path: &Path, abs: &Path) -> Result<u64, ScriptError> {
+    let runner = Runner::locate().map_err(|e| ScriptError::NoRunner(e.to_string()))?;
+    let out = runner
+        .command()
+        .arg("inspect")
+        .arg(abs)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| {
+            ScriptError::NoRunner(format!("cannot start {}: {e}", runner.exe.display()))
+        })?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match stdout.trim().parse() {
+        Ok(n) if out.status.success() => Ok(n),
+        _ => Err(ScriptError::NotTorchscript {
+            path: path.display().to_string(),
+            reason: first_line(&String::from_utf8_lossy(&out.stderr)),
+        }),
+    }
 }
 
 /// The file at `path` still has the content the plan was made with.

@@ -3,8 +3,8 @@
 //! plus NVML's figure for this process at the end. The parent adds its own samples (NVML on CUDA)
 //! and decides.
 
-use crate::platform::sysmem;
-use crate::protocol::{AllocatorReport, FootprintMethod, GpuMeasure};
+use batchfit::platform::sysmem;
+use batchfit::protocol::{AllocatorReport, FootprintMethod, GpuMeasure};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,8 +51,8 @@ impl DataSampler {
 }
 
 /// The caching allocator of CUDA device `dev`, emptied and with fresh peaks, before the steps.
-pub fn allocator_before(dev: usize) -> Result<crate::gpu::allocator::AllocatorStats, String> {
-    use crate::gpu::allocator;
+pub fn allocator_before(dev: usize) -> Result<crate::allocator::AllocatorStats, String> {
+    use crate::allocator;
     allocator::empty_cache()
         .and_then(|_| allocator::reset_peak(dev))
         .and_then(|_| allocator::stats(dev))
@@ -62,9 +62,9 @@ pub fn allocator_before(dev: usize) -> Result<crate::gpu::allocator::AllocatorSt
 /// The allocator's report of the steps (counters relative to `before`).
 pub fn allocator_after(
     dev: usize,
-    before: &crate::gpu::allocator::AllocatorStats,
+    before: &crate::allocator::AllocatorStats,
 ) -> Result<AllocatorReport, String> {
-    let after = crate::gpu::allocator::stats(dev)
+    let after = crate::allocator::stats(dev)
         .map_err(|e| format!("cannot read the CUDA allocator's statistics: {e}"))?;
     Ok(AllocatorReport {
         peak_allocated_bytes: after.peak_allocated_bytes,
@@ -80,9 +80,9 @@ pub fn allocator_after(
 /// NVML's figure for this process now minus what the allocator holds now, added to the allocator's
 /// peak reserve.
 pub fn gpu_footprint(index: u32, report: AllocatorReport) -> (u64, GpuMeasure) {
-    use crate::gpu::GpuQuery;
+    use batchfit::gpu::GpuQuery;
     let me = std::process::id();
-    let nvml_now = crate::gpu::nvml::RealNvml::get()
+    let nvml_now = batchfit::gpu::nvml::RealNvml::get()
         .ok()
         .and_then(|n| n.process_used(index, me).ok().flatten());
     match nvml_now {

@@ -9,8 +9,8 @@
 //! sees each micro-batch's statistics, so its results differ slightly (see docs/models.md).
 
 use super::step::{Batch, DataSource};
-use crate::plan::input::Dim;
-use crate::plan::model::{Architecture, LossSpec, ModelSpec};
+use batchfit::plan::input::Dim;
+use batchfit::plan::model::{Architecture, LossSpec, ModelSpec};
 use std::path::Path;
 use tch::{Device, Kind, TchError, Tensor};
 use thiserror::Error;
@@ -73,7 +73,7 @@ impl FileData {
                 let what = if m.is_dir() {
                     "a directory"
                 } else {
-                    crate::platform::files::kind_of(&m.file_type())
+                    batchfit::platform::files::kind_of(&m.file_type())
                 };
                 return Err(DataError::Read {
                     path: shown,
@@ -89,7 +89,7 @@ impl FileData {
         }
         let mut named = read(path).map_err(|reason| DataError::Read {
             path: shown.clone(),
-            reason: crate::protocol::classify::first_line(&reason),
+            reason: batchfit::protocol::classify::first_line(&reason),
         })?;
         let mut take = |name: &str| {
             named
@@ -293,7 +293,7 @@ impl DataSource for FileData {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::model::OptimizerKind;
+    use batchfit::plan::model::OptimizerKind;
 
     fn mlp(input: u64, classes: u64) -> ModelSpec {
         ModelSpec {

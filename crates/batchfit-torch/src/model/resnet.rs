@@ -4,7 +4,7 @@
 
 use tch::{nn, Device, Kind, TchError, Tensor};
 
-use crate::plan::model::resnet::{block_convs, blocks};
+use batchfit::plan::model::resnet::{block_convs, blocks};
 
 struct ConvBn {
     w: Tensor,

@@ -1,11 +1,11 @@
-//! The tch model's trial child: the hidden `batchfit __trial SPEC` and `batchfit __worker TEMPLATE`
-//! subcommands.
+//! The tch model's trial child: the runner's `batchfit-torch trial SPEC` and `batchfit-torch worker
+//! TEMPLATE` subcommands.
 //!
 //! With `batchfit-train`, the only place that runs training steps. It builds the model, runs `steps`
 //! full training steps at `batch`, measures ([`measure`]), classifies a failure with the one
-//! classifier ([`crate::protocol::classify`]), and prints one result line on stdout
-//! ([`crate::protocol::result_line`]). The parent (a [`crate::device`]) sets the memory limit
-//! before exec and hands what came back to [`super::ModelWorkload`]; a child that dies without a
+//! classifier ([`batchfit::protocol::classify`]), and prints one result line on stdout
+//! ([`batchfit::protocol::result_line`]). The parent (a [`batchfit::device`]) sets the memory limit
+//! before exec and hands what came back to `batchfit::workload::ModelWorkload`; a child that dies without a
 //! result line is never counted as a fit.
 //!
 //! Hang-proofing (a tch OOM panic with backtraces on was seen to deadlock a child at 0% CPU for 19
@@ -13,42 +13,17 @@
 //! nothing (so it cannot allocate), the panic payload is read after unwinding has freed the step's
 //! tensors, and the parent kills a child that outlives `--trial-timeout`.
 
-pub mod fault;
 pub mod measure;
 
-use crate::plan::model::ModelSpec;
-use crate::platform::sysmem;
-use crate::protocol::classify::{classify, Evidence, Verdict};
-use crate::protocol::{GpuMeasure, TrialOutcome, TrialRequest, STARTED_MARKER};
-use crate::workload::model::step::{panic_message, Learner, StepError, Synthetic};
-use fault::{Fault, FaultAt};
+use crate::model::step::{panic_message, Learner, StepError, Synthetic};
+use batchfit::platform::sysmem;
+use batchfit::protocol::classify::{classify, Evidence, Verdict};
+use batchfit::protocol::{GpuMeasure, TrialOutcome, TrialRequest, STARTED_MARKER};
+use batchfit::workload::fault::Fault;
+pub use batchfit::workload::runner::TrialSpec;
 use measure::DataSampler;
-use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::time::Instant;
-
-/// Everything a trial child needs (passed as JSON on its command line).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TrialSpec {
-    pub model: ModelSpec,
-    pub batch: u64,
-    pub steps: u32,
-    /// libtorch intra-op threads (the trainer uses the same number).
-    pub threads: u32,
-    pub seed: i64,
-    /// Micro-batches of `batch` per optimizer step (gradient accumulation).
-    #[serde(default = "one")]
-    pub accumulation: u32,
-    #[serde(default)]
-    pub fault: Option<FaultAt>,
-    /// Run on this CUDA device (NVML's index; the parent exposes it as `cuda:0`) instead of the CPU.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cuda_device: Option<u32>,
-}
-
-fn one() -> u32 {
-    1
-}
 
 /// libtorch threads: set identically by trials and the trainer.
 pub fn configure_threads(threads: u32) {
@@ -217,29 +192,29 @@ fn run_cuda(spec: &TrialSpec, index: u32) -> TrialOutcome {
 /// Prints `outcome`'s result line on stdout.
 fn print_result(outcome: &TrialOutcome) {
     let mut so = std::io::stdout();
-    let _ = so.write_all(crate::protocol::result_line(outcome).as_bytes());
+    let _ = so.write_all(batchfit::protocol::result_line(outcome).as_bytes());
     let _ = so.flush();
 }
 
-/// Entry point of the hidden `__trial SPEC` subcommand: set up, report start, run, print the
+/// Entry point of `batchfit-torch trial SPEC`: set up, report start, run, print the
 /// result, `_exit(0)`. A spec that does not parse is a usage error (exit 2, no result line).
 pub fn child_main(spec_json: &str) -> ! {
     // A hook that does nothing: it cannot allocate, so it cannot deadlock after an OOM.
     std::panic::set_hook(Box::new(|_| {}));
     let spec = match serde_json::from_str::<TrialSpec>(spec_json) {
-        Ok(spec) if u64::from(spec.accumulation) <= crate::accumulate::MAX_ACCUMULATION => spec,
+        Ok(spec) if u64::from(spec.accumulation) <= batchfit::accumulate::MAX_ACCUMULATION => spec,
         Ok(spec) => {
             eprintln!(
                 "batchfit: error: bad trial spec (an internal subcommand): accumulation {} is more \
                  than {}",
                 spec.accumulation,
-                crate::accumulate::MAX_ACCUMULATION
+                batchfit::accumulate::MAX_ACCUMULATION
             );
-            std::process::exit(crate::exit::Exit::Usage.code().into());
+            std::process::exit(batchfit::exit::Exit::Usage.code().into());
         }
         Err(e) => {
             eprintln!("batchfit: error: bad trial spec (an internal subcommand): {e}");
-            std::process::exit(crate::exit::Exit::Usage.code().into());
+            std::process::exit(batchfit::exit::Exit::Usage.code().into());
         }
     };
     println!("{STARTED_MARKER}");
@@ -250,7 +225,7 @@ pub fn child_main(spec_json: &str) -> ! {
     unsafe { libc::_exit(0) }
 }
 
-/// Entry point of the hidden `__worker TEMPLATE` subcommand (hybrid isolation): `TEMPLATE` is a
+/// Entry point of `batchfit-torch worker TEMPLATE` (hybrid isolation): `TEMPLATE` is a
 /// [`TrialSpec`] (model, threads, seed); one [`TrialRequest`] (JSON) per stdin line, the peak marks
 /// reset before each, one result line each; exits at end of input.
 pub fn worker_main(template_json: &str) -> ! {
@@ -259,7 +234,7 @@ pub fn worker_main(template_json: &str) -> ! {
         Ok(t) => t,
         Err(e) => {
             eprintln!("batchfit: error: bad worker template (an internal subcommand): {e}");
-            std::process::exit(crate::exit::Exit::Usage.code().into());
+            std::process::exit(batchfit::exit::Exit::Usage.code().into());
         }
     };
     println!("{STARTED_MARKER}");
@@ -300,7 +275,7 @@ pub fn worker_main(template_json: &str) -> ! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{AllocatorReport, FootprintMethod};
+    use batchfit::protocol::{AllocatorReport, FootprintMethod};
 
     fn gpu(alloc_retries: u64, ooms: u64) -> Option<GpuMeasure> {
         Some(GpuMeasure {
