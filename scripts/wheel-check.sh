@@ -15,8 +15,9 @@
 #   helper       `batchfit python-helper` prints the installed batchfit/batchfit_trial.py, byte for byte
 #   python-m     `python -m batchfit --version` runs the same command; a python that has the package
 #                but not the command gets the "not installed" error (exit 2)
-#   exec-probe   `batchfit probe --exec` of a small torch script that uses `import batchfit` (Trial,
-#                t.step, extra): every fitting trial's report is in the plan, with its batch and torch
+#   exec-probe   `batchfit probe --exec` of a small torch script that uses `import batchfit` (batch_size,
+#                Trial, t.step(samples=…)): every fitting trial's report is in the plan (its batch, the
+#                samples counted, torch's version) and its output names the installed package's file
 #   model-probe  `batchfit probe --model mlp` (the runner with the user's torch), then
 #   train        `batchfit-train --plan` on that plan for 3 steps
 #   no-libtorch  `ldd` of `batchfit` and `batchfit-train` names no libtorch (nor anything not found)
@@ -160,6 +161,7 @@ cat > "$WORK/job/train.py" << 'EOF'
 import batchfit
 import torch
 
+print("batchfit from", batchfit.__file__)
 batch = batchfit.batch_size(default=8)
 steps = batchfit.steps(default=3)
 torch.manual_seed(0)
@@ -173,7 +175,6 @@ with batchfit.Trial(batch=batch) as t:
         loss.backward()
         opt.step()
         t.step(samples=len(x))
-    t.extra["from"] = "wheel-check"
 print(f"trained {steps} steps of {batch}")
 EOF
 t0=$(now)
@@ -181,12 +182,30 @@ if clean batchfit probe --backend cpu --memory-budget 3GiB --max-batch 64 --step
   --out "$WORK/plan-exec.json" --exec -- python train.py > "$WORK/exec.log" 2>&1; then
   exec_s=$(since "$t0")
   to_plan_s=$(since "$t_install")
-  verdict=$(pj "$WORK/plan-exec.json" '(lambda fit: "ok %d %d %s" % (p["recommendation"]["max_fitting_batch"], len(fit), fit[0]["details"]["report"]["torch"]) if fit and all((t.get("details") or {}).get("report", {}).get("extra") == {"from": "wheel-check"} and t["details"]["report"]["batch"] == t["batch"] for t in fit) else "bad: " + json.dumps([{k: t.get(k) for k in ("batch", "outcome", "details")} for t in p["trials"]])[:1500])([t for t in p["trials"] if t["outcome"] == "fit"])' 2>&1) || true
+  # every fitting trial: the report of the installed package (its file named in the trial's output),
+  # for the batch the trial asked for, read through batch_size(), with the samples t.step() counted
+  verdict=$("$TORCH_VENV/bin/python" - "$WORK/plan-exec.json" "batchfit from $site/batchfit/__init__.py" << 'EOF' 2>&1
+import json, sys
+p = json.load(open(sys.argv[1]))
+fit = [t for t in p["trials"] if t["outcome"] == "fits"]
+bad = []
+for t in fit:
+    d = t.get("details") or {}
+    r = d.get("report") or {}
+    if not (r.get("batch") == t["batch"] == r.get("samples") and r.get("reads_batch") and r.get("torch")
+            and d.get("step_time") == "report" and sys.argv[2] in d.get("output_tail", [])):
+        bad.append({"batch": t["batch"], "report": r, "output_tail": d.get("output_tail")})
+if not fit or bad:
+    print("bad:", len(fit), "fitting trials;", json.dumps(bad)[:1500])
+else:
+    print("ok", p["recommendation"]["max_fitting_batch"], len(fit), fit[0]["details"]["report"]["torch"])
+EOF
+) || true
   if [[ "$verdict" == ok* ]]; then
     read -r _ answer nfit torch_v <<< "$verdict"
-    pass exec-probe "answer $answer; the $nfit fitting trials all reported through the installed batchfit (torch $torch_v); probe ${exec_s} s, ${to_plan_s} s from pip install to the plan"
+    pass exec-probe "answer $answer; all $nfit fitting trials reported through the installed package (torch $torch_v); probe ${exec_s} s, ${to_plan_s} s from pip install to the plan"
   else
-    fail exec-probe "plan's trials: $verdict"
+    fail exec-probe "the plan's trials: $verdict"
   fi
 else
   fail exec-probe "batchfit probe --exec failed: $(tail -n 8 "$WORK/exec.log")"
