@@ -11,7 +11,8 @@
 #   metadata     the installed distribution requires nothing (no torch)
 #   version      `batchfit --version` says the wheel's version, in under 0.2 s (best of 3); its peak RSS
 #   import       `python -c 'import batchfit; print(batchfit.in_trial())'` prints False outside a trial,
-#                from the venv's site-packages, without importing torch
+#                from the venv's site-packages, without importing torch; every name of the standalone
+#                helper (batchfit.batchfit_trial) is the package's
 #   helper       `batchfit python-helper` prints the installed batchfit/batchfit_trial.py, byte for byte
 #   python-m     `python -m batchfit --version` runs the same command; a python that has the package
 #                but not the command gets the "not installed" error (exit 2)
@@ -125,9 +126,13 @@ else
 fi
 
 # --- import ------------------------------------------------------------------------------------------
-imported=$(clean python -c 'import sys, batchfit; print(batchfit.in_trial(), "torch" in sys.modules, batchfit.__file__, batchfit.__version__)' 2>&1) || true
-if [ "$imported" = "False False $site/batchfit/__init__.py $wheel_version" ]; then
-  pass import "python -c 'import batchfit; print(batchfit.in_trial())' -> False (from $site/batchfit, torch not imported)"
+imported=$(clean python -c 'import sys, batchfit
+t = batchfit.batchfit_trial
+names = [n for n in vars(t) if not n.startswith("__") and n not in t._LAZY]
+print(batchfit.in_trial(), "torch" in sys.modules, batchfit.__file__, batchfit.__version__,
+      [n for n in names if getattr(batchfit, n) is not getattr(t, n)])' 2>&1) || true
+if [ "$imported" = "False False $site/batchfit/__init__.py $wheel_version []" ]; then
+  pass import "python -c 'import batchfit; print(batchfit.in_trial())' -> False (from $site/batchfit, torch not imported; every name of batchfit_trial is batchfit's)"
 else
   fail import "in_trial(), torch imported, file, version: $imported"
 fi

@@ -41,10 +41,13 @@ batchfit_trial = _trial
 
 
 def __getattr__(name):
-    """``BatchfitCallback`` and ``BatchfitTrainerCallback`` on first use (see ``batchfit_trial``);
-    ``__version__`` from the installed distribution's metadata."""
-    if name in _trial._LAZY:
-        value = getattr(_trial, name)
+    """Every other name of ``batchfit_trial`` (``BatchfitCallback`` and ``BatchfitTrainerCallback``
+    built on first use, ``ENV_BATCH``, ...); ``__version__`` from the installed distribution's metadata."""
+    if not name.startswith("__"):
+        try:
+            value = getattr(_trial, name)  # the callbacks' ImportError when their framework is missing
+        except AttributeError:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
     elif name == "__version__":
         from importlib.metadata import PackageNotFoundError, version
 
