@@ -170,6 +170,18 @@ mod tests {
         ));
         let garbled = dir.path().join("garbled.pt");
         std::fs::write(&garbled, b"PK\x03\x04 not really a zip").unwrap();
+        // libtorch judges the content: the runner cargo built next to target/release/deps/
+        let runner = std::env::current_exe()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .with_file_name(crate::workload::runner::RUNNER_NAME);
+        assert!(
+            runner.exists(),
+            "{} is not built (cargo build --workspace)",
+            runner.display()
+        );
+        std::env::set_var("BATCHFIT_TORCH_RUNNER", &runner);
         let e = inspect(&garbled).unwrap_err();
         assert!(matches!(e, ScriptError::NotTorchscript { .. }), "{e}");
         assert!(e.to_string().contains("export_torchscript.py"), "{e}");
