@@ -749,17 +749,20 @@ fn trainer_usage_errors_come_first() {
             .stderr(predicate::str::contains("panicked").not());
     }
     trainer().arg("--plan").arg(&plan).assert().code(5);
-    batchfit().args(["__trial", "garbage"]).assert().code(2);
+    runner().args(["trial", "garbage"]).assert().code(2);
     // a spec that asks for an unbounded accumulation is refused before it allocates
-    batchfit()
+    runner()
         .args([
-            "__trial",
+            "trial",
             r#"{"model": {"architecture": {"name": "mlp", "input": 4, "hidden": [4], "classes": 2}, "optimizer": "adam", "precision": "fp32"}, "batch": 1, "steps": 1, "threads": 1, "seed": 0, "accumulation": 4000000000}"#,
         ])
         .assert()
         .code(2)
         .stderr(predicate::str::contains("accumulation 4000000000 is more than 4096"));
-    batchfit().args(["__worker", "garbage"]).assert().code(2);
+    runner().args(["worker", "garbage"]).assert().code(2);
+    // the runner's own usage: a subcommand it does not know, or a missing argument
+    runner().arg("nonsense").assert().code(2);
+    runner().arg("trial").assert().code(2);
 }
 
 #[test]
