@@ -137,7 +137,7 @@ pub fn verify(path: &Path, planned_sha256: &str) -> Result<(), ScriptError> {
 mod tests {
     use super::*;
 
-    /// T19-8: `--model x.pt` where x.pt is a FIFO hung the probe (hashing waited for a writer); a
+    /// `--model x.pt` where x.pt is a FIFO hung the probe (hashing waited for a writer); a
     /// link to /dev/zero was hashed without end. Both are refused at once.
     #[test]
     fn a_model_file_that_is_not_a_regular_file_is_refused_at_once() {
