@@ -62,7 +62,7 @@
 #   RECIPES_WORK_DIR        the work dir (default: a new mktemp -d); everything the check writes is there,
 #                           except what apt-get installs
 #
-# Time on a 2-core machine: see README ("Job-script recipes, checked").
+# Time it takes: docs/benchmarks.md, "Recipes check times".
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)

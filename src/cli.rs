@@ -601,3 +601,18 @@ pub struct TrainArgs {
     #[arg(long, short)]
     pub quiet: bool,
 }
+
+/// Parses `argv` (program name first) as `T`; on `--help`, `--version` or a usage error clap's text
+/// is printed and the exit to end with is returned (0 for help and version, 2 for bad usage).
+pub fn parse_or_exit<T: Parser>(
+    argv: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Result<T, crate::exit::Exit> {
+    T::try_parse_from(argv).map_err(|e| {
+        let _ = e.print();
+        if e.use_stderr() {
+            crate::exit::Exit::Usage
+        } else {
+            crate::exit::Exit::Success
+        }
+    })
+}

@@ -20,6 +20,10 @@ pub struct DoctorReport {
     pub findings: Vec<String>,
     /// What to do about it.
     pub advice: Vec<String>,
+    /// batchfit's torch runner (for `--model` probes and `batchfit-train`) and the torch it found,
+    /// or why not (`--exec` probes need neither).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch_runner: Option<String>,
 }
 
 const GENERIC: &[&str] = &[
@@ -40,6 +44,7 @@ pub fn diagnose(q: &dyn GpuQuery, plan: Option<&Plan>) -> DoctorReport {
         gpus: vec![],
         findings: vec![],
         advice: vec![],
+        torch_runner: None,
     };
     match q.driver_version().and_then(|v| q.devices().map(|g| (v, g))) {
         Err(e) => {
@@ -204,6 +209,9 @@ impl DoctorReport {
                         .map_or("usage not reported".into(), format_size)
                 );
             }
+        }
+        if let Some(t) = &self.torch_runner {
+            s += &format!("Model runner: {t}\n");
         }
         s += "\nWhy a job can run out of memory while memory looks free:\n";
         for f in &self.findings {

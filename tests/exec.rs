@@ -655,7 +655,8 @@ fn logs_keep_every_trials_output() {
         .success();
     let p = read_json(&out);
     let n = p["trials"].as_array().unwrap().len();
-    // every trial's stdout and stderr, and the lock that keeps other probes out (errors.md L19-3)
+    // every trial's stdout and stderr, and the lock that keeps other probes out (docs/errors.md,
+    // "Trial logs: `--logs`")
     let files: Vec<PathBuf> = std::fs::read_dir(&logs)
         .unwrap()
         .flatten()

@@ -89,10 +89,10 @@ fn probe_args(out: &Path, timeout: &str) -> Vec<String> {
     .collect()
 }
 
-/// Issue 1: under RLIMIT_DATA (no cgroup to hold the tree) a command that double-forks a daemon
-/// (setsid, SIGTERM ignored, the stdout pipe held open) used to hang batchfit forever (the pipe never
-/// closed) and leak the daemon. The daemon carries the trial's marker: it is found and killed, and
-/// the trial ends within its timeout plus a few seconds.
+/// Under RLIMIT_DATA (no cgroup to hold the tree) a command that double-forks a daemon (setsid,
+/// SIGTERM ignored, the stdout pipe held open) must neither hang batchfit (the pipe never closing) nor
+/// leak the daemon. The daemon carries the trial's marker: it is found and killed, and the trial ends
+/// within its timeout plus a few seconds.
 #[test]
 fn an_escaped_daemon_is_killed_and_the_trial_ends() {
     let d = tmp();
@@ -114,9 +114,9 @@ fn an_escaped_daemon_is_killed_and_the_trial_ends() {
     assert_eq!(p["trials"][0]["outcome"], "error", "{}", p["trials"]);
 }
 
-/// Issue 1: a daemon that cleared its environment and left the session cannot be found under
-/// RLIMIT_DATA, but the pipe it holds no longer hangs batchfit: the output is drained for a bounded
-/// time after the trial's processes were ended.
+/// A daemon that cleared its environment and left the session cannot be found under RLIMIT_DATA,
+/// but the pipe it holds does not hang batchfit: the output is drained for a bounded time after the
+/// trial's processes were ended.
 #[test]
 fn an_unfindable_daemon_holding_the_pipe_does_not_hang_the_trial() {
     let d = tmp();
@@ -158,7 +158,7 @@ fn sim_plan(out: &Path) {
         .success();
 }
 
-/// Issue 6: `--exec --backend sim` used to be accepted (the simulation ran, the command never did).
+/// `--exec --backend sim` is refused (the simulation would run, the command never).
 #[test]
 fn exec_with_the_simulator_is_refused() {
     let d = tmp();
@@ -174,9 +174,9 @@ fn exec_with_the_simulator_is_refused() {
     assert!(!out.exists() && !d.path().join("plan.partial.json").exists());
 }
 
-/// Issue 6: a simulated plan merged with a real device's plan used to give a "merged" plan; now
-/// refused (exit 2). Two simulated plans still merge, and `--format env` says the merged plan is
-/// not verified (`BATCHFIT_VERIFIED=0`; `1` for a probe plan).
+/// A simulated plan merged with a real device's plan is refused (exit 2), not a "merged" plan. Two
+/// simulated plans still merge, and `--format env` says the merged plan is not verified
+/// (`BATCHFIT_VERIFIED=0`; `1` for a probe plan).
 #[test]
 fn merge_refuses_sim_with_real_and_env_says_verified() {
     let d = tmp();
@@ -260,9 +260,9 @@ fn stderr_of(a: &assert_cmd::assert::Assert) -> String {
     String::from_utf8_lossy(&a.get_output().stderr).into_owned()
 }
 
-/// Issue 7: `--out` naming the command's own script, a `--fingerprint-file` (through a link), or a
-/// trial log's name under `--logs` used to be accepted (the plan replaced the script at the end);
-/// now refused before any trial, and the file is unchanged.
+/// `--out` naming the command's own script, a `--fingerprint-file` (through a link), or a trial log's
+/// name under `--logs` is refused before any trial (the plan would replace the script at the end),
+/// and the file is unchanged.
 #[test]
 fn out_is_never_one_of_the_probes_own_inputs() {
     let d = tmp();
@@ -308,8 +308,8 @@ fn out_is_never_one_of_the_probes_own_inputs() {
     );
 }
 
-/// Issue 7: a FIFO as `--fingerprint-file` used to hang batchfit (opening it waits for a writer);
-/// now refused at once (exit 2).
+/// A FIFO as `--fingerprint-file` is refused at once (exit 2), not opened (which waits for a
+/// writer).
 #[test]
 fn a_fifo_fingerprint_file_is_refused_at_once() {
     let d = tmp();
@@ -332,9 +332,9 @@ fn a_fifo_fingerprint_file_is_refused_at_once() {
     );
 }
 
-/// Issue 5: a directory or FIFO at the partial plan's path (`plan.partial.json` beside `--out`)
-/// used to be found only when the first partial plan was written, after the first trial, and its
-/// error was printed twice; now refused before any trial, once.
+/// A directory or FIFO at the partial plan's path (`plan.partial.json` beside `--out`) is refused
+/// before any trial, with its error said once (not found only when the first partial plan is
+/// written, after the first trial).
 #[test]
 fn the_partial_plan_path_is_checked_up_front() {
     let d = tmp();
@@ -372,9 +372,9 @@ fn the_partial_plan_path_is_checked_up_front() {
     assert_eq!(err.matches("a FIFO").count(), 1, "{err}");
 }
 
-/// Issue 2: `--logs` that cannot be created (under /proc), or is a file, is refused before any
+/// `--logs` that cannot be created (under /proc), or is a file, is refused before any
 /// trial (exit 2); a FIFO or a symbolic link at a trial log's name stops the search (exit 4) instead of
-/// blocking on the FIFO (batchfit hung) or writing through the link.
+/// blocking on the FIFO or writing through the link.
 #[test]
 fn logs_are_checked_up_front_and_never_written_through_links_or_fifos() {
     let d = tmp();
@@ -485,9 +485,9 @@ fn reports_dirs(tmpdir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Issue 3: SIGHUP (a closed terminal or ssh session) used to end batchfit at once (its default
-/// action), leaving the trial's processes, its memory cgroup and its /tmp/batchfit-reports-*
-/// directory behind; now handled as SIGTERM: exit 129, a partial plan, nothing left.
+/// SIGHUP (a closed terminal or ssh session) is handled as SIGTERM: exit 129, a partial plan,
+/// nothing left (by its default action it would end batchfit at once, leaving the trial's processes,
+/// its memory cgroup and its /tmp/batchfit-reports-* directory behind).
 #[test]
 fn sighup_leaves_no_process_no_cgroup_and_no_report_dir() {
     let d = tmp();
@@ -548,7 +548,7 @@ fn sighup_leaves_no_process_no_cgroup_and_no_report_dir() {
     }
 }
 
-/// Issue 3: a trial cgroup left by a batchfit that is gone (killed by SIGKILL) is removed by the
+/// A trial cgroup left by a batchfit that is gone (killed by SIGKILL) is removed by the
 /// next batchfit that makes trial groups under the same parent. Where no memory cgroup can be made
 /// (not root), there is nothing to test.
 #[test]
@@ -586,10 +586,10 @@ fn stale_trial_cgroups_of_dead_batchfits_are_removed() {
     assert!(gone, "{} was left", stale.display());
 }
 
-/// Issue 8: the cache key of `--exec` used to miss the working directory, the environment the
-/// command sees, its script's content (without --fingerprint-file), the limit mechanism and
-/// `--oom-pattern`: a changed script or environment was answered from the cache. Each change now
-/// misses; the unchanged probe still hits.
+/// The cache key of `--exec` holds the working directory, the environment the command sees, its
+/// script's content (without --fingerprint-file), the limit mechanism and `--oom-pattern`, so a
+/// changed script or environment is never answered from the cache: each change misses; the
+/// unchanged probe still hits.
 #[test]
 fn the_cache_key_of_a_command_covers_what_it_depends_on() {
     let d = tmp();
@@ -681,9 +681,9 @@ fn the_cache_key_of_a_command_covers_what_it_depends_on() {
     assert!(run(&[], home, &rl), "all as it was: a hit");
 }
 
-/// Issue 4: a command printing 200 MB made batchfit take 39 s (the capture moved half its
-/// capacity for every 8 KiB read); now the trial costs about what reading the output costs, and
-/// the output's last line is still what the trial's record says.
+/// A command printing 200 MB costs about what reading the output costs (a capture that moved half
+/// its capacity for every 8 KiB read took 39 s), and the output's last line is still what the
+/// trial's record says.
 #[test]
 fn a_flood_of_output_costs_no_more_than_reading_it() {
     let d = tmp();
@@ -714,9 +714,9 @@ fn a_flood_of_output_costs_no_more_than_reading_it() {
     assert!(msg.contains("the last line"), "{msg}");
 }
 
-/// Issue 11: with --exec and --global-batch G, the search used to go on to --max-batch's default
-/// (1,000,000) although no micro-batch above G / world size is ever used; now it stops there by
-/// default and says so, and --max-batch still searches further.
+/// With --exec and --global-batch G, the search stops at G / world size by default and says so (no
+/// micro-batch above it is ever used; --max-batch's default is 1,000,000), and --max-batch still
+/// searches further.
 #[test]
 fn a_global_batch_caps_the_search_of_a_command() {
     let d = tmp();
@@ -765,7 +765,7 @@ fn a_global_batch_caps_the_search_of_a_command() {
     assert_eq!(p["recommendation"]["max_fitting_batch"], 100);
 }
 
-/// Issue 10: `{{batch}}` reaches the command as a literal `{batch}` (it used to become `{<size>}`),
+/// `{{batch}}` reaches the command as a literal `{batch}` (not `{<size>}`),
 /// and the numbering is the documented one: trial N of the progress lines is logged as
 /// `trial-00N-…` and runs with `BATCHFIT_TRIAL=N-1`.
 #[test]
@@ -819,10 +819,10 @@ fn escaped_placeholders_and_trial_numbers() {
     }
 }
 
-/// Hostile tester (session 19): two probes given one `--logs DIR` wrote the same `trial-001-…`
-/// names, so each overwrote the other's logs and a plan's `details.log` could name the other run's
-/// output. The first probe holds the directory (`.batchfit-logs.lock`, an exclusive flock, until it
-/// exits); the second is refused before any trial, exit 2, and the first goes on.
+/// Two probes given one `--logs DIR` would write the same `trial-001-…` names, each overwriting the
+/// other's logs, and a plan's `details.log` could name the other run's output. The first probe holds
+/// the directory (`.batchfit-logs.lock`, an exclusive flock, until it exits); the second is refused
+/// before any trial, exit 2, and the first goes on.
 #[test]
 fn two_probes_never_share_one_logs_directory() {
     let d = tmp();

@@ -78,8 +78,8 @@ fn cgroup_available() -> bool {
     root && batchfit::device::cgroup::parent().is_ok()
 }
 
-/// 1a: a child killed by the kernel's OOM killer inside the trial's cgroup while the root exits 0 is
-/// an out-of-memory, never a fit (was: a fit).
+/// A child killed by the kernel's OOM killer inside the trial's cgroup while the root exits 0 is an
+/// out-of-memory, never a fit.
 #[test]
 fn an_oom_kill_inside_the_trials_cgroup_is_no_fit_even_at_exit_0() {
     if !cgroup_available() {
@@ -100,22 +100,22 @@ fn an_oom_kill_inside_the_trials_cgroup_is_no_fit_even_at_exit_0() {
     no_fit_below_9(&p, "oom", "OOM killer killed");
 }
 
-/// 1b: a descendant killed by a signal while the root exits 0 is an error (was: a fit).
+/// A descendant killed by a signal while the root exits 0 is an error, not a fit.
 #[test]
 fn a_killed_descendant_is_an_error() {
     let (p, _) = run(&rlimit(), &sneaky("child-killed", &[]));
     no_fit_below_9(&p, "error", "killed by a signal");
 }
 
-/// 1c: a report whose CUDA allocator counted OOMs is an out-of-memory (was: a fit, or retries).
+/// A report whose CUDA allocator counted OOMs is an out-of-memory (not a fit, nor retries).
 #[test]
 fn a_report_with_allocator_ooms_is_no_fit() {
     let (p, _) = run(&rlimit(), &sneaky("cuda-ooms", &[]));
     no_fit_below_9(&p, "oom", "CUDA allocator ran out of memory 2 time(s)");
 }
 
-/// 3: log lines that mention memory do not make a ValueError an out-of-memory (was: oom at 9, a
-/// false proof).
+/// Log lines that mention memory do not make a ValueError an out-of-memory (which would be a false
+/// proof).
 #[test]
 fn log_lines_that_mention_memory_are_not_evidence() {
     let (p, _) = run(&rlimit(), &sneaky("log-lines", &[]));
@@ -131,7 +131,7 @@ fn log_lines_that_mention_memory_are_not_evidence() {
     assert!(p["recommendation"].is_null());
 }
 
-/// 5: a root that exits 0 leaving a process running is an error, and the process is gone.
+/// A root that exits 0 leaving a process running is an error, and the process is gone.
 #[test]
 fn a_job_that_leaves_processes_behind_is_an_error() {
     let marker = format!("leave-{}", std::process::id());
@@ -167,7 +167,7 @@ fn a_job_that_leaves_processes_behind_is_an_error() {
     assert!(left.is_empty(), "processes of the trial survived: {left:?}");
 }
 
-/// 8: the peak of a trial is never the forked batchfit image (wait4's ru_maxrss before the exec):
+/// The peak of a trial is never the forked batchfit image (wait4's ru_maxrss before the exec):
 /// a command that allocates nothing shows a resident peak of a few MiB, not ~180 MiB.
 #[test]
 fn a_trials_peak_is_not_batchfits_forked_image() {
@@ -187,8 +187,8 @@ fn a_trials_peak_is_not_batchfits_forked_image() {
     }
 }
 
-/// 4: under RLIMIT_DATA, shared memory is not in the data segment: a tree whose anonymous and
-/// shared memory went above the limit is not a fit under it (was: a fit at 256 MiB under 128 MiB).
+/// Under RLIMIT_DATA, shared memory is not in the data segment: a tree whose anonymous and shared
+/// memory went above the limit is not a fit under it (e.g. 256 MiB under 128 MiB).
 #[test]
 fn a_fit_above_the_limit_by_the_trees_measure_is_an_error() {
     let (p, _) = run(
@@ -209,7 +209,7 @@ fn a_fit_above_the_limit_by_the_trees_measure_is_an_error() {
     );
 }
 
-/// 6: every rank's report is read: a missing rank, a rank that trained another batch, a world size
+/// Every rank's report is read: a missing rank, a rank that trained another batch, a world size
 /// that is not the plan's are errors.
 #[test]
 fn every_ranks_report_is_read_and_checked() {
@@ -229,7 +229,7 @@ fn every_ranks_report_is_read_and_checked() {
     }
 }
 
-/// 7: a job that got fewer samples than its batch did not train it; NaN in a report is said.
+/// A job that got fewer samples than its batch did not train it; NaN in a report is said.
 #[test]
 fn a_report_of_fewer_samples_or_nan_is_an_error() {
     let (p, _) = run(&rlimit(), &sneaky("short-dataset", &[]));
@@ -249,8 +249,8 @@ fn a_report_of_fewer_samples_or_nan_is_an_error() {
     no_fit_below_9(&p, "error", "holds NaN or Infinity");
 }
 
-/// 7: the warning about a command without `{batch}` is said once, and not at all when the trials'
-/// reports show the job read BATCHFIT_BATCH (was: twice on stderr, and always).
+/// The warning about a command without `{batch}` is said once, and not at all when the trials'
+/// reports show the job read BATCHFIT_BATCH.
 #[test]
 fn the_no_batch_warning_is_said_once_and_only_when_unproven() {
     let helper = repo().join("python/batchfit").display().to_string();
@@ -305,7 +305,7 @@ fn the_no_batch_warning_is_said_once_and_only_when_unproven() {
     assert!(read_json(&out)["warnings"].to_string().contains("{batch}"));
 }
 
-/// 11: a split whose accumulation nothing shows the job ran is marked in the plan, the text and the
+/// A split whose accumulation nothing shows the job ran is marked in the plan, the text and the
 /// env exports (`BATCHFIT_ACCUMULATION_PROVEN=0`), not only warned about.
 #[test]
 fn an_unproven_accumulation_is_exported_and_marked() {
@@ -371,7 +371,7 @@ fn an_unproven_accumulation_is_exported_and_marked() {
     );
 }
 
-/// 9: under a cgroup the anonymous peak is recorded beside the kernel's (which counts page cache).
+/// Under a cgroup the anonymous peak is recorded beside the kernel's (which counts page cache).
 #[test]
 fn a_cgroup_trial_records_its_anonymous_peak() {
     if !cgroup_available() {

@@ -1,4 +1,4 @@
-//! Issue #14 on the cpu backend, with real libtorch trials under a real `RLIMIT_DATA`: the trainer
+//! Hostile inputs on the cpu backend, with real libtorch trials under a real `RLIMIT_DATA`: the trainer
 //! starts as the probe's trials did (so the plan's bound is about the same kind of process), it
 //! names the measure the limit acts on, it warns about memory the probe never saw, and hybrid
 //! isolation proves its answer in fresh processes.

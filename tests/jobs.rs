@@ -253,10 +253,10 @@ fn verify_fails_with_exit_4_when_a_size_does_not_fit_here() {
         .stderr(predicate::str::contains("not verified"));
 }
 
-/// Review R19: a plan proven on one device (fits at 2247, 2258 runs out of memory) and verified on
-/// another whose largest size is 2162 was marked verified with that device's name and its bracket
-/// unchanged: `show` said "largest fitting micro-batch: 2247 (fits at 2247, 2258 runs out of
-/// memory)" of a device where 2247 does not fit, exit 0 (only the recommended 2000 × 5 was run).
+/// A plan proven on one device (fits at 2247, 2258 runs out of memory) and verified on another whose
+/// largest size is 2162 must not be marked verified with that device's name and its bracket
+/// unchanged (`show` saying "largest fitting micro-batch: 2247 (fits at 2247, 2258 runs out of
+/// memory)" of a device where 2247 does not fit, exit 0, when only the recommended 2000 × 5 ran).
 /// Elsewhere the bracket is checked too; where it does not hold the verification fails (exit 4),
 /// and where it holds (a larger device whose first failing size still fails) it passes.
 #[test]

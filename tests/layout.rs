@@ -1,7 +1,7 @@
 //! The source layout stays readable: src/'s top-level modules import each other only downward (the
 //! order of `pub mod` in src/lib.rs is the layer order), so the graph has no cycle; and the engine
-//! (search, split, plan, protocol, sim device, exporters) uses no tch, clap or NVML. Counted like the
-//! layout issue counted them: `crate::` paths outside comments and test modules.
+//! (search, split, plan, protocol, sim device, exporters) uses no tch, clap or NVML. Imports are
+//! counted as `crate::` paths outside comments and test modules.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,15 +1,16 @@
-//! README's exit-code tables are the exit-code type's ([`batchfit::exit`]): a code added, removed or
-//! reworded in one place and not the other fails here (the message prints the table to paste).
+//! The exit-code tables of docs/exit-codes.md (the page README links for exit codes) are the exit-code
+//! type's ([`batchfit::exit`]): a code added, removed or reworded in one place and not the other fails
+//! here (the message prints the table to paste).
 
 use batchfit::exit::{table, Program};
 
-fn readme() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap()
+fn exit_codes_page() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/exit-codes.md")).unwrap()
 }
 
-/// The markdown table under the line `` `NAME`: `` in README's "Exit codes" section.
-fn readme_table(text: &str, name: &str) -> Vec<(String, String)> {
-    let section = &text[text.find("## Exit codes").expect("an Exit codes section")..];
+/// The markdown table under the line `` `NAME`: `` of docs/exit-codes.md (after its "Exit codes" title).
+fn page_table(text: &str, name: &str) -> Vec<(String, String)> {
+    let section = &text[text.find("# Exit codes").expect("an Exit codes title")..];
     let start = section
         .find(&format!("`{name}`:\n"))
         .unwrap_or_else(|| panic!("no `{name}`: table"));
@@ -42,17 +43,17 @@ fn markdown(rows: &[(String, String)]) -> String {
 }
 
 #[test]
-fn readme_exit_codes_are_the_exit_type() {
-    let text = readme();
+fn documented_exit_codes_are_the_exit_type() {
+    let text = exit_codes_page();
     for (name, program) in [
         ("batchfit", Program::Batchfit),
         ("batchfit-train", Program::Train),
     ] {
         let want = expected(program);
         assert_eq!(
-            readme_table(&text, name),
+            page_table(&text, name),
             want,
-            "README's `{name}` exit codes differ from src/exit.rs; the table should read:\n\n{}",
+            "docs/exit-codes.md's `{name}` exit codes differ from src/exit.rs; the table should read:\n\n{}",
             markdown(&want)
         );
     }

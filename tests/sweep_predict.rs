@@ -290,7 +290,8 @@ fn small_gpt_sweep_on_cpu() {
             .iter()
             .any(|t| t["batch"] == f && t["outcome"] == "oom"));
         // A line, or (a point whose prior held: one fit and the out-of-memory above it are its
-        // whole proof, or fits too close together for a slope: errors.md L19-2) a model that says
+        // whole proof, or fits too close together for a slope: docs/errors.md, "How the search spends its
+        // trials") a model that says
         // why it has none
         let m = &p["capacity_model"];
         // (sizes, not trials: a point's size can fit twice, at the exploration steps and in its
@@ -483,9 +484,9 @@ fn predict_refuses_across_a_jump_or_a_knee() {
     );
 }
 
-/// attack15 A1: 9951 ran out of memory under the plan's limit only ~50 samples below where the line
-/// crosses it (2 GiB more from 9950 on, a miss the model takes for noise near the top): predict for
-/// the plan's own memory said 10000 (9963-10037), sizes the plan had seen run out of memory.
+/// 9951 ran out of memory under the plan's limit only ~50 samples below where the line crosses it
+/// (2 GiB more from 9950 on, a miss the model takes for noise near the top): predict for the plan's
+/// own memory must stay below it, never at 10000 (9963-10037), sizes the plan saw run out of memory.
 #[test]
 fn predict_never_reaches_a_size_the_plan_saw_run_out_of_memory() {
     let d = tmp();
@@ -578,9 +579,9 @@ fn tolerance_outside_its_range_is_refused() {
     }
 }
 
-/// attack15 A4: a sweep interrupted before its plan point (`--seq-len 128` of 32,64,128) writes the
-/// plan of the last point run; its `sweep.plan_point` said 128 while the model, trials and
-/// recommendation were of 64.
+/// A sweep interrupted before its plan point (`--seq-len 128` of 32,64,128) writes the plan of the
+/// last point run, and its `sweep.plan_point` names that point (64, whose model, trials and
+/// recommendation it holds), not the point never run.
 #[test]
 fn an_interrupted_sweep_names_the_point_its_plan_is_of() {
     use std::io::BufRead;
@@ -633,9 +634,9 @@ fn an_interrupted_sweep_names_the_point_its_plan_is_of() {
         .contains("stopped before seq-len=128"));
 }
 
-/// attack15 A5: a plan verified on another device kept the capacity model of the device it was
-/// probed on, so `batchfit predict` printed that line under the new device's name (3 MiB a sample on
-/// a device of 2 MiB a sample: 25600 predicted at 80 GiB where the line there gives 38400).
+/// A plan verified on another device does not keep the capacity model of the device it was probed
+/// on, so `batchfit predict` refuses rather than print that line under the new device's name (3 MiB a
+/// sample on a device of 2 MiB a sample: 25600 at 80 GiB where the line there gives 38400).
 #[test]
 fn a_plan_verified_elsewhere_predicts_nothing_from_the_old_line() {
     let d = tmp();
@@ -647,7 +648,8 @@ fn a_plan_verified_elsewhere_predicts_nothing_from_the_old_line() {
     );
     let verified = path(&d, "v.json");
     // Another curve (2 MiB per sample) with the same bracket under the same limit: verify checks
-    // the plan's bracket on a device that is not the plan's (review R19), and it holds there.
+    // the plan's bracket on a device that is not the plan's (docs/errors.md, `batchfit verify`), and
+    // it holds there.
     let p = read_json(&plan);
     let mf = p["recommendation"]["max_fitting_batch"].as_u64().unwrap();
     let base = p["limit_bytes"].as_u64().unwrap() - 2 * (1 << 20) * mf;
@@ -688,10 +690,10 @@ fn a_plan_verified_elsewhere_predicts_nothing_from_the_old_line() {
     assert!(read_json(&same)["capacity_model"]["refusal"].is_null());
 }
 
-/// Review of the sweep: the plan point (seq-len 256) completed, a later point was cut short by
-/// `--max-trials`; the plan was marked partial but kept the recommendation, and `batchfit show`
-/// then refused it as "edited or damaged". A partial sweep's plan recommends nothing (the point's
-/// size stays in the sweep table), and every command reads it.
+/// The plan point (seq-len 256) completed, a later point was cut short by `--max-trials`: a partial
+/// sweep's plan recommends nothing (the point's size stays in the sweep table; a partial plan with a
+/// recommendation would be refused by `batchfit show` as "edited or damaged"), and every command
+/// reads it.
 #[test]
 fn a_sweep_cut_short_after_its_plan_point_writes_a_readable_partial_plan() {
     let d = tmp();

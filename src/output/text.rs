@@ -28,7 +28,7 @@ pub fn summary(plan: &Plan) -> String {
     use crate::plan::count;
     let mut s = String::new();
     let n = plan.trials.len();
-    // `+ 0.0`: an empty f64 sum is -0.0, printed "-0.0 s" (T19-9)
+    // `+ 0.0`: an empty f64 sum is -0.0, printed "-0.0 s"
     let secs: f64 = plan.trials.iter().map(|t| t.seconds).sum::<f64>() + 0.0;
     match &plan.recommendation {
         Some(r) if plan.status == Status::Complete => {

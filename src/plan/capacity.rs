@@ -171,7 +171,7 @@ impl CapacityModel {
         }
         // Memory that grows after the exploration steps (late memory: a size whose longer trial
         // peaked clearly above its shorter one, by more than 0.4 % of the peak): the shorter trials' peaks lie below the curve the
-        // answer was proven on, and a line through both kinds is neither (review R19: 5200 at 2
+        // answer was proven on, and a line through both kinds is neither (5200 at 2
         // steps with 5731–5881 at 5 made a line 32 % too steep, fixed part −1.5 GB, and predicted
         // 22630 (21503–23757) where 27986 is the largest). Then only the longest trials make it.
         let longest = by_batch.iter().map(|x| x.2).max().unwrap_or(0);
@@ -438,7 +438,7 @@ impl CapacityModel {
         // Below the range with a bend measured under it, the crossing lies where nothing says the
         // line holds: the bend (a flat part above the line) may start anywhere between the point off
         // the line and the range, so even a crossing whose error bar reaches into the range is
-        // refused (review R19: a knee at 4090 under a range from 4096 up; 4089 (4051–4126) was
+        // refused (a knee at 4090 under a range from 4096 up; 4089 (4051–4126) was
         // predicted where nothing fits).
         if b < self.range[0] as f64 {
             if let Some(kb) = self.knee_below {
@@ -1209,7 +1209,7 @@ mod tests {
         assert_eq!(m.largest_under(peak(4000), 0.0).unwrap().micro_batch, 4000);
         assert!(m.largest_under(peak(256) + 24 * MIB, 0.0).is_err());
         // Just under the range, the error bar reaching into it: the curve between 32 and 300 is
-        // unmeasured, and a flat part up to 299.5 would leave nothing fitting (review R19).
+        // unmeasured, and a flat part up to 299.5 would leave nothing fitting.
         let e = m.largest_under(peak(300), 0.0).unwrap();
         assert_eq!(e.micro_batch, 300, "{e:?}");
         let r = m.largest_under(peak(299), 0.0);
@@ -1279,7 +1279,7 @@ mod tests {
 
     #[test]
     fn a_point_just_above_a_tight_line_is_a_knee() {
-        // The real gpt (vocab 8192, seq 128) under 1 GiB on CPU, 2026-12-03: 4, 10 and 14 lie within
+        // The real gpt (vocab 8192, seq 128) under 1 GiB on CPU: 4, 10 and 14 lie within
         // 0.1 MB of their line, batch 1 sits 16 MB above it (the optimizer step's peak, flat below a
         // knee). Kept in the fit (the a-priori 0.5 % noise allowed 17.7 MB out there), it tilted the
         // slope and 2 GiB was predicted at 64 where 62 was proven; its own scatter bounds the

@@ -141,7 +141,7 @@ mod tests {
     use proptest::prelude::*;
 
     /// A real plan from a sim probe (no files written).
-    /// CI 2026-12-03: `batchfit-train --memory-limit plan` ran under the trials' own limit and ran
+    /// Seen in CI: `batchfit-train --memory-limit plan` ran under the trials' own limit and ran
     /// out of memory 160 KB above the trial's peak; the job's limit is the band above it.
     #[test]
     fn the_job_limit_is_the_trials_limit_plus_the_band() {

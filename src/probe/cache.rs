@@ -287,7 +287,7 @@ pub fn store(dir: &Path, key: &str, plan: &Plan) -> Result<(), CacheError> {
         error,
     })?;
     // An entry is batchfit's own regular file: anything else at its name (a symbolic link planted
-    // in a shared cache, pointing at a file of root's) is not written through (T19-11)
+    // in a shared cache, pointing at a file of root's) is not written through
     let entry = entry_path(dir, key);
     if let Ok(m) = std::fs::symlink_metadata(&entry) {
         if !m.file_type().is_file() {

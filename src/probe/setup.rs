@@ -547,7 +547,7 @@ pub const EXEC_RLIMIT_GUARD_BAND_BYTES: u64 = CGROUP_GUARD_BAND_BYTES;
 
 /// The guard band of batchfit's own trials (the tch models) under `RLIMIT_DATA`, in bytes. Their
 /// peaks repeat to the byte (the mmap threshold fixed), but `batchfit-train` at the plan's size is
-/// not the trial child: in CI (2026-12-03, gpu-check's CPU smoke) the probe proved 1819 with 160 KB
+/// not the trial child: in one CI run (gpu-check's CPU smoke) the probe proved 1819 with 160 KB
 /// left under a 651.86 MB limit, and the trainer, run under that limit, failed a 72 KB allocation;
 /// here the same trainer peaked 200 KB under it. 1 MiB is 5 times that difference (28 samples of
 /// the default MLP); the trainer's `--memory-limit plan` is the job's limit, the band above the

@@ -148,7 +148,7 @@ pub fn verify(
         if ending == VerifyEnding::Verified && elsewhere {
             // The verified plan names this device, and its bracket (largest fitting size, first
             // failing size) is what it claims of it: on another device that claim was proven there
-            // only, so it is checked here too, or the verification fails (review R19: a plan proven
+            // only, so it is checked here too, or the verification fails (a plan proven
             // at 2247/2258 on one device, verified on one where 2162 is the largest, said "largest
             // fitting micro-batch: 2247 (fits at 2247, 2258 runs out of memory)" of the new one).
             if let Err(e) = check_bracket(&mut prober, &rec, plan.search.steps, &device.name) {

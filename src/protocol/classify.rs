@@ -555,7 +555,7 @@ mod tests {
         );
     }
 
-    /// T19-2: exit 0 whose decisive lines say memory ran out (a caught `torch.OutOfMemoryError`, a
+    /// Exit 0 whose decisive lines say memory ran out (a caught `torch.OutOfMemoryError`, a
     /// wrapper that hides the exit code) is no fit: an error, since the text alone is no proof either.
     #[test]
     fn a_clean_exit_whose_output_ends_in_an_oom_is_no_fit() {

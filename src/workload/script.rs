@@ -137,7 +137,7 @@ pub fn verify(path: &Path, planned_sha256: &str) -> Result<(), ScriptError> {
 mod tests {
     use super::*;
 
-    /// T19-8: `--model x.pt` where x.pt is a FIFO hung the probe (hashing waited for a writer); a
+    /// `--model x.pt` where x.pt is a FIFO hung the probe (hashing waited for a writer); a
     /// link to /dev/zero was hashed without end. Both are refused at once.
     #[test]
     fn a_model_file_that_is_not_a_regular_file_is_refused_at_once() {
@@ -170,6 +170,18 @@ mod tests {
         ));
         let garbled = dir.path().join("garbled.pt");
         std::fs::write(&garbled, b"PK\x03\x04 not really a zip").unwrap();
+        // libtorch judges the content: the runner cargo built next to target/release/deps/
+        let runner = std::env::current_exe()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .with_file_name(crate::workload::runner::RUNNER_NAME);
+        assert!(
+            runner.exists(),
+            "{} is not built (cargo build --workspace)",
+            runner.display()
+        );
+        std::env::set_var("BATCHFIT_TORCH_RUNNER", &runner);
         let e = inspect(&garbled).unwrap_err();
         assert!(matches!(e, ScriptError::NotTorchscript { .. }), "{e}");
         assert!(e.to_string().contains("export_torchscript.py"), "{e}");

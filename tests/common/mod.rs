@@ -115,3 +115,19 @@ pub fn torch_sees_cuda() -> bool {
         .and_then(|r| r.info())
         .is_ok_and(|i| i.cuda_available)
 }
+
+/// The torch runner cargo built next to `batchfit` (`batchfit-torch`), on the test's torch (its
+/// `lib/` on the library path, as the launchers start it).
+pub fn runner() -> Command {
+    let exe = Path::new(env!("CARGO_BIN_EXE_batchfit"))
+        .with_file_name(batchfit::workload::runner::RUNNER_NAME);
+    assert!(
+        exe.exists(),
+        "{} is not built: cargo build --release --workspace (scripts/test.sh does)",
+        exe.display()
+    );
+    std::env::set_var("BATCHFIT_TORCH_RUNNER", &exe);
+    let found =
+        batchfit::workload::runner::Runner::locate().expect("the runner and torch are found");
+    Command::from_std(found.command())
+}

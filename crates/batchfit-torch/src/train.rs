@@ -20,7 +20,6 @@ use batchfit::plan::{count, Plan, Status};
 use batchfit::platform::sysmem;
 use batchfit::platform::units::{format_size, parse_size};
 use batchfit::protocol::classify::{classify, Evidence, Verdict};
-use clap::Parser;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -31,17 +30,9 @@ pub fn main(args: Vec<std::ffi::OsString>) -> ExitCode {
     sysmem::configure_malloc();
     std::panic::set_hook(Box::new(|_| {}));
     let argv = std::iter::once(std::ffi::OsString::from("batchfit-train")).chain(args);
-    let args = match TrainArgs::try_parse_from(argv) {
+    let args: TrainArgs = match batchfit::cli::parse_or_exit(argv) {
         Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                Exit::Usage
-            } else {
-                Exit::Success
-            }
-            .into();
-        }
+        Err(exit) => return exit.into(),
     };
     exit::finish("batchfit-train", run(&args).map(|()| Exit::Success))
 }

@@ -6,22 +6,15 @@
 //! does the training ([`batchfit_torch::train`] in `crates/batchfit-torch`). Exit codes:
 //! [`batchfit::exit`] (`Program::Train`).
 
-use batchfit::cli::TrainArgs;
+use batchfit::cli::{self, TrainArgs};
 use batchfit::exit::{self, Exit, Fail};
 use batchfit::workload::runner::Runner;
-use clap::Parser;
 use std::os::unix::process::CommandExt;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    if let Err(e) = TrainArgs::try_parse() {
-        let _ = e.print();
-        return if e.use_stderr() {
-            Exit::Usage
-        } else {
-            Exit::Success
-        }
-        .into();
+    if let Err(exit) = cli::parse_or_exit::<TrainArgs>(std::env::args_os()) {
+        return exit.into();
     }
     exit::finish("batchfit-train", launch().map(|()| Exit::Success))
 }

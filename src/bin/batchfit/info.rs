@@ -6,6 +6,7 @@ use batchfit::doctor;
 use batchfit::exit::{fail, print_stdout, Exit, Fail};
 use batchfit::plan::model::{Architecture, ModelSpec, ZOO};
 use batchfit::plan::Plan;
+use batchfit::workload::runner::Runner;
 
 /// `batchfit doctor [--json] [--plan PLAN]`: exit 3 when no GPU can be queried (the report says why).
 pub fn doctor(json: bool, plan: Option<&std::path::Path>) -> Result<Exit, Fail> {
@@ -13,7 +14,7 @@ pub fn doctor(json: bool, plan: Option<&std::path::Path>) -> Result<Exit, Fail> 
         .map(Plan::read)
         .transpose()
         .map_err(fail(Exit::Usage))?;
-    let report = match cuda::gpus() {
+    let mut report = match cuda::gpus() {
         Ok(n) => doctor::diagnose(n.as_ref(), plan.as_ref()),
         Err(e) => doctor::diagnose(
             &FakeGpus {
@@ -23,6 +24,7 @@ pub fn doctor(json: bool, plan: Option<&std::path::Path>) -> Result<Exit, Fail> 
             plan.as_ref(),
         ),
     };
+    report.torch_runner = Some(torch_runner());
     if json {
         print_stdout(&format!(
             "{}\n",
@@ -36,6 +38,29 @@ pub fn doctor(json: bool, plan: Option<&std::path::Path>) -> Result<Exit, Fail> 
     } else {
         Exit::Environment
     })
+}
+
+/// One line on the torch runner: where it is, the torch it runs on and whether that sees CUDA.
+fn torch_runner() -> String {
+    let runner = match Runner::locate() {
+        Ok(r) => r,
+        Err(e) => return format!("not usable: {e}"),
+    };
+    let cuda = match runner.info() {
+        Ok(i) if i.cuda_available => format!("CUDA: {} device(s)", i.cuda_device_count),
+        Ok(i) => match i.cuda_library {
+            Some(why) => format!("CUDA: not available ({why})"),
+            None => "CUDA: no device".into(),
+        },
+        Err(e) => return format!("{} does not start: {e}", runner.exe.display()),
+    };
+    format!(
+        "{} on torch {} at {} (through {}); {cuda}",
+        runner.exe.display(),
+        runner.torch.version,
+        runner.torch.dir.display(),
+        runner.torch.python.display()
+    )
 }
 
 /// `batchfit models`: every built-in model with its parameter count and default input shape.

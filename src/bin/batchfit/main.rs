@@ -5,25 +5,16 @@ mod info;
 mod plans;
 mod probe;
 
-use batchfit::cli::{Cli, Command};
+use batchfit::cli::{self, Cli, Command};
 use batchfit::exit::{self, Exit, Fail};
 use batchfit::platform::{interrupt, sysmem};
-use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
     sysmem::configure_malloc();
-    let cli = match Cli::try_parse() {
+    let cli: Cli = match cli::parse_or_exit(std::env::args_os()) {
         Ok(c) => c,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                Exit::Usage
-            } else {
-                Exit::Success
-            }
-            .into();
-        }
+        Err(exit) => return exit.into(),
     };
     let result = match cli.command {
         Command::Probe(args) => probe::probe(&args),

@@ -10,7 +10,7 @@
   recovered-oom  prints an OOM message as a log line (as a script that caught it and went on would)
                  and exits 0 (for measure.py the exit status decides; batchfit reads the decisive
                  lines of an exit 0 too and makes this trial an error, neither a fit nor an OOM:
-                 docs/errors.md T19-2)
+                 docs/errors.md, "A job that catches its out-of-memory")
 Standard library only.
 """
 import argparse

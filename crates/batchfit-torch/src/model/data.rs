@@ -307,7 +307,7 @@ mod tests {
         }
     }
 
-    /// T19-7: `batchfit-train --data` of a FIFO hung in tch's reader, of a link to /dev/zero read
+    /// `batchfit-train --data` of a FIFO hung in tch's reader, of a link to /dev/zero read
     /// forever; a directory said `Invalid argument`. Each is refused at once, naming what it is.
     #[test]
     fn data_that_is_not_a_regular_file_is_refused_at_once() {
