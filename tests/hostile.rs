@@ -722,6 +722,44 @@ fn an_edited_cache_entry_is_a_miss_and_said() {
     );
 }
 
+#[test]
+fn a_cache_entry_of_another_torch_is_a_miss() {
+    let d = tmp();
+    let cache = path(&d, "cache");
+    let probe = || {
+        let mut c = batchfit();
+        c.env("BATCHFIT_CACHE_DIR", &cache).args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            SIM16,
+            "--format",
+            "json",
+        ]);
+        c
+    };
+    probe().assert().success();
+    let entry = std::fs::read_dir(&cache)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "json"))
+        .expect("cached");
+    // the entry now says its trials ran on a torch this probe's do not
+    edit(&entry, &entry, |v| {
+        v["tool"]["libtorch_version"] = "2.11.9+other".into();
+    });
+    let a = probe().assert().success();
+    assert!(
+        stderr_of(&a).contains("cache entry not used, probing again")
+            && stderr_of(&a).contains("PyTorch version"),
+        "{}",
+        stderr_of(&a)
+    );
+    assert!(json_out(&a)["tool"].get("libtorch_version").is_none());
+}
+
 // ---- 16. usage errors are exit 2, whatever else is wrong ----
 
 #[test]

@@ -183,3 +183,142 @@ fn the_runner_reports_the_torch_it_was_built_for() {
         batchfit::workload::runner::TORCH_MINOR
     ));
 }
+
+/// The real torch the tests run on (`BATCHFIT_PYTHON`'s), and a second torch package of `version`
+/// whose `lib/` is the real one's: another torch as far as batchfit can tell, with libraries that load.
+fn another_torch(dir: &Path, version: &str) -> (String, std::path::PathBuf) {
+    let real = std::process::Command::new(venv_python())
+        .args([
+            "-c",
+            "import importlib.util as u; print(list(u.find_spec('torch').submodule_search_locations)[0])",
+        ])
+        .output()
+        .unwrap();
+    let real = std::path::PathBuf::from(String::from_utf8(real.stdout).unwrap().trim());
+    let real_version = batchfit::workload::runner::torch_version(&real).expect("a torch version");
+    let t = dir.join("other/site-packages/torch");
+    std::fs::create_dir_all(&t).unwrap();
+    std::os::unix::fs::symlink(real.join("lib"), t.join("lib")).unwrap();
+    std::fs::write(t.join("version.py"), format!("__version__ = '{version}'\n")).unwrap();
+    let py = script(
+        &dir.join("other"),
+        "python3",
+        &format!("echo {}", t.display()),
+    );
+    (real_version, py)
+}
+
+/// A small real cpu plan at `plan`, made on the test's torch.
+fn small_cpu_plan(plan: &Path) {
+    batchfit()
+        .args(MODEL_PROBE)
+        .args(["--threads", "1", "--quiet", "--out"])
+        .arg(plan)
+        .assert()
+        .success();
+}
+
+#[test]
+fn the_trainer_refuses_a_plan_made_on_another_torch() {
+    let d = tmp();
+    let plan = d.path().join("plan.json");
+    small_cpu_plan(&plan);
+    let (real, other_py) = another_torch(d.path(), "2.11.9+other");
+    assert_eq!(
+        read_json(&plan)["tool"]["libtorch_version"].as_str(),
+        Some(real.as_str())
+    );
+    trainer()
+        .args(["--steps", "1", "--quiet", "--plan"])
+        .arg(&plan)
+        .env("BATCHFIT_PYTHON", &other_py)
+        .assert()
+        .code(5)
+        .stderr(predicate::str::contains(format!("made on PyTorch {real}")))
+        .stderr(predicate::str::contains("2.11.9+other"));
+    // under a memory limit too (the trainer starts itself again there)
+    trainer()
+        .args([
+            "--steps",
+            "1",
+            "--quiet",
+            "--memory-limit",
+            "plan",
+            "--plan",
+        ])
+        .arg(&plan)
+        .env("BATCHFIT_PYTHON", &other_py)
+        .assert()
+        .code(5);
+    // --force trains, saying so
+    trainer()
+        .args(["--steps", "1", "--quiet", "--force", "--plan"])
+        .arg(&plan)
+        .env("BATCHFIT_PYTHON", &other_py)
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("warning (--force)"));
+    // on its own torch it trains
+    trainer()
+        .args(["--steps", "1", "--quiet", "--plan"])
+        .arg(&plan)
+        .assert()
+        .success();
+}
+
+#[test]
+fn verify_on_another_torch_records_that_torch_and_rechecks_the_bracket() {
+    let d = tmp();
+    let plan = d.path().join("plan.json");
+    // a plan with a bracket (a size that fits, the next one that runs out of memory)
+    batchfit()
+        .args(SMALL_CPU)
+        .arg("--out")
+        .arg(&plan)
+        .assert()
+        .success();
+    let (real, other_py) = another_torch(d.path(), "2.11.9+other");
+    let p = read_json(&plan);
+    let first_failing = p["recommendation"]["first_failing_batch"]
+        .as_u64()
+        .expect("a bracket");
+    let trials_before = p["trials"].as_array().unwrap().len();
+    let out = d.path().join("verified.json");
+    batchfit()
+        .args(["verify", "--quiet"])
+        .arg(&plan)
+        .arg("--out")
+        .arg(&out)
+        .env("BATCHFIT_PYTHON", &other_py)
+        .assert()
+        .success();
+    let v = read_json(&out);
+    assert_eq!(v["verified"], true);
+    // its trials ran on the other torch: the plan says so, not the torch it was probed on
+    assert_eq!(v["tool"]["libtorch_version"], "2.11.9+other");
+    // and the bracket was checked there: the first failing size ran out of memory on it
+    assert!(
+        v["trials"].as_array().unwrap()[trials_before..]
+            .iter()
+            .any(|t| t["batch"] == first_failing && t["outcome"] == "oom"),
+        "{}",
+        v["trials"]
+    );
+    assert!(
+        v["capacity_model"].to_string().contains(&real),
+        "{}",
+        v["capacity_model"]
+    );
+    // the verified plan trains on the torch it was verified on, and is refused on the first one
+    trainer()
+        .args(["--steps", "1", "--quiet", "--plan"])
+        .arg(&out)
+        .env("BATCHFIT_PYTHON", &other_py)
+        .assert()
+        .success();
+    trainer()
+        .args(["--steps", "1", "--quiet", "--plan"])
+        .arg(&out)
+        .assert()
+        .code(5);
+}

@@ -270,6 +270,10 @@ fn other_conditions(plan: &Plan, skeleton: &Plan) -> Option<String> {
         (plan.search == skeleton.search, "search settings"),
         (plan.runtime == skeleton.runtime, "runtime"),
         (plan.sim_spec == skeleton.sim_spec, "simulated device"),
+        (
+            plan.tool.libtorch_version == skeleton.tool.libtorch_version,
+            "PyTorch version",
+        ),
     ];
     checks
         .iter()

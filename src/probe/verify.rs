@@ -61,12 +61,28 @@ pub fn verify(
     let sim_used = sim.clone().or_else(|| plan.sim_spec.clone());
     let mut backend = setup::plan_backend(plan, sim)?;
     let device = backend.device().clone();
+    // The torch this verification's trials run on (batchfit's own model on cpu or cuda; a user's
+    // command runs its own, and sim runs none), as a probe records it in the plan's `tool`.
+    let torch_here = match (&plan.model, device.kind) {
+        (crate::plan::WorkloadInfo::Model(_), DeviceKind::Cpu | DeviceKind::Cuda) => {
+            crate::workload::runner::Runner::locate()
+                .ok()
+                .map(|r| r.torch.version)
+        }
+        _ => None,
+    };
+    // Proven on another torch (another version or build): its sizes allocate differently.
+    let other_torch = matches!(
+        (&plan.tool.libtorch_version, &torch_here),
+        (Some(then), Some(now)) if then != now
+    );
     // Verified on another device (or another simulated curve: its name shows only three of the
-    // curve's numbers): the plan's bracket was proven there, not here.
+    // curve's numbers), or on another torch: the plan's bracket was proven there, not here.
     let elsewhere = plan.device.kind != device.kind
         || plan.device.name != device.name
         || plan.device.total_bytes != device.total_bytes
-        || (device.kind == DeviceKind::Sim && sim_used != plan.sim_spec);
+        || (device.kind == DeviceKind::Sim && sim_used != plan.sim_spec)
+        || other_torch;
     if plan.budget_bytes > device.total_bytes {
         return Err(ProbeError::Usage(format!(
             "the plan's budget {} is larger than this device's {} ({}); probe here instead",
@@ -151,7 +167,11 @@ pub fn verify(
             // only, so it is checked here too, or the verification fails (a plan proven
             // at 2247/2258 on one device, verified on one where 2162 is the largest, said "largest
             // fitting micro-batch: 2247 (fits at 2247, 2258 runs out of memory)" of the new one).
-            if let Err(e) = check_bracket(&mut prober, &rec, plan.search.steps, &device.name) {
+            let here = match &torch_here {
+                Some(v) if other_torch => format!("{} on PyTorch {v}", device.name),
+                _ => device.name.clone(),
+            };
+            if let Err(e) = check_bracket(&mut prober, &rec, plan.search.steps, &here) {
                 ending = e;
             }
         }
@@ -166,13 +186,20 @@ pub fn verify(
                 // The plan's line was measured on the plan's device; the trials here only confirm
                 // sizes. Kept, it would be predicted from as this device's (`batchfit predict`).
                 out.capacity_model = Some(crate::plan::CapacityModel::refused(format!(
-                    "the line was measured on {} and this plan was verified on {}: its trials here \
-                     confirm sizes, they do not measure a line; probe this device (batchfit probe) \
-                     for a capacity model of it",
-                    plan.device.name, device.name
+                    "the line was measured on {}{} and this plan was verified on {}{}: its trials \
+                     here confirm sizes, they do not measure a line; probe this device (batchfit \
+                     probe) for a capacity model of it",
+                    plan.device.name,
+                    on_torch(plan.tool.libtorch_version.as_deref()),
+                    device.name,
+                    on_torch(torch_here.as_deref()),
                 )));
             }
             out.device = device.clone();
+            // the trials that verified it ran on this torch
+            if torch_here.is_some() {
+                out.tool.libtorch_version = torch_here.clone();
+            }
             out.limit_bytes = limit;
             if device.kind == DeviceKind::Sim {
                 out.sim_spec = sim_used.clone();
@@ -208,6 +235,11 @@ pub fn verify(
     Ok(VerifyReport { plan: out, ending })
 }
 
+/// ` on PyTorch VERSION`, or nothing when no torch is known.
+fn on_torch(version: Option<&str>) -> String {
+    version.map_or(String::new(), |v| format!(" on PyTorch {v}"))
+}
+
 /// Checks on this device the bracket `rec` claims: its largest fitting size fits alone with the
 /// confirmation's steps, and its first failing size runs out of memory (with the exploration's
 /// `steps`, as the probe's proof ran). An error or a timeout is no evidence either way: the
@@ -220,8 +252,8 @@ fn check_bracket(
 ) -> Result<(), VerifyEnding> {
     let fail = |m: String| {
         VerifyEnding::Failed(format!(
-            "{m}: the plan's bracket was proven on another device and does not hold on {device}; \
-             probe this device (batchfit probe) for its own"
+            "{m}: the plan's bracket was proven on another device or torch and does not hold on \
+             {device}; probe this device (batchfit probe) for its own"
         ))
     };
     let stop = |s: Stop| match s {

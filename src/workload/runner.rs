@@ -32,6 +32,11 @@ pub const TORCH_MINOR: &str = "2.11";
 /// The runner's file name.
 pub const RUNNER_NAME: &str = "batchfit-torch";
 
+/// Set on the runner's environment by [`Runner::command`]: the version of the torch whose `lib/` it
+/// is started with (what a probe records as the plan's `tool.libtorch_version`), so the trainer can
+/// compare a plan's torch with its own.
+pub const TORCH_VERSION_ENV: &str = "BATCHFIT_RUNNER_TORCH_VERSION";
+
 /// Everything a model trial needs (passed as JSON on the runner's command line).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TrialSpec {
@@ -151,6 +156,7 @@ impl Runner {
         if let Ok(joined) = std::env::join_paths(paths) {
             cmd.env("LD_LIBRARY_PATH", joined);
         }
+        cmd.env(TORCH_VERSION_ENV, &self.torch.version);
         cmd
     }
 

@@ -37,9 +37,35 @@ pub fn main(args: Vec<std::ffi::OsString>) -> ExitCode {
     exit::finish("batchfit-train", run(&args).map(|()| Exit::Success))
 }
 
+/// The version of the torch this process runs on: what the launcher found (the torch whose `lib/` it
+/// put on the library path, as a probe finds it for its trials), else read beside the
+/// `libtorch_cpu.so` this process mapped.
+fn torch_here() -> Option<String> {
+    if let Some(v) = std::env::var_os(batchfit::workload::runner::TORCH_VERSION_ENV) {
+        return Some(v.to_string_lossy().into_owned()).filter(|v| !v.is_empty());
+    }
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let lib = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.ends_with("/libtorch_cpu.so"))?;
+    let torch = std::path::Path::new(lib).parent()?.parent()?;
+    batchfit::workload::runner::torch_version(torch)
+}
+
 /// Reasons to refuse a plan (exit 5 unless --force).
 fn refusals(plan: &Plan) -> Vec<String> {
     let mut r = vec![];
+    // The plan's sizes were proven on the torch its trials ran on; another torch (another version,
+    // or another build of it: CPU-only, another CUDA) allocates differently.
+    if let (Some(made_on), Some(here)) = (plan.tool.libtorch_version.as_deref(), torch_here()) {
+        if made_on != here {
+            r.push(format!(
+                "the plan was made on PyTorch {made_on} and this trainer runs on PyTorch {here}; \
+                 re-probe on this torch, or run `batchfit verify PLAN` with it first, or use --force"
+            ));
+        }
+    }
     match plan.status {
         Status::Complete => {}
         Status::Partial => r.push(format!(
