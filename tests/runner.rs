@@ -322,3 +322,30 @@ fn verify_on_another_torch_records_that_torch_and_rechecks_the_bracket() {
         .assert()
         .code(5);
 }
+
+#[test]
+fn a_runner_of_another_batchfit_version_refuses_to_run() {
+    // the caller's version reaches the runner; one of another version stops before any trial work
+    let out = runner()
+        .arg("info")
+        .env(
+            batchfit::workload::runner::CALLER_VERSION_ENV,
+            "0.0.0-other",
+        )
+        .assert()
+        .code(3)
+        .get_output()
+        .clone();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot serve batchfit 0.0.0-other"), "{err}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    // its own version passes
+    runner()
+        .arg("info")
+        .env(
+            batchfit::workload::runner::CALLER_VERSION_ENV,
+            batchfit::workload::runner::VERSION,
+        )
+        .assert()
+        .success();
+}

@@ -51,7 +51,10 @@ fn the_installed_wheel_passes_every_check() {
             .find(|l| l.starts_with(&format!("PASS {check}: ")));
         assert!(line.is_some(), "check {check} did not pass:\n{stdout}");
     }
-    assert!(stdout.contains("wheel-check: all checks passed"), "{stdout}");
+    assert!(
+        stdout.contains("wheel-check: all checks passed"),
+        "{stdout}"
+    );
 }
 
 fn tail(s: &str, n: usize) -> String {

@@ -37,6 +37,15 @@ pub const RUNNER_NAME: &str = "batchfit-torch";
 /// compare a plan's torch with its own.
 pub const TORCH_VERSION_ENV: &str = "BATCHFIT_RUNNER_TORCH_VERSION";
 
+/// Set in the runner's environment to the version of the `batchfit` that starts it: the trial spec,
+/// the result line and the trainer's arguments are one version's protocol, so a runner of another
+/// version (an older one on `PATH`, say) refuses to run (exit 3) rather than misread a spec and
+/// report a run that was not asked for as a fit.
+pub const CALLER_VERSION_ENV: &str = "BATCHFIT_CALLER_VERSION";
+
+/// This batchfit's version (what the runner must be).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 /// Everything a model trial needs (passed as JSON on the runner's command line).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TrialSpec {
@@ -157,6 +166,7 @@ impl Runner {
             cmd.env("LD_LIBRARY_PATH", joined);
         }
         cmd.env(TORCH_VERSION_ENV, &self.torch.version);
+        cmd.env(CALLER_VERSION_ENV, VERSION);
         cmd
     }
 

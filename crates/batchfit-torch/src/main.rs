@@ -10,7 +10,7 @@
 //! | `inspect FILE` | loads a TorchScript file and prints its parameter count |
 
 use batchfit::exit::Exit;
-use batchfit::workload::runner::RunnerInfo;
+use batchfit::workload::runner::{RunnerInfo, CALLER_VERSION_ENV};
 use batchfit_torch::{child, cuda, train, BUILT_FOR};
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -21,6 +21,19 @@ const USAGE: &str = "usage: batchfit-torch trial SPEC | worker TEMPLATE | train 
 
 fn main() -> ExitCode {
     batchfit::platform::sysmem::configure_malloc();
+    const VERSION: &str = env!("CARGO_PKG_VERSION");
+    if let Some(caller) = std::env::var_os(CALLER_VERSION_ENV) {
+        if caller != VERSION {
+            eprintln!(
+                "batchfit-torch {VERSION} cannot serve batchfit {}: the two speak one version's \
+                 protocol. Install them together (pip install batchfit, or cargo build --release \
+                 --workspace), or point BATCHFIT_TORCH_RUNNER at the runner of batchfit {}",
+                caller.to_string_lossy(),
+                caller.to_string_lossy()
+            );
+            return Exit::Environment.into();
+        }
+    }
     let _ = cuda::load();
     let mut args = std::env::args_os().skip(1);
     let sub = args.next();
