@@ -349,3 +349,98 @@ fn a_runner_of_another_batchfit_version_refuses_to_run() {
         .assert()
         .success();
 }
+
+#[test]
+fn a_python_that_never_answers_is_an_error_not_a_hang() {
+    // a Python that hangs (here with a grandchild holding its output open) is given
+    // PYTHON_TIMEOUT, then named with what to do, by the probe and by the trainer launcher
+    let d = tmp();
+    let py = script(d.path(), "python3", "sleep 60");
+    let limit = batchfit::workload::runner::PYTHON_TIMEOUT + std::time::Duration::from_secs(30);
+    let probe = {
+        let py = py.clone();
+        std::thread::spawn(move || {
+            batchfit()
+                .args(MODEL_PROBE)
+                .env("BATCHFIT_PYTHON", &py)
+                .timeout(limit)
+                .assert()
+                .code(3)
+                .stderr(predicate::str::contains("did not say where torch is"))
+                .stderr(predicate::str::contains("BATCHFIT_PYTHON="));
+        })
+    };
+    trainer()
+        .args(["--plan", "plan.json"])
+        .env("BATCHFIT_PYTHON", &py)
+        .timeout(limit)
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains("did not say where torch is"));
+    probe.join().unwrap();
+}
+
+#[test]
+fn a_batchfit_python_that_is_not_an_executable_file_is_named() {
+    let d = tmp();
+    for py in [d.path().join("nowhere"), d.path().to_path_buf(), "".into()] {
+        batchfit()
+            .args(MODEL_PROBE)
+            .env("BATCHFIT_PYTHON", &py)
+            .assert()
+            .code(3)
+            .stderr(predicate::str::contains(format!(
+                "BATCHFIT_PYTHON={} is not an executable file",
+                py.display()
+            )));
+    }
+}
+
+#[test]
+fn the_trainer_refuses_a_runner_that_is_another_program() {
+    // once the launcher has replaced itself, the program's own status would be batchfit-train's:
+    // 0 for one that does nothing, the dynamic loader's 127 for a libtorch that does not load
+    let d = tmp();
+    let torch = fake_torch(d.path(), "2.11.0");
+    let py = python_with_torch_at(d.path(), &torch);
+    for (name, body) in [
+        ("true", "exit 0"),
+        (
+            "no-libtorch",
+            "echo 'error while loading shared libraries: libtorch_cpu.so: file too short' >&2; exit 127",
+        ),
+    ] {
+        let runner = script(d.path(), name, body);
+        trainer()
+            .args(["--plan", "plan.json"])
+            .env("BATCHFIT_PYTHON", &py)
+            .env("BATCHFIT_TORCH_RUNNER", &runner)
+            .assert()
+            .code(3)
+            .stderr(predicate::str::contains("does not work here"))
+            .stderr(predicate::str::contains("BATCHFIT_TORCH_RUNNER"));
+    }
+}
+
+#[test]
+fn an_empty_ld_library_path_does_not_put_the_current_directory_on_the_runners_library_path() {
+    // the dynamic loader reads an empty entry as the current directory
+    let d = tmp();
+    let torch = fake_torch(d.path(), "2.11.0");
+    let py = python_with_torch_at(d.path(), &torch);
+    let runner = script(
+        d.path(),
+        "runner",
+        "echo \"LD=[$LD_LIBRARY_PATH]\" >&2; exit 1",
+    );
+    let lib = torch.join("lib").display().to_string();
+    for (old, new) in [("", lib.clone()), (":/x:", format!("{lib}:/x"))] {
+        batchfit()
+            .arg("doctor")
+            .env("BATCHFIT_PYTHON", &py)
+            .env("BATCHFIT_TORCH_RUNNER", &runner)
+            .env("LD_LIBRARY_PATH", old)
+            .assert()
+            .stdout(predicate::str::contains(format!("LD=[{new}]")));
+    }
+}

@@ -21,8 +21,9 @@ use crate::plan::model::ModelSpec;
 use crate::workload::fault::FaultAt;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 use thiserror::Error;
 
 /// The PyTorch minor version the runner is built against (`tch 0.24` binds PyTorch 2.11). The
@@ -45,6 +46,13 @@ pub const CALLER_VERSION_ENV: &str = "BATCHFIT_CALLER_VERSION";
 
 /// This batchfit's version (what the runner must be).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// How long a Python may take to say where torch is (a `find_spec`: milliseconds, seconds on a cold
+/// network file system). One that never answers is an error, not a hang.
+pub const PYTHON_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long `batchfit-torch info` may take (loading libtorch and asking the CUDA driver for devices).
+pub const INFO_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Everything a model trial needs (passed as JSON on the runner's command line).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -99,6 +107,16 @@ pub enum RunnerError {
     #[error("BATCHFIT_TORCH_RUNNER={0} is not an executable file")]
     BadRunnerVar(String),
     #[error(
+        "BATCHFIT_PYTHON={0} is not an executable file: set it to the python of an environment that \
+         has torch=={TORCH_MINOR}.*"
+    )]
+    BadPythonVar(String),
+    #[error(
+        "{python} did not say where torch is within {secs} s: set BATCHFIT_PYTHON=/path/to/python of \
+         an environment that has torch=={TORCH_MINOR}.*"
+    )]
+    PythonHangs { python: String, secs: u64 },
+    #[error(
         "no PyTorch found for batchfit's torch runner (it runs --model probes and batchfit-train \
          on your own torch): tried {tried}. Install torch=={TORCH_MINOR}.* into that Python \
          environment, or set BATCHFIT_PYTHON=/path/to/python of an environment that has it"
@@ -112,7 +130,10 @@ pub enum RunnerError {
          with any torch"
     )]
     WrongTorch { dir: String, found: String },
-    #[error("batchfit's torch runner {exe} did not answer `info`: {why}")]
+    #[error(
+        "batchfit's torch runner {exe} does not work here (`info`: {why}): point \
+         BATCHFIT_TORCH_RUNNER at batchfit's own {RUNNER_NAME}, or reinstall batchfit and torch"
+    )]
     Info { exe: String, why: String },
 }
 
@@ -158,11 +179,10 @@ impl Runner {
     /// path.
     pub fn command(&self) -> Command {
         let mut cmd = Command::new(&self.exe);
-        let mut paths = vec![self.torch.lib_dir()];
-        if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
-            paths.extend(std::env::split_paths(&old));
-        }
-        if let Ok(joined) = std::env::join_paths(paths) {
+        if let Some(joined) = library_path(
+            &self.torch.lib_dir(),
+            std::env::var_os("LD_LIBRARY_PATH").as_deref(),
+        ) {
             cmd.env("LD_LIBRARY_PATH", joined);
         }
         cmd.env(TORCH_VERSION_ENV, &self.torch.version);
@@ -176,11 +196,7 @@ impl Runner {
             exe: self.exe.display().to_string(),
             why,
         };
-        let out = self
-            .command()
-            .arg("info")
-            .stdin(std::process::Stdio::null())
-            .output()
+        let out = output_within(self.command().arg("info"), INFO_TIMEOUT)
             .map_err(|e| fail(e.to_string()))?;
         if !out.status.success() {
             let stderr = String::from_utf8_lossy(&out.stderr);
@@ -192,6 +208,80 @@ impl Runner {
         }
         serde_json::from_slice(&out.stdout).map_err(|e| fail(format!("unreadable answer: {e}")))
     }
+}
+
+/// `lib` followed by the `LD_LIBRARY_PATH` the user had, without empty entries (which the dynamic
+/// loader reads as the current directory: an empty `LD_LIBRARY_PATH` must not become `lib:`).
+pub fn library_path(lib: &Path, old: Option<&std::ffi::OsStr>) -> Option<std::ffi::OsString> {
+    let mut paths = vec![lib.to_path_buf()];
+    if let Some(old) = old {
+        paths.extend(std::env::split_paths(old).filter(|p| !p.as_os_str().is_empty()));
+    }
+    std::env::join_paths(paths).ok()
+}
+
+/// Why [`output_within`] has no output.
+#[derive(Debug, Error)]
+pub enum OutputError {
+    #[error("{0}")]
+    Start(std::io::Error),
+    #[error("no answer within {} s", .0.as_secs())]
+    Late(Duration),
+}
+
+/// Runs `cmd` with stdin closed and collects its output, or kills it after `limit` (a Python or
+/// runner that never answers must not hang batchfit). Also late when the output pipes stay open
+/// past `limit` (a child left running holds them).
+pub fn output_within(cmd: &mut Command, limit: Duration) -> Result<Output, OutputError> {
+    use std::io::Read;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(OutputError::Start)?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let pipes: [Option<Box<dyn Read + Send>>; 2] = [
+        child.stdout.take().map(|p| Box::new(p) as _),
+        child.stderr.take().map(|p| Box::new(p) as _),
+    ];
+    for (i, pipe) in pipes.into_iter().enumerate() {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let mut buf = vec![];
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            let _ = tx.send((i, buf));
+        });
+    }
+    drop(tx);
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(OutputError::Start)? {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(OutputError::Late(limit));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let mut bufs = [vec![], vec![]];
+    for _ in 0..2 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (i, buf) = rx
+            .recv_timeout(left)
+            .map_err(|_| OutputError::Late(limit))?;
+        bufs[i] = buf;
+    }
+    let [stdout, stderr] = bufs;
+    Ok(Output {
+        status,
+        stdout,
+        stderr,
+    })
 }
 
 /// Whether `p` is a regular file with an execute bit.
@@ -232,11 +322,19 @@ fn runner_exe() -> Result<PathBuf, RunnerError> {
         .ok_or(RunnerError::NoRunner)
 }
 
-/// The Python interpreters to ask for torch, in order: `BATCHFIT_PYTHON` alone when set; else the
-/// `python3`/`python` next to this executable, then on `PATH`.
-fn pythons() -> Vec<PathBuf> {
-    if let Some(p) = std::env::var_os("BATCHFIT_PYTHON") {
-        return vec![PathBuf::from(p)];
+/// The Python interpreters to ask for torch, in order: `BATCHFIT_PYTHON` alone when set (a path, or
+/// a name looked up on `PATH`); else the `python3`/`python` next to this executable, then on `PATH`.
+fn pythons() -> Result<Vec<PathBuf>, RunnerError> {
+    if let Some(v) = std::env::var_os("BATCHFIT_PYTHON") {
+        let p = PathBuf::from(&v);
+        let found = if p.components().count() > 1 || p.is_absolute() {
+            Some(p.clone()).filter(|p| executable(p))
+        } else {
+            v.to_str().filter(|n| !n.is_empty()).and_then(on_path)
+        };
+        return found
+            .map(|p| vec![p])
+            .ok_or_else(|| RunnerError::BadPythonVar(p.display().to_string()));
     }
     let mut out = vec![];
     for name in ["python3", "python"] {
@@ -251,22 +349,27 @@ fn pythons() -> Vec<PathBuf> {
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// Where `python` would import torch from, without importing it (a `find_spec`, milliseconds).
-fn torch_dir_of(python: &Path) -> Option<PathBuf> {
+/// A Python that does not answer within [`PYTHON_TIMEOUT`] is an error.
+fn torch_dir_of(python: &Path) -> Result<Option<PathBuf>, RunnerError> {
     const FIND: &str = "import importlib.util as u\n\
                         s = u.find_spec('torch')\n\
                         print(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations else '')";
-    let out = Command::new(python)
-        .args(["-c", FIND])
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output()
-        .ok()?;
+    let out = match output_within(Command::new(python).args(["-c", FIND]), PYTHON_TIMEOUT) {
+        Ok(out) => out,
+        Err(OutputError::Start(_)) => return Ok(None),
+        Err(OutputError::Late(_)) => {
+            return Err(RunnerError::PythonHangs {
+                python: python.display().to_string(),
+                secs: PYTHON_TIMEOUT.as_secs(),
+            })
+        }
+    };
     let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    (out.status.success() && !dir.is_empty()).then(|| PathBuf::from(dir))
+    Ok((out.status.success() && !dir.is_empty()).then(|| PathBuf::from(dir)))
 }
 
 /// `__version__` of a torch package, read from its `version.py` (importing torch takes seconds).
@@ -294,9 +397,9 @@ pub fn same_minor(version: &str, minor: &str) -> bool {
 }
 
 fn find_torch() -> Result<Torch, RunnerError> {
-    let candidates = pythons();
+    let candidates = pythons()?;
     for python in &candidates {
-        let Some(dir) = torch_dir_of(python) else {
+        let Some(dir) = torch_dir_of(python)? else {
             continue;
         };
         if !dir.join("lib").join("libtorch_cpu.so").is_file() {
@@ -341,6 +444,26 @@ mod tests {
         assert!(!same_minor("2.110.0", "2.11"));
         assert!(!same_minor("2.12.0", "2.11"));
         assert!(!same_minor("", "2.11"));
+    }
+
+    #[test]
+    fn output_within_gives_up_on_a_command_that_never_answers() {
+        let start = Instant::now();
+        let late = output_within(
+            Command::new("sh").args(["-c", "sleep 30"]),
+            Duration::from_millis(300),
+        );
+        assert!(matches!(late, Err(OutputError::Late(_))), "{late:?}");
+        assert!(start.elapsed() < Duration::from_secs(5));
+        let out = output_within(
+            Command::new("sh").args(["-c", "echo out; echo err >&2"]),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        assert_eq!(
+            (&out.stdout[..], &out.stderr[..]),
+            (&b"out\n"[..], &b"err\n"[..])
+        );
     }
 
     #[test]

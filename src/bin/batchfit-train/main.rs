@@ -19,9 +19,14 @@ fn main() -> ExitCode {
     exit::finish("batchfit-train", launch().map(|()| Exit::Success))
 }
 
-/// Replaces this process with the runner's `train` (returns only when that cannot start).
+/// Replaces this process with the runner's `train` (returns only when that cannot start). The
+/// runner must first answer `info`: once replaced, a program that is not the runner (or one whose
+/// libtorch does not load) would exit with its own status, 0 for one that does nothing.
 fn launch() -> Result<(), Fail> {
     let runner = Runner::locate().map_err(|e| Fail(Exit::Environment, e.into()))?;
+    runner
+        .info()
+        .map_err(|e| Fail(Exit::Environment, e.into()))?;
     let e = runner
         .command()
         .arg("train")
