@@ -405,7 +405,7 @@ fn find_torch() -> Result<Torch, RunnerError> {
         if !dir.join("lib").join("libtorch_cpu.so").is_file() {
             continue;
         }
-        let found = torch_version(&dir).unwrap_or_else(|| "of no readable version".into());
+        let found = torch_version(&dir).unwrap_or_else(|| "unreadable (no __version__ in its version.py)".into());
         if !same_minor(&found, TORCH_MINOR) {
             return Err(RunnerError::WrongTorch {
                 dir: dir.display().to_string(),
@@ -419,7 +419,7 @@ fn find_torch() -> Result<Torch, RunnerError> {
         });
     }
     let tried = if candidates.is_empty() {
-        "no python3 or python on PATH".to_string()
+        "none (no python3 or python on PATH)".to_string()
     } else {
         candidates
             .iter()
