@@ -242,6 +242,7 @@ fn nvml_without_cuda_in_libtorch_is_refused_before_any_trial() {
         .assert()
         .code(3)
         .stdout(predicate::str::is_empty())
-        .stderr(predicate::str::contains("libtorch sees no CUDA device"));
+        .stderr(predicate::str::contains("sees no CUDA device"))
+        .stderr(predicate::str::contains("NVML sees 2 GPU(s)"));
     assert!(!out.exists());
 }
