@@ -672,21 +672,7 @@ fn contradicting_plans_are_refused_everywhere() {
 fn an_edited_cache_entry_is_a_miss_and_said() {
     let d = tmp();
     let cache = path(&d, "cache");
-    let probe = || {
-        let mut c = batchfit();
-        c.env("BATCHFIT_CACHE_DIR", &cache).args([
-            "probe",
-            "--backend",
-            "sim",
-            "--sim",
-            SIM16,
-            "--global-batch",
-            "1000",
-            "--format",
-            "json",
-        ]);
-        c
-    };
+    let probe = || cached_sim_probe(&cache, &["--global-batch", "1000"]);
     let first = json_out(&probe().assert().success());
     let entry = std::fs::read_dir(&cache)
         .unwrap()
@@ -726,19 +712,7 @@ fn an_edited_cache_entry_is_a_miss_and_said() {
 fn a_cache_entry_of_another_torch_is_a_miss() {
     let d = tmp();
     let cache = path(&d, "cache");
-    let probe = || {
-        let mut c = batchfit();
-        c.env("BATCHFIT_CACHE_DIR", &cache).args([
-            "probe",
-            "--backend",
-            "sim",
-            "--sim",
-            SIM16,
-            "--format",
-            "json",
-        ]);
-        c
-    };
+    let probe = || cached_sim_probe(&cache, &[]);
     probe().assert().success();
     let entry = std::fs::read_dir(&cache)
         .unwrap()
@@ -1558,4 +1532,21 @@ fn a_link_in_the_plan_cache_is_never_written_through() {
         .unwrap()
         .file_type()
         .is_symlink());
+}
+
+/// A sim probe (`SIM16`, JSON on stdout) that uses the plan cache in `cache`.
+fn cached_sim_probe(cache: &std::path::Path, extra: &[&str]) -> assert_cmd::Command {
+    let mut c = batchfit();
+    c.env("BATCHFIT_CACHE_DIR", cache)
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            SIM16,
+            "--format",
+            "json",
+        ])
+        .args(extra);
+    c
 }

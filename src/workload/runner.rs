@@ -405,7 +405,8 @@ fn find_torch() -> Result<Torch, RunnerError> {
         if !dir.join("lib").join("libtorch_cpu.so").is_file() {
             continue;
         }
-        let found = torch_version(&dir).unwrap_or_else(|| "unreadable (no __version__ in its version.py)".into());
+        let found = torch_version(&dir)
+            .unwrap_or_else(|| "unreadable (no __version__ in its version.py)".into());
         if !same_minor(&found, TORCH_MINOR) {
             return Err(RunnerError::WrongTorch {
                 dir: dir.display().to_string(),
