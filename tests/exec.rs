@@ -191,6 +191,61 @@ fn a_cuda_out_of_memory_text_is_an_oom() {
     assert_eq!(fit["details"]["step_time"], "wall-clock", "{fit}");
 }
 
+/// Whether this process may make memory cgroups for trials (root, with a memory controller).
+fn cgroup_available() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    root && batchfit::device::cgroup::parent().is_ok()
+}
+
+/// Under a memory cgroup the trial's measured peak and the group's limit reach the classifier: a
+/// command that prints CUDA's out-of-memory text while it holds a few MiB of a 4 GiB limit did not
+/// run out of that limit, so its trials are errors (exit 4), never the proof that a size does not
+/// fit.
+#[test]
+fn an_out_of_memory_text_far_below_a_cgroup_limit_is_an_error() {
+    if !cgroup_available() {
+        eprintln!("no memory cgroup can be made here: skipped");
+        return;
+    }
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let cmd = vec![
+        py(),
+        fake("cuda_oom.py"),
+        "--batch".into(),
+        "{batch}".into(),
+        "--threshold".into(),
+        "4".into(),
+    ];
+    probe(&out, &["--cpu-limit", "cgroup", "--max-batch", "16"], &cmd)
+        .assert()
+        .code(4);
+    let p = read_json(&path(&d, "plan.partial.json"));
+    assert!(
+        p["limit_mechanism"].as_str().unwrap().starts_with("cgroup"),
+        "{}",
+        p["limit_mechanism"]
+    );
+    let trials = p["trials"].as_array().unwrap();
+    let above: Vec<&serde_json::Value> = trials
+        .iter()
+        .filter(|t| t["batch"].as_u64().unwrap() > 4)
+        .collect();
+    assert!(!above.is_empty(), "{p}");
+    for t in above {
+        assert_eq!(t["outcome"], "error", "{t}");
+        assert!(
+            t["message"]
+                .as_str()
+                .unwrap()
+                .contains("not counted as out of memory"),
+            "{t}"
+        );
+    }
+    assert!(p["recommendation"].is_null());
+}
+
 #[test]
 fn errors_are_never_proof_and_say_what_went_wrong() {
     for (mode, want) in [

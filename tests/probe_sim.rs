@@ -110,6 +110,34 @@ fn nothing_fits_exits_1_and_leaves_out_alone() {
     );
 }
 
+/// A probe stopped by `--time-limit` is capped like one stopped by `--max-trials`: a partial plan
+/// and exit 5, not exit 4 (trials failed).
+#[test]
+fn time_limit_gives_partial_plan_and_exit_5() {
+    let d = tmp();
+    let out = path(&d, "p.json");
+    batchfit()
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            SIM,
+            "--time-limit",
+            "1e-9",
+            "--quiet",
+            "--out",
+        ])
+        .arg(&out)
+        .assert()
+        .code(5);
+    assert!(!out.exists());
+    let p = read_json(&path(&d, "p.partial.json"));
+    assert_eq!(p["status"], "partial");
+    assert_eq!(p["stop_reason"], "time-limit");
+    assert!(p["recommendation"].is_null());
+}
+
 #[test]
 fn max_trials_gives_partial_plan_and_exit_5() {
     let d = tmp();

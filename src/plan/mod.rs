@@ -368,6 +368,24 @@ mod tests {
         );
     }
 
+    /// A plan whose first failing size is its largest fitting size claims that one size both fit
+    /// and ran out of memory: refused (the proptest's corruption reaches this edge only by chance).
+    #[test]
+    fn a_first_failing_size_equal_to_the_largest_fit_is_refused() {
+        for plan in [even_plan(), uneven_plan()] {
+            let mut bad = plan.clone();
+            let r = bad.recommendation.as_mut().unwrap();
+            r.first_failing_batch = Some(r.max_fitting_batch);
+            let e = Plan::parse(&bad.to_json(), Path::new("p.json")).unwrap_err();
+            assert!(matches!(e, PlanError::Inconsistent { .. }), "{e}");
+            assert!(
+                e.to_string()
+                    .contains("is not above its largest fitting size"),
+                "{e}"
+            );
+        }
+    }
+
     #[test]
     fn partial_names() {
         assert_eq!(
