@@ -404,12 +404,20 @@ pub struct ProbeArgs {
     #[arg(long, hide = true)]
     pub inject_fault: Option<String>,
 
-    /// Probe your own training command, given after `--`, instead of a built-in model: each trial
-    /// runs it fresh with {batch}, {steps}, {accumulation} in its arguments replaced and
-    /// BATCHFIT_BATCH, BATCHFIT_STEPS, BATCHFIT_ACCUMULATION, BATCHFIT_TRIAL, BATCHFIT_RESULT in its
-    /// environment, e.g. `--exec -- python train.py --batch-size {batch} --max-steps {steps}`.
-    #[arg(long, help_heading = "Your own command")]
-    pub exec: bool,
+    /// Probe your own training command instead of a built-in model, given after `--` (`--exec --
+    /// python train.py --batch-size {batch} --max-steps {steps}`) or as one quoted string (`--exec
+    /// 'python train.py --batch-size {batch} --max-steps {steps}'`, split into words as a POSIX
+    /// shell splits them; no shell runs it): each trial runs it fresh with {batch}, {steps},
+    /// {accumulation} in its arguments replaced and BATCHFIT_BATCH, BATCHFIT_STEPS,
+    /// BATCHFIT_ACCUMULATION, BATCHFIT_TRIAL, BATCHFIT_RESULT in its environment.
+    // `Some(None)`: the command is after `--`; `Some(Some(line))`: it is `line` (config splits it)
+    #[arg(
+        long,
+        value_name = "'CMD ARG…'",
+        num_args = 0..=1,
+        help_heading = "Your own command"
+    )]
+    pub exec: Option<Option<String>>,
     /// A file whose content is part of the command's fingerprint (the training script, its config);
     /// repeatable. The plan cache and `verify` tell another version of it from this one.
     #[arg(long, value_name = "FILE", help_heading = "Your own command")]

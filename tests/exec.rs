@@ -496,7 +496,10 @@ fn usage_errors_cost_nothing() {
     let d = tmp();
     let out = path(&d, "plan.json");
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (vec!["--exec".into()], "needs the command after `--`"),
+        (
+            vec!["--exec".into()],
+            "needs the command: give it after `--`",
+        ),
         (
             vec!["--".into(), "python3".into(), "x.py".into()],
             "only with --exec",
@@ -548,6 +551,89 @@ fn usage_errors_cost_nothing() {
             .assert()
             .code(2)
             .stderr(predicate::str::contains(want));
+        assert!(!out.exists() && !path(&d, "plan.partial.json").exists());
+    }
+}
+
+/// `--exec 'CMD ARG…'`, one argument, is split into words as a POSIX shell would (quotes kept
+/// together, nothing expanded) and is the same probe as `--exec -- CMD ARG…`: the same argv in the
+/// plan, the same answer, the same cache entry.
+#[test]
+fn a_command_given_as_one_string_is_split_like_a_shell_and_probed_the_same() {
+    let d = tmp();
+    let cache = fresh_cache_dir();
+    let script = r#"[ "$1" -le 7 ] || { echo MemoryError >&2; exit 1; }; sleep 0.05"#;
+    let words = ["sh", "-c", script, "sh", "{batch}"];
+    let line = format!("sh -c '{script}' sh {{batch}}");
+    let run = |out: &std::path::Path, form: &[&str]| {
+        batchfit()
+            .env("BATCHFIT_CACHE_DIR", &cache)
+            .args(["probe", "--backend", "cpu", "--memory-budget", "2GiB"])
+            .args(["--cpu-limit", "rlimit", "--quiet", "--max-batch", "16"])
+            .arg("--out")
+            .arg(out)
+            .args(form)
+            .assert()
+            .success()
+    };
+    let one = path(&d, "one.json");
+    run(&one, &["--exec", &line]);
+    let p = read_json(&one);
+    assert_eq!(
+        p["model"]["argv"],
+        serde_json::json!(words),
+        "{}",
+        p["model"]
+    );
+    assert_eq!(p["recommendation"]["max_fitting_batch"], 7);
+    // the other form: the same command, so the cache answers it
+    let many = path(&d, "many.json");
+    let mut form = vec!["--exec", "--"];
+    form.extend(words);
+    let o = run(&many, &form);
+    let err = String::from_utf8_lossy(&o.get_output().stderr).into_owned();
+    assert!(err.contains("plan from cache"), "{err}");
+    let q = read_json(&many);
+    assert_eq!(q["model"], p["model"]);
+    assert_eq!(q["recommendation"], p["recommendation"]);
+}
+
+/// A wrong form of `--exec` (nothing, an unbalanced quote, an empty string, the command twice, or
+/// several words unquoted) is refused before any trial, exit 2, with both accepted forms.
+#[test]
+fn a_wrong_form_of_exec_shows_both_forms_and_exits_2() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--exec"], "--exec needs the command"),
+        (
+            vec!["--exec", r#"python3 "train.py"#],
+            "cannot be split into words",
+        ),
+        (vec!["--exec", "  "], "empty command"),
+        (
+            vec!["--exec", "sh x.sh", "--", "sh", "x.sh"],
+            "the command twice",
+        ),
+        (
+            vec!["--exec", "python3", "train.py", "{batch}"],
+            "takes the command as one argument",
+        ),
+    ];
+    for (args, want) in cases {
+        let o = batchfit()
+            .args(["probe", "--backend", "cpu", "--out"])
+            .arg(&out)
+            .args(&args)
+            .assert()
+            .code(2);
+        let err = String::from_utf8_lossy(&o.get_output().stderr).into_owned();
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(
+            err.contains("--exec -- python train.py --batch-size {batch}")
+                && err.contains("--exec 'python train.py --batch-size {batch}'"),
+            "{args:?} does not show both forms: {err}"
+        );
         assert!(!out.exists() && !path(&d, "plan.partial.json").exists());
     }
 }

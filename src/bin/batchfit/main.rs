@@ -18,6 +18,14 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
+            if e.kind() == clap::error::ErrorKind::UnknownArgument && exec_before_separator() {
+                // `--exec python train.py …` unquoted: clap took `python` as the command and
+                // refused the next word
+                eprintln!(
+                    "batchfit: --exec takes the command as one argument: {}",
+                    batchfit::config::EXEC_FORMS
+                );
+            }
             return if e.use_stderr() {
                 Exit::Usage
             } else {
@@ -42,6 +50,13 @@ fn main() -> ExitCode {
         Command::Predict(args) => plans::predict(&args),
     };
     exit::finish("batchfit", result)
+}
+
+/// Whether `--exec` is among this process's arguments before a `--`.
+fn exec_before_separator() -> bool {
+    std::env::args_os()
+        .take_while(|a| a != "--")
+        .any(|a| a == "--exec" || a.to_string_lossy().starts_with("--exec="))
 }
 
 /// What every command that runs trials needs first: signal handlers (so an interruption kills the
