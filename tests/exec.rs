@@ -385,10 +385,13 @@ fn environ_has(pid: u32, needle: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// SIGINT: the trial's processes go, a partial plan is written, exit 130, and the lock files the
+/// probe made beside its plan and in its `--logs` directory go with it.
 #[test]
-fn sigint_leaves_a_partial_plan_and_no_process() {
+fn sigint_leaves_a_partial_plan_and_no_process_nor_lock_file() {
     let d = tmp();
     let out = path(&d, "plan.json");
+    let logs = path(&d, "logs");
     let marker = format!("sigint-{}", std::process::id());
     let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_batchfit"));
     c.env("BATCHFIT_CACHE_DIR", fresh_cache_dir())
@@ -403,6 +406,8 @@ fn sigint_leaves_a_partial_plan_and_no_process() {
         ])
         .args(["--trial-timeout", "60", "--out"])
         .arg(&out)
+        .arg("--logs")
+        .arg(&logs)
         .args([
             "--exec",
             "--",
@@ -414,12 +419,22 @@ fn sigint_leaves_a_partial_plan_and_no_process() {
         .stderr(std::process::Stdio::null());
     let mut child = c.spawn().unwrap();
     std::thread::sleep(std::time::Duration::from_secs(2));
+    let locks = [
+        path(&d, ".plan.json.batchfit-lock"),
+        logs.join(".batchfit-logs.lock"),
+    ];
+    for l in &locks {
+        assert!(l.is_file(), "{} while the probe runs", l.display());
+    }
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130), "{status:?}");
     assert!(path(&d, "plan.partial.json").exists());
     assert!(!out.exists());
+    for l in &locks {
+        assert!(!l.exists(), "{} was left", l.display());
+    }
     std::thread::sleep(std::time::Duration::from_millis(300));
     let left: Vec<u32> = leftovers("hang.py")
         .into_iter()
@@ -796,14 +811,14 @@ fn logs_keep_every_trials_output() {
         .success();
     let p = read_json(&out);
     let n = p["trials"].as_array().unwrap().len();
-    // every trial's stdout and stderr, and the lock that keeps other probes out (errors.md L19-3)
+    // every trial's stdout and stderr, and nothing else: the lock that kept other probes out while
+    // it ran (errors.md L19-3) went with the probe
     let files: Vec<PathBuf> = std::fs::read_dir(&logs)
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .filter(|f| !f.ends_with(".batchfit-logs.lock"))
         .collect();
-    assert!(logs.join(".batchfit-logs.lock").is_file());
+    assert!(!logs.join(".batchfit-logs.lock").exists());
     assert_eq!(files.len(), 2 * n, "{files:?}");
     let oom_log = files
         .iter()

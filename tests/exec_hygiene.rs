@@ -881,3 +881,68 @@ fn two_probes_never_share_one_logs_directory() {
     let err = stderr_of(&c);
     assert!(!err.contains("another batchfit probe"), "{err}");
 }
+
+/// One writer per `--out`: a probe holds `.NAME.batchfit-lock` beside its plan (its pid inside) from
+/// before its first trial to its exit, and a second probe given the same `--out` is refused before
+/// any trial, exit 2, naming the lock file and its holder; the first goes on, and its lock file goes
+/// with it.
+#[test]
+fn two_probes_never_write_one_out() {
+    let d = tmp();
+    let marker = format!("out-lock-{}", std::process::id());
+    let out = d.path().join("plan.json");
+    let lock = d.path().join(".plan.json.batchfit-lock");
+    let touch_and_sleep = |name: &str| {
+        format!(
+            "import pathlib, time; pathlib.Path({:?}).touch(); time.sleep(3)",
+            d.path().join(name)
+        )
+    };
+    let mut a = batchfit_process(&marker)
+        .args(probe_args(&out, "30"))
+        .args(["--cpu-limit", "rlimit", "--exec", "--", PY, "-c"])
+        .args([touch_and_sleep("a-ran"), "{batch}".into()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !d.path().join("a-ran").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the first probe never started its trial"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        std::fs::read_to_string(&lock).unwrap().trim(),
+        a.id().to_string()
+    );
+    let b = batchfit()
+        .args(probe_args(&out, "30"))
+        .args(["--cpu-limit", "rlimit", "--exec", "--", PY, "-c"])
+        .args([touch_and_sleep("b-ran"), "{batch}".into()])
+        .assert()
+        .code(2);
+    let err = stderr_of(&b);
+    assert!(
+        err.contains("another batchfit probe is writing this plan")
+            && err.contains(&lock.display().to_string())
+            && err.contains(&format!("process {}", a.id())),
+        "{err}"
+    );
+    assert!(
+        !d.path().join("b-ran").exists(),
+        "the second probe ran a trial"
+    );
+    let (status, _) = wait_within(&mut a, Duration::from_secs(60));
+    assert_eq!(status.code(), Some(5), "--max-trials 2: {status:?}");
+    assert!(survivors("time.sleep(3)", &marker).is_empty());
+    let left: Vec<String> = std::fs::read_dir(d.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!lock.exists(), "the lock file was left: {left:?}");
+    assert!(d.path().join("plan.partial.json").exists(), "{left:?}");
+}

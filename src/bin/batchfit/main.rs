@@ -49,6 +49,9 @@ fn main() -> ExitCode {
         Command::PythonHelper => info::python_helper(),
         Command::Predict(args) => plans::predict(&args),
     };
+    // the lock files this process made (`--logs`, `--out`) go with it, whatever its end: success,
+    // an error, an interruption that wrote a partial plan
+    batchfit::platform::lock::release_all();
     exit::finish("batchfit", result)
 }
 
