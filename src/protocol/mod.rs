@@ -425,4 +425,8 @@ pub trait Workload: Send + Sync {
     fn measured_by_device(&self) -> bool {
         false
     }
+    /// Called by the device when a trial process has ended, whatever its end (fit, out of memory,
+    /// error, timeout, an interruption), once its processes are gone: what the trial left is
+    /// removed here.
+    fn trial_ended(&self) {}
 }
