@@ -653,6 +653,46 @@ fn a_wrong_form_of_exec_shows_both_forms_and_exits_2() {
     }
 }
 
+/// A job that says how many optimizer steps it runs (the helper's `steps(default=N)`, recorded in its
+/// report as `job_steps`) and runs more than the recommendation was confirmed with is warned that
+/// later memory is not covered; one that runs no more than that is not.
+#[test]
+fn a_job_that_runs_more_steps_than_were_proven_is_warned() {
+    let script = |job_steps: u32| {
+        format!(
+            "import sys; sys.path.insert(0, {helper:?}); import batchfit_trial as bt\n\
+             b = bt.batch_size(default=8); n = bt.steps(default={job_steps})\n\
+             if b > 6: sys.exit('MemoryError')\n\
+             with bt.Trial() as t:\n    for _ in range(n): t.step()\n",
+            helper = helper_dir()
+        )
+    };
+    for (job_steps, warned) in [(1000, true), (4, false)] {
+        let d = tmp();
+        let out = path(&d, "plan.json");
+        let cmd = vec![py(), "-c".into(), script(job_steps)];
+        probe(&out, &["--cpu-limit", "rlimit", "--max-batch", "16"], &cmd)
+            .assert()
+            .success();
+        let p = read_json(&out);
+        assert_eq!(p["recommendation"]["max_fitting_batch"], 6, "{p}");
+        let fit = p["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["batch"] == 6 && t["steps"] == 5 && t["outcome"] == "fits")
+            .expect("the confirmation of 6")
+            .clone();
+        assert_eq!(fit["details"]["report"]["job_steps"], job_steps, "{fit}");
+        let warnings = p["warnings"].to_string();
+        let says = warnings.contains(&format!(
+            "the job runs {job_steps} optimizer steps (its steps() default), and micro-batch 6 \
+             was confirmed with 5"
+        ));
+        assert_eq!(says, warned, "{warnings}");
+    }
+}
+
 #[test]
 fn a_command_without_batch_is_warned() {
     let d = tmp();

@@ -137,6 +137,16 @@ pub fn invariants(plan: &Plan) -> Result<(), String> {
     Ok(())
 }
 
+/// The most optimizer steps of a recorded trial of micro-batch `batch` that fit with an
+/// accumulation of at least `accumulation`, if one did.
+pub fn fitting_steps(plan: &Plan, batch: u64, accumulation: u32) -> Option<u32> {
+    plan.trials
+        .iter()
+        .filter(|t| t.batch == batch && t.outcome.fits() && t.accumulation >= accumulation)
+        .map(|t| t.steps)
+        .max()
+}
+
 /// Whether the trials of a complete probe plan back its recommendation: every size of
 /// `micro_batches` fit with (at least) the plan's accumulation and its confirm steps, the largest
 /// fitting size fit with the confirm steps, and the first failing size ran out of memory. Plans of

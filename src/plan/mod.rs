@@ -55,6 +55,19 @@ impl Plan {
             .saturating_add(self.guard_band_bytes.unwrap_or(0))
     }
 
+    /// The optimizer steps its recommendation was confirmed with: for each size of
+    /// `micro_batches`, the most steps of a recorded trial of that size that fit with (at least)
+    /// the plan's accumulation; the fewest over the sizes. `None` without a recommendation, or when
+    /// a size has no such trial (a merged plan before `batchfit verify`).
+    pub fn proven_steps(&self) -> Option<u32> {
+        let r = self.recommendation.as_ref()?;
+        let acc = u32::try_from(r.accumulation).unwrap_or(u32::MAX);
+        r.micro_batches
+            .iter()
+            .map(|&b| check::fitting_steps(self, b, acc))
+            .try_fold(u32::MAX, |fewest, s| s.map(|s| fewest.min(s)))
+    }
+
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("plan serialises")
     }

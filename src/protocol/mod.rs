@@ -341,6 +341,10 @@ pub struct TrialReport {
     /// The batch came from `BATCHFIT_BATCH` (the helper's `batch_size()` read it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reads_batch: bool,
+    /// The optimizer steps the job runs without batchfit (the helper's `steps(default=N)`), when
+    /// it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_steps: Option<u64>,
 }
 
 fn one_u32() -> u32 {
