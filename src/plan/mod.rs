@@ -72,7 +72,8 @@ impl Plan {
         serde_json::to_string_pretty(self).expect("plan serialises")
     }
 
-    /// Reads and validates a plan file (JSON, schema version, the invariants of [`check`]).
+    /// Reads and validates a plan file (JSON, schema version, [`check::check`]: its invariants and
+    /// the trials behind its recommendation).
     pub fn read(path: &Path) -> Result<Plan, PlanError> {
         use crate::platform::files::{open_regular, OpenError};
         use std::io::Read;
@@ -122,7 +123,7 @@ impl Plan {
             path: p.clone(),
             detail: e.to_string(),
         })?;
-        check::invariants(&plan).map_err(|detail| PlanError::Inconsistent { path: p, detail })?;
+        check::check(&plan).map_err(|detail| PlanError::Inconsistent { path: p, detail })?;
         Ok(plan)
     }
 
