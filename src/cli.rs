@@ -398,12 +398,20 @@ pub struct ProbeArgs {
     #[arg(long, hide = true)]
     pub inject_fault: Option<String>,
 
-    /// Probe your own training command, given after `--`, instead of a built-in model: each trial
-    /// runs it fresh with {batch}, {steps}, {accumulation} in its arguments replaced and
-    /// BATCHFIT_BATCH, BATCHFIT_STEPS, BATCHFIT_ACCUMULATION, BATCHFIT_TRIAL, BATCHFIT_RESULT in its
-    /// environment, e.g. `--exec -- python train.py --batch-size {batch} --max-steps {steps}`.
-    #[arg(long, help_heading = "Your own command")]
-    pub exec: bool,
+    /// Probe your own training command instead of a built-in model, given after `--` (`--exec --
+    /// python train.py --batch-size {batch} --max-steps {steps}`) or as one quoted string (`--exec
+    /// 'python train.py --batch-size {batch} --max-steps {steps}'`, split into words as a POSIX
+    /// shell splits them; no shell runs it): each trial runs it fresh with {batch}, {steps},
+    /// {accumulation} in its arguments replaced and BATCHFIT_BATCH, BATCHFIT_STEPS,
+    /// BATCHFIT_ACCUMULATION, BATCHFIT_TRIAL, BATCHFIT_RESULT in its environment.
+    // `Some(None)`: the command is after `--`; `Some(Some(line))`: it is `line` (config splits it)
+    #[arg(
+        long,
+        value_name = "'CMD ARG…'",
+        num_args = 0..=1,
+        help_heading = "Your own command"
+    )]
+    pub exec: Option<Option<String>>,
     /// A file whose content is part of the command's fingerprint (the training script, its config);
     /// repeatable. The plan cache and `verify` tell another version of it from this one.
     #[arg(long, value_name = "FILE", help_heading = "Your own command")]
@@ -607,12 +615,16 @@ pub struct TrainArgs {
 pub fn parse_or_exit<T: Parser>(
     argv: impl IntoIterator<Item = std::ffi::OsString>,
 ) -> Result<T, crate::exit::Exit> {
-    T::try_parse_from(argv).map_err(|e| {
-        let _ = e.print();
-        if e.use_stderr() {
-            crate::exit::Exit::Usage
-        } else {
-            crate::exit::Exit::Success
-        }
-    })
+    T::try_parse_from(argv).map_err(|e| print_parse_error(&e))
+}
+
+/// Prints clap's text for a failed parse and returns the exit it means (0 for `--help` and
+/// `--version`, 2 for bad usage).
+pub fn print_parse_error(e: &clap::Error) -> crate::exit::Exit {
+    let _ = e.print();
+    if e.use_stderr() {
+        crate::exit::Exit::Usage
+    } else {
+        crate::exit::Exit::Success
+    }
 }

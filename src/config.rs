@@ -186,7 +186,7 @@ fn sweep(a: &ProbeArgs, base: &ProbeConfig) -> Result<Option<SweepConfig>, Confi
             "--sweep {spec:?}: give 2 to {MAX_SWEEP_POINTS} points (one point is a plain probe)"
         ));
     }
-    if a.exec && !a.command.iter().any(|w| w.contains(param.placeholder())) {
+    if a.exec.is_some() && !a.command.iter().any(|w| w.contains(param.placeholder())) {
         return err(format!(
             "--sweep {} with --exec: the command has no {} in its arguments; batchfit passes each \
              point there (and as {} in the environment), so write {} where the command takes its {} \
@@ -206,7 +206,7 @@ fn sweep(a: &ProbeArgs, base: &ProbeConfig) -> Result<Option<SweepConfig>, Confi
     let has_s = inputs_have_s(a);
     let torchscript = Architecture::preset(&a.model).is_none();
     let (flag, given, default) = match (param, &base.model.architecture) {
-        _ if a.exec => (param.placeholder(), None, None),
+        _ if a.exec.is_some() => (param.placeholder(), None, None),
         _ if torchscript && has_s => ("the S dimension", None, None),
         (SweepParam::SeqLen, Architecture::Gpt { seq_len, .. }) => {
             ("--seq-len", a.seq_len, Some(*seq_len))
@@ -254,7 +254,7 @@ fn sweep(a: &ProbeArgs, base: &ProbeConfig) -> Result<Option<SweepConfig>, Confi
     for &v in &points {
         let mut p = a.clone();
         p.sweep = None;
-        if a.exec {
+        if a.exec.is_some() {
             p.command = a
                 .command
                 .iter()
@@ -332,6 +332,8 @@ pub const HYBRID_ON_CUDA: &str = "--isolation hybrid is for the cpu backend: on 
      --isolation hybrid";
 
 pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
+    let words = exec_words(a)?;
+    let a = words.as_ref().unwrap_or(a);
     // With --sweep, an input's S is the point: the probe's own settings are checked at the first.
     let first = a
         .sweep
@@ -731,7 +733,7 @@ fn check_out_is_no_input(
     partial: &std::path::Path,
 ) -> Result<(), ConfigError> {
     let mut inputs: Vec<(String, PathBuf)> = vec![];
-    if a.exec {
+    if a.exec.is_some() {
         for w in &a.command {
             let p = std::path::Path::new(w);
             if std::fs::metadata(p).is_ok_and(|m| m.is_file()) {
@@ -803,11 +805,48 @@ fn inputs_have_s(a: &ProbeArgs) -> bool {
     })
 }
 
+/// The two ways to give `--exec` its command, for the messages that refuse another.
+pub const EXEC_FORMS: &str = "give it after `--`, as separate words (batchfit probe --exec -- python \
+     train.py --batch-size {batch}), or as one quoted string (batchfit probe --exec 'python train.py \
+     --batch-size {batch}')";
+
+/// `--exec 'CMD ARG…'`: the command given as one string becomes the command after `--`, split into
+/// words as a POSIX shell splits them (quotes and backslashes; no shell runs it, nothing is
+/// expanded), so the two forms are the same probe (argv, fingerprint, cache key). `None` when there
+/// is no string to split.
+fn exec_words(a: &ProbeArgs) -> Result<Option<ProbeArgs>, ConfigError> {
+    let Some(Some(line)) = &a.exec else {
+        return Ok(None);
+    };
+    if !a.command.is_empty() {
+        return Err(ConfigError(format!(
+            "--exec was given the command twice, as {} and after `--` ({}); {EXEC_FORMS}, not both",
+            crate::output::env::shell_quote(line),
+            a.command.join(" ")
+        )));
+    }
+    let words = shell_words::split(line).map_err(|e| {
+        ConfigError(format!(
+            "--exec {}: the command cannot be split into words ({e}); {EXEC_FORMS}",
+            crate::output::env::shell_quote(line)
+        ))
+    })?;
+    if words.is_empty() {
+        return Err(ConfigError(format!(
+            "--exec was given an empty command; {EXEC_FORMS}"
+        )));
+    }
+    let mut b = a.clone();
+    b.exec = Some(None);
+    b.command = words;
+    Ok(Some(b))
+}
+
 /// `--exec -- CMD ARG…`: the command checked (it can be started), its fingerprint files hashed, its
 /// patterns compiled, the built-in model's flags refused (the command trains its own model).
 fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError> {
     let err = |m: String| Err(ConfigError(m));
-    if !a.exec {
+    if a.exec.is_none() {
         if !a.command.is_empty() {
             return err(format!(
                 "a command after `--` ({}) is probed only with --exec: batchfit probe --exec -- {}",
@@ -829,11 +868,7 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
         return Ok((None, vec![]));
     }
     if a.command.is_empty() {
-        return err(
-            "--exec needs the command after `--`, e.g. batchfit probe --exec -- python train.py \
-             --batch-size {batch}"
-                .into(),
-        );
+        return err(format!("--exec needs the command: {EXEC_FORMS}"));
     }
     let model_flags = [
         ("--model", a.model != "mlp"),

@@ -191,6 +191,61 @@ fn a_cuda_out_of_memory_text_is_an_oom() {
     assert_eq!(fit["details"]["step_time"], "wall-clock", "{fit}");
 }
 
+/// Whether this process may make memory cgroups for trials (root, with a memory controller).
+fn cgroup_available() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    root && batchfit::device::cgroup::parent().is_ok()
+}
+
+/// Under a memory cgroup the trial's measured peak and the group's limit reach the classifier: a
+/// command that prints CUDA's out-of-memory text while it holds a few MiB of a 4 GiB limit did not
+/// run out of that limit, so its trials are errors (exit 4), never the proof that a size does not
+/// fit.
+#[test]
+fn an_out_of_memory_text_far_below_a_cgroup_limit_is_an_error() {
+    if !cgroup_available() {
+        eprintln!("no memory cgroup can be made here: skipped");
+        return;
+    }
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let cmd = vec![
+        py(),
+        fake("cuda_oom.py"),
+        "--batch".into(),
+        "{batch}".into(),
+        "--threshold".into(),
+        "4".into(),
+    ];
+    probe(&out, &["--cpu-limit", "cgroup", "--max-batch", "16"], &cmd)
+        .assert()
+        .code(4);
+    let p = read_json(&path(&d, "plan.partial.json"));
+    assert!(
+        p["limit_mechanism"].as_str().unwrap().starts_with("cgroup"),
+        "{}",
+        p["limit_mechanism"]
+    );
+    let trials = p["trials"].as_array().unwrap();
+    let above: Vec<&serde_json::Value> = trials
+        .iter()
+        .filter(|t| t["batch"].as_u64().unwrap() > 4)
+        .collect();
+    assert!(!above.is_empty(), "{p}");
+    for t in above {
+        assert_eq!(t["outcome"], "error", "{t}");
+        assert!(
+            t["message"]
+                .as_str()
+                .unwrap()
+                .contains("not counted as out of memory"),
+            "{t}"
+        );
+    }
+    assert!(p["recommendation"].is_null());
+}
+
 #[test]
 fn errors_are_never_proof_and_say_what_went_wrong() {
     for (mode, want) in [
@@ -330,10 +385,13 @@ fn environ_has(pid: u32, needle: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// SIGINT: the trial's processes go, a partial plan is written, exit 130, and the lock files the
+/// probe made beside its plan and in its `--logs` directory go with it.
 #[test]
-fn sigint_leaves_a_partial_plan_and_no_process() {
+fn sigint_leaves_a_partial_plan_and_no_process_nor_lock_file() {
     let d = tmp();
     let out = path(&d, "plan.json");
+    let logs = path(&d, "logs");
     let marker = format!("sigint-{}", std::process::id());
     let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_batchfit"));
     c.env("BATCHFIT_CACHE_DIR", fresh_cache_dir())
@@ -348,6 +406,8 @@ fn sigint_leaves_a_partial_plan_and_no_process() {
         ])
         .args(["--trial-timeout", "60", "--out"])
         .arg(&out)
+        .arg("--logs")
+        .arg(&logs)
         .args([
             "--exec",
             "--",
@@ -359,12 +419,22 @@ fn sigint_leaves_a_partial_plan_and_no_process() {
         .stderr(std::process::Stdio::null());
     let mut child = c.spawn().unwrap();
     std::thread::sleep(std::time::Duration::from_secs(2));
+    let locks = [
+        path(&d, ".plan.json.batchfit-lock"),
+        logs.join(".batchfit-logs.lock"),
+    ];
+    for l in &locks {
+        assert!(l.is_file(), "{} while the probe runs", l.display());
+    }
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130), "{status:?}");
     assert!(path(&d, "plan.partial.json").exists());
     assert!(!out.exists());
+    for l in &locks {
+        assert!(!l.exists(), "{} was left", l.display());
+    }
     std::thread::sleep(std::time::Duration::from_millis(300));
     let left: Vec<u32> = leftovers("hang.py")
         .into_iter()
@@ -441,7 +511,10 @@ fn usage_errors_cost_nothing() {
     let d = tmp();
     let out = path(&d, "plan.json");
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (vec!["--exec".into()], "needs the command after `--`"),
+        (
+            vec!["--exec".into()],
+            "needs the command: give it after `--`",
+        ),
         (
             vec!["--".into(), "python3".into(), "x.py".into()],
             "only with --exec",
@@ -494,6 +567,129 @@ fn usage_errors_cost_nothing() {
             .code(2)
             .stderr(predicate::str::contains(want));
         assert!(!out.exists() && !path(&d, "plan.partial.json").exists());
+    }
+}
+
+/// `--exec 'CMD ARG…'`, one argument, is split into words as a POSIX shell would (quotes kept
+/// together, nothing expanded) and is the same probe as `--exec -- CMD ARG…`: the same argv in the
+/// plan, the same answer, the same cache entry.
+#[test]
+fn a_command_given_as_one_string_is_split_like_a_shell_and_probed_the_same() {
+    let d = tmp();
+    let cache = fresh_cache_dir();
+    let script = r#"[ "$1" -le 7 ] || { echo MemoryError >&2; exit 1; }; sleep 0.05"#;
+    let words = ["sh", "-c", script, "sh", "{batch}"];
+    let line = format!("sh -c '{script}' sh {{batch}}");
+    let run = |out: &std::path::Path, form: &[&str]| {
+        batchfit()
+            .env("BATCHFIT_CACHE_DIR", &cache)
+            .args(["probe", "--backend", "cpu", "--memory-budget", "2GiB"])
+            .args(["--cpu-limit", "rlimit", "--quiet", "--max-batch", "16"])
+            .arg("--out")
+            .arg(out)
+            .args(form)
+            .assert()
+            .success()
+    };
+    let one = path(&d, "one.json");
+    run(&one, &["--exec", &line]);
+    let p = read_json(&one);
+    assert_eq!(
+        p["model"]["argv"],
+        serde_json::json!(words),
+        "{}",
+        p["model"]
+    );
+    assert_eq!(p["recommendation"]["max_fitting_batch"], 7);
+    // the other form: the same command, so the cache answers it
+    let many = path(&d, "many.json");
+    let mut form = vec!["--exec", "--"];
+    form.extend(words);
+    let o = run(&many, &form);
+    let err = String::from_utf8_lossy(&o.get_output().stderr).into_owned();
+    assert!(err.contains("plan from cache"), "{err}");
+    let q = read_json(&many);
+    assert_eq!(q["model"], p["model"]);
+    assert_eq!(q["recommendation"], p["recommendation"]);
+}
+
+/// A wrong form of `--exec` (nothing, an unbalanced quote, an empty string, the command twice, or
+/// several words unquoted) is refused before any trial, exit 2, with both accepted forms.
+#[test]
+fn a_wrong_form_of_exec_shows_both_forms_and_exits_2() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--exec"], "--exec needs the command"),
+        (
+            vec!["--exec", r#"python3 "train.py"#],
+            "cannot be split into words",
+        ),
+        (vec!["--exec", "  "], "empty command"),
+        (
+            vec!["--exec", "sh x.sh", "--", "sh", "x.sh"],
+            "the command twice",
+        ),
+        (
+            vec!["--exec", "python3", "train.py", "{batch}"],
+            "takes the command as one argument",
+        ),
+    ];
+    for (args, want) in cases {
+        let o = batchfit()
+            .args(["probe", "--backend", "cpu", "--out"])
+            .arg(&out)
+            .args(&args)
+            .assert()
+            .code(2);
+        let err = String::from_utf8_lossy(&o.get_output().stderr).into_owned();
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(
+            err.contains("--exec -- python train.py --batch-size {batch}")
+                && err.contains("--exec 'python train.py --batch-size {batch}'"),
+            "{args:?} does not show both forms: {err}"
+        );
+        assert!(!out.exists() && !path(&d, "plan.partial.json").exists());
+    }
+}
+
+/// A job that says how many optimizer steps it runs (the helper's `steps(default=N)`, recorded in its
+/// report as `job_steps`) and runs more than the recommendation was confirmed with is warned that
+/// later memory is not covered; one that runs no more than that is not.
+#[test]
+fn a_job_that_runs_more_steps_than_were_proven_is_warned() {
+    let script = |job_steps: u32| {
+        format!(
+            "import sys; sys.path.insert(0, {helper:?}); import batchfit_trial as bt\n\
+             b = bt.batch_size(default=8); n = bt.steps(default={job_steps})\n\
+             if b > 6: sys.exit('MemoryError')\n\
+             with bt.Trial() as t:\n    for _ in range(n): t.step()\n",
+            helper = helper_dir()
+        )
+    };
+    for (job_steps, warned) in [(1000, true), (4, false)] {
+        let d = tmp();
+        let out = path(&d, "plan.json");
+        let cmd = vec![py(), "-c".into(), script(job_steps)];
+        probe(&out, &["--cpu-limit", "rlimit", "--max-batch", "16"], &cmd)
+            .assert()
+            .success();
+        let p = read_json(&out);
+        assert_eq!(p["recommendation"]["max_fitting_batch"], 6, "{p}");
+        let fit = p["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["batch"] == 6 && t["steps"] == 5 && t["outcome"] == "fits")
+            .expect("the confirmation of 6")
+            .clone();
+        assert_eq!(fit["details"]["report"]["job_steps"], job_steps, "{fit}");
+        let warnings = p["warnings"].to_string();
+        let says = warnings.contains(&format!(
+            "the job runs {job_steps} optimizer steps (its steps() default), and micro-batch 6 \
+             was confirmed with 5"
+        ));
+        assert_eq!(says, warned, "{warnings}");
     }
 }
 
@@ -655,15 +851,14 @@ fn logs_keep_every_trials_output() {
         .success();
     let p = read_json(&out);
     let n = p["trials"].as_array().unwrap().len();
-    // every trial's stdout and stderr, and the lock that keeps other probes out (docs/errors.md,
-    // "Trial logs: `--logs`")
+    // every trial's stdout and stderr, and nothing else: the lock that kept other probes out while
+    // it ran (docs/errors.md, "Trial logs: `--logs`") went with the probe
     let files: Vec<PathBuf> = std::fs::read_dir(&logs)
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .filter(|f| !f.ends_with(".batchfit-logs.lock"))
         .collect();
-    assert!(logs.join(".batchfit-logs.lock").is_file());
+    assert!(!logs.join(".batchfit-logs.lock").exists());
     assert_eq!(files.len(), 2 * n, "{files:?}");
     let oom_log = files
         .iter()

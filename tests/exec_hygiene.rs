@@ -543,6 +543,13 @@ fn sighup_leaves_no_process_no_cgroup_and_no_report_dir() {
         "{:?}",
         reports_dirs(&tmpdir)
     );
+    // nor the trial's own temporary directory, nor the probe's that held it
+    let left: Vec<PathBuf> = std::fs::read_dir(&tmpdir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "left in TMPDIR: {left:?}");
     for g in in_group {
         assert!(!g.exists(), "{} was left", g.display());
     }
@@ -880,4 +887,150 @@ fn two_probes_never_share_one_logs_directory() {
         .assert();
     let err = stderr_of(&c);
     assert!(!err.contains("another batchfit probe"), "{err}");
+}
+
+/// One writer per `--out`: a probe holds `.NAME.batchfit-lock` beside its plan (its pid inside) from
+/// before its first trial to its exit, and a second probe given the same `--out` is refused before
+/// any trial, exit 2, naming the lock file and its holder; the first goes on, and its lock file goes
+/// with it.
+#[test]
+fn two_probes_never_write_one_out() {
+    let d = tmp();
+    let marker = format!("out-lock-{}", std::process::id());
+    let out = d.path().join("plan.json");
+    let lock = d.path().join(".plan.json.batchfit-lock");
+    let touch_and_sleep = |name: &str| {
+        format!(
+            "import pathlib, time; pathlib.Path({:?}).touch(); time.sleep(3)",
+            d.path().join(name)
+        )
+    };
+    let mut a = batchfit_process(&marker)
+        .args(probe_args(&out, "30"))
+        .args(["--cpu-limit", "rlimit", "--exec", "--", PY, "-c"])
+        .args([touch_and_sleep("a-ran"), "{batch}".into()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !d.path().join("a-ran").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the first probe never started its trial"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        std::fs::read_to_string(&lock).unwrap().trim(),
+        a.id().to_string()
+    );
+    let b = batchfit()
+        .args(probe_args(&out, "30"))
+        .args(["--cpu-limit", "rlimit", "--exec", "--", PY, "-c"])
+        .args([touch_and_sleep("b-ran"), "{batch}".into()])
+        .assert()
+        .code(2);
+    let err = stderr_of(&b);
+    assert!(
+        err.contains("another batchfit probe is writing this plan")
+            && err.contains(&lock.display().to_string())
+            && err.contains(&format!("process {}", a.id())),
+        "{err}"
+    );
+    assert!(
+        !d.path().join("b-ran").exists(),
+        "the second probe ran a trial"
+    );
+    let (status, _) = wait_within(&mut a, Duration::from_secs(60));
+    assert_eq!(status.code(), Some(5), "--max-trials 2: {status:?}");
+    assert!(survivors("time.sleep(3)", &marker).is_empty());
+    let left: Vec<String> = std::fs::read_dir(d.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!lock.exists(), "the lock file was left: {left:?}");
+    assert!(d.path().join("plan.partial.json").exists(), "{left:?}");
+}
+
+/// Every trial of a command runs with `TMPDIR` (`TEMP`, `TMP`) set to a fresh directory of its own
+/// under a per-probe directory in batchfit's own temporary directory, removed when the trial ends,
+/// whatever its end: here a script that leaves a `tempfile.mkdtemp()` directory, a kept
+/// `NamedTemporaryFile`, a `multiprocessing.Manager()`'s `pymp-*` directory and a directory it made
+/// read-only, then fits (b ≤ 4), exits 3 without cleaning up (b ≤ 8) or runs out of memory. After
+/// the probe, the `TMPDIR` batchfit itself was given is empty.
+#[test]
+fn trials_leave_nothing_in_the_temporary_directory() {
+    let d = tmp();
+    let tmpdir = d.path().join("tmp");
+    std::fs::create_dir(&tmpdir).unwrap();
+    let seen = d.path().join("seen.txt");
+    let script = format!(
+        r#"
+import multiprocessing, os, sys, tempfile
+b = int(sys.argv[1])
+t = tempfile.gettempdir()
+with open({seen:?}, "a") as f:
+    f.write(t + "\n")
+keep = tempfile.mkdtemp()
+open(os.path.join(keep, "data"), "w").write("x" * 4096)
+tempfile.NamedTemporaryFile(delete=False).write(b"y")
+manager = multiprocessing.Manager()
+os.makedirs(os.path.join(t, "ro", "inner"))
+open(os.path.join(t, "ro", "inner", "f"), "w").write("z")
+os.chmod(os.path.join(t, "ro"), 0o500)
+if b > 8:
+    hog = b"x" * (b << 26)
+if b > 4:
+    os._exit(3)
+"#,
+        seen = seen.display().to_string()
+    );
+    let out = d.path().join("plan.json");
+    let o = batchfit()
+        .env("TMPDIR", &tmpdir)
+        .args(["probe", "--backend", "cpu", "--memory-budget", "512MiB"])
+        .args(["--margin", "0", "--quiet", "--max-batch", "16"])
+        .args(["--trial-timeout", "60", "--out"])
+        .arg(&out)
+        .args(["--exec", "--", PY, "-c", &script, "{batch}"])
+        .output()
+        .unwrap();
+    assert!(matches!(o.status.code(), Some(0) | Some(4)), "{o:?}");
+    let plan = if out.exists() {
+        read_json(&out)
+    } else {
+        read_json(&d.path().join("plan.partial.json"))
+    };
+    let trials = plan["trials"].as_array().unwrap();
+    let left: Vec<PathBuf> = std::fs::read_dir(&tmpdir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "left in TMPDIR: {left:?}");
+    for outcome in ["fits", "oom", "error"] {
+        assert!(
+            trials.iter().any(|t| t["outcome"] == outcome),
+            "no {outcome}: {plan}"
+        );
+    }
+    // each trial had a directory of its own, under batchfit's per-probe directory in TMPDIR
+    let dirs: Vec<String> = std::fs::read_to_string(&seen)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    assert_eq!(dirs.len(), trials.len(), "{dirs:?}");
+    let mut distinct = dirs.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), dirs.len(), "{dirs:?}");
+    for t in &dirs {
+        assert!(
+            Path::new(t).starts_with(&tmpdir) && t.contains("batchfit-tmp-"),
+            "{t}"
+        );
+    }
 }

@@ -668,6 +668,79 @@ fn contradicting_plans_are_refused_everywhere() {
     }
 }
 
+/// A plan edited so that its arithmetic still holds but no recorded trial supports it (the
+/// micro-batch, the largest fitting size, the global batch, the micro-batches and the first failing
+/// size all doubled) is refused by every reader, exit 2, naming the recommendation no trial backs
+/// and saying to probe again; the plan as the probe wrote it is read by each.
+#[test]
+fn a_recommendation_no_trial_supports_is_refused_by_every_reader() {
+    let d = tmp();
+    let good = probe_out(&d, "good.json", SIM16, &["--global-batch", "1000"]);
+    let g = read_json(&good);
+    let (micro, acc) = rec(&g);
+    let double = |v: &Value| Value::from(2 * v.as_u64().unwrap());
+    let bad = path(&d, "bad.json");
+    edit(&good, &bad, |v| {
+        let r = &mut v["recommendation"];
+        for k in [
+            "micro_batch",
+            "max_fitting_batch",
+            "global_batch",
+            "first_failing_batch",
+        ] {
+            r[k] = double(&r[k]);
+        }
+        let m: Vec<Value> = r["micro_batches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(double)
+            .collect();
+        r["micro_batches"] = Value::from(m);
+    });
+    let want = format!(
+        "its recommended micro-batch {} (with accumulation {acc}) has no recorded trial that fit",
+        2 * micro
+    );
+    let merge = |plan: &Path, global: &str| {
+        let mut c = batchfit();
+        c.args([
+            "merge",
+            "--global-batch",
+            global,
+            "--format",
+            "json",
+            "--out",
+        ])
+        .arg(path(&d, "merged.json"))
+        .arg(plan);
+        c
+    };
+    for args in [vec!["show", "--format", "env"], vec!["verify", "--quiet"]] {
+        batchfit().args(&args).arg(&good).assert().success();
+        let a = batchfit()
+            .args(&args)
+            .arg(&bad)
+            .assert()
+            .code(2)
+            .stdout(predicate::str::is_empty());
+        let err = stderr_of(&a);
+        assert!(
+            err.contains(&want) && err.contains("re-run `batchfit probe`"),
+            "{args:?}: {err}"
+        );
+    }
+    merge(&good, "1000").assert().success();
+    let a = merge(&bad, "2000").assert().code(2);
+    assert!(stderr_of(&a).contains(&want), "{}", stderr_of(&a));
+    let a = trainer()
+        .args(["--steps", "1", "--plan"])
+        .arg(&bad)
+        .assert()
+        .code(2);
+    assert!(stderr_of(&a).contains(&want), "{}", stderr_of(&a));
+}
+
 #[test]
 fn an_edited_cache_entry_is_a_miss_and_said() {
     let d = tmp();
@@ -690,7 +763,9 @@ fn an_edited_cache_entry_is_a_miss_and_said() {
     let a = probe().assert().success();
     assert!(
         stderr_of(&a).contains("cache entry not used, probing again")
-            && stderr_of(&a).contains("no trial of micro-batch 125"),
+            && stderr_of(&a).contains(
+                "its recommended micro-batch 125 (with accumulation 8) has no recorded trial"
+            ),
         "{}",
         stderr_of(&a)
     );

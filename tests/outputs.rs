@@ -43,7 +43,7 @@ fn env_format_exports_quoted_values_and_out_holds_json() {
     let script =
         "set -e\neval \"$1\"\nprintf '%s\\n' \"$BATCHFIT_MICRO_BATCH\" \"$BATCHFIT_ACCUMULATION\" \
          \"$BATCHFIT_GLOBAL_BATCH\" \"$BATCHFIT_WORLD_SIZE\" \"$BATCHFIT_MAX_FITTING_BATCH\" \
-         \"$BATCHFIT_STATUS\" \"$BATCHFIT_PLAN\"\n";
+         \"$BATCHFIT_STATUS\" \"$BATCHFIT_PLAN\" \"$BATCHFIT_PROVEN_STEPS\"\n";
     let sh = StdCommand::new("sh")
         .args(["-c", script, "sh", &stdout])
         .output()
@@ -68,8 +68,70 @@ fn env_format_exports_quoted_values_and_out_holds_json() {
             "4834".into(),
             "complete".into(),
             out.display().to_string(),
+            "5".into(),
         ]
     );
+}
+
+/// `BATCHFIT_PROVEN_STEPS` (and the summary's "confirmed with N optimizer steps") is what the
+/// recommended micro-batch was confirmed with: `--confirm-steps`, read from the plan's trials; a
+/// merged plan whose split size never ran here exports none until `verify` runs it.
+#[test]
+fn proven_steps_are_the_confirmations_and_exported_only_when_a_trial_has_them() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let a = probe(&["--global-batch", "8192", "--confirm-steps", "7"])
+        .args(["--format", "env", "--quiet", "--out"])
+        .arg(&out)
+        .assert()
+        .success();
+    assert!(
+        stdout_of(&a).contains("export BATCHFIT_PROVEN_STEPS=7\n"),
+        "{}",
+        stdout_of(&a)
+    );
+    let plan = read_json(&out);
+    let confirmed = plan["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["batch"] == 4096 && t["accumulation"] == 2 && t["outcome"] == "fits")
+        .map(|t| t["steps"].as_u64().unwrap())
+        .max();
+    assert_eq!(confirmed, Some(7));
+    batchfit()
+        .arg("show")
+        .arg(&out)
+        .args(["--format", "text"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "micro-batch 4096 confirmed with 7 optimizer steps at accumulation 2\n",
+        ));
+    // merged for another global batch: its micro-batch never ran with its accumulation
+    let merged = path(&d, "merged.json");
+    batchfit()
+        .args([
+            "merge",
+            "--global-batch",
+            "8190",
+            "--format",
+            "json",
+            "--out",
+        ])
+        .arg(&merged)
+        .arg(&out)
+        .assert()
+        .success();
+    let a = batchfit()
+        .arg("show")
+        .arg(&merged)
+        .args(["--format", "env"])
+        .assert()
+        .success();
+    let env = stdout_of(&a);
+    assert!(env.contains("export BATCHFIT_VERIFIED=0\n"), "{env}");
+    assert!(!env.contains("BATCHFIT_PROVEN_STEPS"), "{env}");
 }
 
 #[test]

@@ -110,6 +110,66 @@ fn nothing_fits_exits_1_and_leaves_out_alone() {
     );
 }
 
+/// A probe stopped by `--time-limit` is capped like one stopped by `--max-trials`: a partial plan
+/// and exit 5, not exit 4 (trials failed).
+#[test]
+fn time_limit_gives_partial_plan_and_exit_5() {
+    let d = tmp();
+    let out = path(&d, "p.json");
+    batchfit()
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            SIM,
+            "--time-limit",
+            "1e-9",
+            "--quiet",
+            "--out",
+        ])
+        .arg(&out)
+        .assert()
+        .code(5);
+    assert!(!out.exists());
+    let p = read_json(&path(&d, "p.partial.json"));
+    assert_eq!(p["status"], "partial");
+    assert_eq!(p["stop_reason"], "time-limit");
+    assert!(p["recommendation"].is_null());
+}
+
+/// A probe leaves no lock file beside its plan, whatever its end: complete (exit 0), capped
+/// (exit 5, a partial plan), or refused once the device is known (exit 2, after it took the lock).
+#[test]
+fn no_lock_file_is_left_beside_the_plan() {
+    for (extra, code) in [
+        (vec![], 0),
+        (vec!["--max-trials", "2"], 5),
+        (vec!["--memory-budget", "32GiB"], 2),
+    ] {
+        let d = tmp();
+        let out = path(&d, "plan.json");
+        batchfit()
+            .args(["probe", "--backend", "sim", "--sim", SIM, "--quiet"])
+            .args(&extra)
+            .arg("--out")
+            .arg(&out)
+            .assert()
+            .code(code);
+        let names: Vec<String> = std::fs::read_dir(d.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        let want: &[&str] = match code {
+            0 => &["plan.json"],
+            5 => &["plan.partial.json"],
+            _ => &[],
+        };
+        assert_eq!(names, want, "{extra:?}");
+    }
+}
+
 #[test]
 fn max_trials_gives_partial_plan_and_exit_5() {
     let d = tmp();

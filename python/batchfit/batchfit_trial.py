@@ -116,6 +116,7 @@ _state = {
     "reads_accumulation": False,  # accumulation() was called
     "reads_batch": False,  # batch_size() returned BATCHFIT_BATCH
     "samples": None,  # the largest micro-batch counted with step(samples=...), if any
+    "job_steps": None,  # steps()'s default: the optimizer steps the job runs without batchfit
     "step_seconds": [],  # wall seconds of each optimizer step marked with step()
     "last_mark": time.perf_counter(),  # at import, start() or the last step(): where the next step began
 }
@@ -124,7 +125,7 @@ _state = {
 def _reset_for_tests():
     """Forget everything recorded (the unit tests run many "scripts" in one process)."""
     _state.update(batch=None, steps=None, accumulation=None, reads_accumulation=False, reads_batch=False,
-                  samples=None)
+                  samples=None, job_steps=None)
     _state["last_mark"] = time.perf_counter()
     _state["step_seconds"] = []
 
@@ -165,8 +166,13 @@ def batch_size(default=None):
 
 
 def steps(default=None):
-    """The number of optimizer steps to run: ``BATCHFIT_STEPS``, else ``default``, else an error."""
+    """The number of optimizer steps to run: ``BATCHFIT_STEPS``, else ``default``, else an error.
+
+    Under batchfit the report also carries ``default`` as ``job_steps`` (the steps the job runs
+    without batchfit), so the plan can say when the fit was proven with fewer."""
     _state["steps"] = _value(ENV_STEPS, default, "steps")
+    if not isinstance(default, bool) and isinstance(default, int) and default >= 1:
+        _state["job_steps"] = default
     return _state["steps"]
 
 
@@ -295,6 +301,8 @@ def _build_report(batch, steps_done, accum, step_seconds, rank, world_size, extr
     }
     if _state["samples"] is not None:
         report_obj["samples"] = _state["samples"]
+    if _state["job_steps"] is not None:
+        report_obj["job_steps"] = _state["job_steps"]
     if extra:
         report_obj["extra"] = extra
     return report_obj

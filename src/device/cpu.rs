@@ -132,9 +132,10 @@ impl CpuBackend {
             own_child: !tree,
         };
         let cmd = self.workload.command(&req, &Placement::Cpu);
-        let ran = process::run(cmd, &opts, self.timeout, &mut |_| {})?;
+        let ran = process::run(cmd, &opts, self.timeout, &mut |_| {});
         drop(group);
-        Ok(match ran {
+        self.workload.trial_ended();
+        Ok(match ran? {
             Ran::Finished(f) => {
                 let (o, d) = self.workload.outcome(&f);
                 self.details = d;

@@ -24,6 +24,9 @@ pub fn shell_quote(s: &str) -> String {
 }
 
 /// `export BATCHFIT_*=...` lines for `eval`. Without a recommendation only `BATCHFIT_STATUS`.
+/// `BATCHFIT_PROVEN_STEPS` is the optimizer steps the recommended micro-batch(es) were confirmed
+/// with ([`Plan::proven_steps`]; absent when no trial confirmed them, as in a merged plan before
+/// `batchfit verify`).
 /// `BATCHFIT_VERIFIED` is `0` when the plan's `verified` is `false` (merged, or a failed verify).
 /// `BATCHFIT_UNEVEN` is `1` when the micro-batches of a step differ in size (`--allow-uneven`);
 /// then `BATCHFIT_MICRO_BATCHES` lists them, space-separated, and `BATCHFIT_MICRO_BATCH` is the
@@ -40,6 +43,10 @@ pub fn env(plan: &Plan, plan_path: Option<&Path>) -> String {
                 "BATCHFIT_MAX_FITTING_BATCH",
                 r.max_fitting_batch.to_string(),
             ));
+            // what the fit was proven with: a job that runs longer may meet memory it did not
+            if let Some(n) = plan.proven_steps() {
+                vars.push(("BATCHFIT_PROVEN_STEPS", n.to_string()));
+            }
             // micro-batches of unequal size (--allow-uneven): say so, and list them for a loop
             // (`for m in $BATCHFIT_MICRO_BATCHES`)
             let uneven = r.uneven || r.micro_batches.iter().any(|&m| m != r.micro_batch);

@@ -50,6 +50,23 @@ pub fn summary(plan: &Plan) -> String {
                 100.0 * r.peak_bytes as f64 / plan.limit_bytes.max(1) as f64,
                 r.samples_per_second
             );
+            if let Some(n) = plan.proven_steps() {
+                let mut sizes = r.micro_batches.clone();
+                sizes.sort_unstable_by(|a, b| b.cmp(a));
+                sizes.dedup();
+                let sizes: Vec<String> = sizes.iter().map(u64::to_string).collect();
+                s += &format!(
+                    "{} {} confirmed with {} at accumulation {}\n",
+                    if sizes.len() == 1 {
+                        "micro-batch"
+                    } else {
+                        "micro-batches"
+                    },
+                    sizes.join(" and "),
+                    count(n as usize, "optimizer step", "optimizer steps"),
+                    r.accumulation
+                );
+            }
         }
         _ => {
             s += &format!(

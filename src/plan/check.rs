@@ -9,14 +9,27 @@
 //!   `global_batch`, and they are all equal unless `uneven`;
 //! * `micro_batch` ≤ `max_fitting_batch` < `first_failing_batch`; `fastest_micro_batch` ≤ `micro_batch`;
 //! * `limit_bytes` ≤ `budget_bytes`, `reserve_bytes` < `budget_bytes`, `margin` in [0, 0.9];
-//! * every trial ran at least one step of at least one sample, with an accumulation of at least 1.
+//! * every trial ran at least one step of at least one sample, with an accumulation of at least 1;
+//! * its recommendation is backed by its recorded trials ([`backed`]): each recommended micro-batch
+//!   has a trial of that size that fit with (at least) the plan's accumulation, its largest fitting
+//!   size a trial that fit, and its first failing size, when it has one (none: a cap was reached), a
+//!   trial that ran out of memory or over its limit. A merged plan not yet verified here is held to
+//!   this only for the sizes its sources proved: its micro-batches are re-solved for the new split
+//!   and run by `batchfit verify`, and it says so (`"verified": false`).
 //!
-//! What a plan claims *about its trials* (that the sizes it recommends were run and fit) is a
-//! stronger check, [`evidence`], made where a plan is trusted without a person in the loop: the
-//! plan cache.
+//! [`check`] is both, the one check every reader gets through [`super::Plan::parse`]. What the plan
+//! cache trusts without a person in the loop is stronger, [`evidence`]: the sizes fit with the
+//! confirmation's steps, and the bracket matches the stop reason.
 
 use super::{Plan, Status};
 use crate::accumulate::MAX_ACCUMULATION;
+
+/// The check of every plan read ([`super::Plan::parse`]): its [`invariants`], and its
+/// recommendation [`backed`] by its trials.
+pub fn check(plan: &Plan) -> Result<(), String> {
+    invariants(plan)?;
+    backed(plan)
+}
 
 /// The first invariant `plan` breaks, as a sentence.
 pub fn invariants(plan: &Plan) -> Result<(), String> {
@@ -137,6 +150,62 @@ pub fn invariants(plan: &Plan) -> Result<(), String> {
     Ok(())
 }
 
+/// The most optimizer steps of a recorded trial of micro-batch `batch` that fit with an
+/// accumulation of at least `accumulation`, if one did.
+pub fn fitting_steps(plan: &Plan, batch: u64, accumulation: u32) -> Option<u32> {
+    plan.trials
+        .iter()
+        .filter(|t| t.batch == batch && t.outcome.fits() && t.accumulation >= accumulation)
+        .map(|t| t.steps)
+        .max()
+}
+
+/// Whether a trial of micro-batch `batch` (at accumulation 1: the size alone) ran out of memory or
+/// over its limit.
+fn failed(plan: &Plan, batch: u64) -> bool {
+    plan.trials
+        .iter()
+        .any(|t| t.batch == batch && t.accumulation <= 1 && t.outcome.is_bound())
+}
+
+/// Whether the recorded trials back the recommendation (see the module doc); the sentence says which
+/// part of it no trial supports.
+pub fn backed(plan: &Plan) -> Result<(), String> {
+    let Some(r) = &plan.recommendation else {
+        return Ok(());
+    };
+    let acc = u32::try_from(r.accumulation).unwrap_or(u32::MAX);
+    let merged_unverified = !plan.sources.is_empty() && plan.verified != Some(true);
+    if !merged_unverified {
+        let mut sizes = r.micro_batches.clone();
+        sizes.sort_unstable_by(|a, b| b.cmp(a));
+        sizes.dedup();
+        if let Some(b) = sizes
+            .iter()
+            .find(|&&b| fitting_steps(plan, b, acc).is_none())
+        {
+            return Err(format!(
+                "its recommended micro-batch {b} (with accumulation {acc}) has no recorded trial \
+                 that fit"
+            ));
+        }
+    }
+    if fitting_steps(plan, r.max_fitting_batch, 1).is_none() {
+        return Err(format!(
+            "its largest fitting micro-batch {} has no recorded trial that fit",
+            r.max_fitting_batch
+        ));
+    }
+    if let Some(f) = r.first_failing_batch {
+        if !failed(plan, f) {
+            return Err(format!(
+                "its first failing micro-batch {f} has no recorded trial that ran out of memory"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Whether the trials of a complete probe plan back its recommendation: every size of
 /// `micro_batches` fit with (at least) the plan's accumulation and its confirm steps, the largest
 /// fitting size fit with the confirm steps, and the first failing size ran out of memory. Plans of
@@ -169,11 +238,7 @@ pub fn evidence(plan: &Plan) -> Result<(), String> {
     if let Some(f) = r.first_failing_batch {
         // At accumulation 1, as max_fitting_batch: an out-of-memory with accumulation says nothing
         // of the size alone.
-        if !plan
-            .trials
-            .iter()
-            .any(|t| t.batch == f && t.accumulation <= 1 && t.outcome.is_bound())
-        {
+        if !failed(plan, f) {
             return Err(format!("no trial of its first failing size {f} failed"));
         }
     }

@@ -3,10 +3,12 @@
 //! * [`units`]: byte sizes as users write them (`1.5GiB`) and as batchfit prints them;
 //! * [`sysmem`]: `/proc` and cgroup memory facts, `RLIMIT_DATA`, the malloc set-up of trials;
 //! * [`interrupt`]: SIGINT/SIGTERM recorded for the search loop and the trial runner;
-//! * [`files`]: the one writer of result files (atomic, regular files only, modes kept).
+//! * [`files`]: the one writer of result files (atomic, regular files only, modes kept);
+//! * [`lock`]: one writer per `--logs` directory and `--out` plan (a lock file held until exit).
 
 pub mod files;
 pub mod interrupt;
+pub mod lock;
 pub mod sysmem;
 pub mod units;
 

@@ -219,9 +219,10 @@ pub enum Lookup {
     Rejected(String),
 }
 
-/// The cached complete plan for `key`, if any. An entry is used only if it reads as a plan (with
-/// its invariants, [`crate::plan::check::invariants`]), its trials back its recommendation
-/// ([`crate::plan::check::evidence`]), and, given the `skeleton` of this probe, it was made on the
+/// The cached complete plan for `key`, if any. An entry is used only if it reads as a plan (the
+/// check of every reader, [`crate::plan::check::check`]: its invariants and trials behind its
+/// recommendation), its trials back it with the confirmation's steps and its bracket matches its
+/// stop reason ([`crate::plan::check::evidence`]), and, given the `skeleton` of this probe, it was made on the
 /// same device with the same model, limit, search flags and runtime; anything else is
 /// [`Lookup::Rejected`] (the probe runs, and overwrites the entry).
 pub fn lookup(dir: &Path, key: &str, skeleton: Option<&Plan>) -> Lookup {

@@ -49,6 +49,9 @@ pub fn run_cached(
     progress: &mut dyn Progress,
     cache: Option<&CacheOptions>,
 ) -> Result<ProbeReport, ProbeError> {
+    if let Some(out) = &cfg.out {
+        report::hold_out(out)?;
+    }
     if let Some(sw) = &cfg.sweep {
         return sweep::run(cfg, sw, progress, cache);
     }

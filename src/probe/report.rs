@@ -80,6 +80,24 @@ pub struct ProbeReport {
     pub notices: Vec<String>,
 }
 
+/// One writer per `--out`: this process holds the lock file beside the plan
+/// ([`crate::platform::lock::beside`], `.NAME.batchfit-lock`) until it exits, and a second probe
+/// writing the same plan (or its partial sibling) is refused before any trial. Called before the
+/// probe does anything else (the cache too answers to `--out`).
+pub fn hold_out(out: &Path) -> Result<(), ProbeError> {
+    use crate::platform::lock::{self, LockError};
+    let env = |why: String| ProbeError::Environment(format!("--out {}: {why}", out.display()));
+    let lock_path = lock::beside(out).map_err(|e| env(e.to_string()))?;
+    lock::hold(&lock_path).map_err(|e| match e {
+        LockError::Held { .. } => ProbeError::Usage(format!(
+            "--out {}: another batchfit probe is writing this plan ({e}); wait for it to end, or \
+             give this probe another --out",
+            out.display()
+        )),
+        e => env(e.to_string()),
+    })
+}
+
 /// Writes `plan` where `--out` asks: a complete plan to `out` (its `.partial` sibling removed),
 /// anything else to the `.partial` sibling, leaving `out` as it was. Returns the path written.
 pub fn write(out: Option<&Path>, plan: &Plan) -> Result<Option<PathBuf>, ProbeError> {

@@ -86,47 +86,21 @@ pub const LOGS_LOCK: &str = ".batchfit-logs.lock";
 
 /// Trial logs are named by the trial's number (`trial-001-b1-a1.stdout`, documented), so two probes
 /// writing to one `--logs` directory would overwrite each other's logs and each plan's `details.log`
-/// could name the other run's output. The first probe takes an exclusive `flock` on
-/// [`LOGS_LOCK`] in the directory and keeps it until the process exits (every backend of one process,
-/// the GPUs of a multi-GPU probe or the points of a sweep, shares it); a second process is refused
-/// before any trial. The lock file is opened with [`open_regular`] (no link followed, no wait on a
-/// FIFO, a regular file only).
+/// could name the other run's output. The first probe holds [`LOGS_LOCK`] in the directory until it
+/// exits ([`crate::platform::lock`]: every backend of one process shares it, the lock file goes at
+/// exit); a second process is refused before any trial.
 fn hold_logs_dir(d: &Path) -> Result<(), ProbeError> {
-    use crate::platform::files::{open_regular, OpenError};
-    use std::os::unix::fs::OpenOptionsExt;
-    use std::os::unix::io::AsRawFd;
-    use std::sync::{Mutex, OnceLock};
-    static HELD: OnceLock<Mutex<Vec<(std::path::PathBuf, std::fs::File)>>> = OnceLock::new();
+    use crate::platform::lock::{self, LockError};
     let env = |why: String| ProbeError::Environment(format!("--logs {}: {why}", d.display()));
     let dir = d.canonicalize().map_err(|e| env(e.to_string()))?;
-    let mut held = HELD
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if held.iter().any(|(p, _)| *p == dir) {
-        return Ok(());
-    }
-    let path = dir.join(LOGS_LOCK);
-    let mut opts = std::fs::OpenOptions::new();
-    opts.read(true).write(true).create(true).mode(0o644);
-    let f = open_regular(&path, &mut opts, false).map_err(|e| match e {
-        OpenError::Missing(e) | OpenError::Link(e) | OpenError::Io(e) => {
-            env(format!("cannot open its lock file {}: {e}", path.display()))
-        }
-        OpenError::Directory | OpenError::NotRegular(_) => {
-            env(format!("{} is not a regular file", path.display()))
-        }
-    })?;
-    // SAFETY: flock on a file descriptor this function owns.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(ProbeError::Usage(format!(
-            "--logs {}: another batchfit probe is writing its trial logs there (their names would \
-             collide); give each probe its own --logs directory",
+    lock::hold(&dir.join(LOGS_LOCK)).map_err(|e| match e {
+        LockError::Held { .. } => ProbeError::Usage(format!(
+            "--logs {}: another batchfit probe is writing its trial logs there ({e}; their names \
+             would collide); give each probe its own --logs directory",
             d.display()
-        )));
-    }
-    held.push((dir, f));
-    Ok(())
+        )),
+        e => env(e.to_string()),
+    })
 }
 
 /// The resolved cuda set-up: NVML (or the scripted GPUs of tests), the GPUs to probe.

@@ -181,6 +181,7 @@ pub fn assemble(
         }
     }
     plan.warnings.extend(non_monotone(&plan.trials));
+    plan.warnings.extend(fewer_steps_than_the_job(&plan));
     if reads_batch(&plan.trials) {
         plan.warnings
             .retain(|w| w != crate::config::NO_BATCH_WARNING);
@@ -275,6 +276,28 @@ fn reads_batch(trials: &[TrialRecord]) -> bool {
         || reports
             .iter()
             .any(|(b, _)| reports.iter().any(|(c, _)| c != b))
+}
+
+/// The warning for a recommendation confirmed with fewer optimizer steps than the job itself runs,
+/// when the job said how many it runs (a report's `job_steps`, the helper's `steps(default=N)`):
+/// memory that appears later in a run is not covered by the proof.
+fn fewer_steps_than_the_job(plan: &Plan) -> Option<String> {
+    let r = plan.recommendation.as_ref()?;
+    let proven = plan.proven_steps()?;
+    let job = plan
+        .trials
+        .iter()
+        .filter(|t| r.micro_batches.contains(&t.batch) && t.outcome.fits())
+        .filter_map(|t| t.details.as_ref()?.report.as_ref()?.job_steps)
+        .max()?;
+    (job > u64::from(proven)).then(|| {
+        format!(
+            "the job runs {job} optimizer steps (its steps() default), and micro-batch {} was \
+             confirmed with {proven}: memory that grows later in a run (caches, fragmentation, \
+             longer inputs) is not covered by the proof; --confirm-steps N confirms with more",
+            r.micro_batch
+        )
+    })
 }
 
 fn unproven_accumulation(

@@ -341,6 +341,10 @@ pub struct TrialReport {
     /// The batch came from `BATCHFIT_BATCH` (the helper's `batch_size()` read it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reads_batch: bool,
+    /// The optimizer steps the job runs without batchfit (the helper's `steps(default=N)`), when
+    /// it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_steps: Option<u64>,
 }
 
 fn one_u32() -> u32 {
@@ -425,4 +429,8 @@ pub trait Workload: Send + Sync {
     fn measured_by_device(&self) -> bool {
         false
     }
+    /// Called by the device when a trial process has ended, whatever its end (fit, out of memory,
+    /// error, timeout, an interruption), once its processes are gone: what the trial left is
+    /// removed here.
+    fn trial_ended(&self) {}
 }

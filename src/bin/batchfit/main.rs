@@ -12,9 +12,20 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     sysmem::configure_malloc();
-    let cli: Cli = match cli::parse_or_exit(std::env::args_os()) {
+    let cli = match <Cli as clap::Parser>::try_parse() {
         Ok(c) => c,
-        Err(exit) => return exit.into(),
+        Err(e) => {
+            let exit = cli::print_parse_error(&e);
+            if e.kind() == clap::error::ErrorKind::UnknownArgument && exec_before_separator() {
+                // `--exec python train.py …` unquoted: clap took `python` as the command and
+                // refused the next word
+                eprintln!(
+                    "batchfit: --exec takes the command as one argument: {}",
+                    batchfit::config::EXEC_FORMS
+                );
+            }
+            return exit.into();
+        }
     };
     let result = match cli.command {
         Command::Probe(args) => probe::probe(&args),
@@ -29,7 +40,17 @@ fn main() -> ExitCode {
         Command::PythonHelper => info::python_helper(),
         Command::Predict(args) => plans::predict(&args),
     };
+    // the lock files this process made (`--logs`, `--out`) go with it, whatever its end: success,
+    // an error, an interruption that wrote a partial plan
+    batchfit::platform::lock::release_all();
     exit::finish("batchfit", result)
+}
+
+/// Whether `--exec` is among this process's arguments before a `--`.
+fn exec_before_separator() -> bool {
+    std::env::args_os()
+        .take_while(|a| a != "--")
+        .any(|a| a == "--exec" || a.to_string_lossy().starts_with("--exec="))
 }
 
 /// What every command that runs trials needs first: signal handlers (so an interruption kills the

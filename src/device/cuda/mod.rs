@@ -238,8 +238,9 @@ impl CudaBackend {
                     device_peaks[k] = Some(device_peaks[k].map_or(u, |p| p.max(u)));
                 }
             }
-        })?;
-        let (out, details) = match ran {
+        });
+        workload.trial_ended();
+        let (out, details) = match ran? {
             Ran::Finished(f) => workload.outcome(&f),
             Ran::TimedOut { seconds } => (TrialOutcome::Timeout { seconds }, None),
         };

@@ -4,7 +4,8 @@
 //!
 //! Each trial runs the command fresh with `{batch}`, `{steps}` and `{accumulation}` substituted in its
 //! arguments (`{{batch}}` is a literal `{batch}`) and `BATCHFIT_BATCH`, `BATCHFIT_STEPS`, `BATCHFIT_ACCUMULATION`, `BATCHFIT_TRIAL` and
-//! `BATCHFIT_RESULT` added to its environment — nothing else of the user's environment is changed (no
+//! `BATCHFIT_RESULT` added to its environment, and `TMPDIR` (`TEMP`, `TMP`) set to a fresh directory
+//! of its own, removed when the trial ends — nothing else of the user's environment is changed (no
 //! malloc tuning; threads only when `--threads` asks). The device limits and measures its whole
 //! process tree. What the end means:
 //!
@@ -21,6 +22,7 @@ use crate::protocol::{
     AllocatorReport, Finished, FootprintMethod, GpuMeasure, Placement, StepTime, TrialDetails,
     TrialOutcome, TrialReport, TrialRequest, Workload, REPORT_SCHEMA,
 };
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -34,7 +36,7 @@ pub const PYTHON_HELPER: &str = include_str!("../../../python/batchfit/batchfit_
 pub const PLACEHOLDERS: [&str; 3] = ["{batch}", "{steps}", "{accumulation}"];
 
 /// The environment variables set in every trial (values per trial).
-pub const ENVIRONMENT: [&str; 6] = [
+pub const ENVIRONMENT: [&str; 9] = [
     "BATCHFIT_BATCH",
     "BATCHFIT_STEPS",
     "BATCHFIT_ACCUMULATION",
@@ -42,6 +44,11 @@ pub const ENVIRONMENT: [&str; 6] = [
     "BATCHFIT_RESULT",
     // set by the process runner: marks every process of the trial, so that all are ended
     crate::device::process::TRIAL_MARKER,
+    // the trial's own temporary directory, removed when the trial ends (TEMP and TMP for tools
+    // that read those)
+    "TMPDIR",
+    "TEMP",
+    "TMP",
 ];
 
 /// How many lines of a trial's output its record keeps.
@@ -55,6 +62,11 @@ pub struct ExecWorkload {
     threads: Option<u32>,
     /// Where the trials' reports go.
     results: tempfile::TempDir,
+    /// The trials' temporary directories (`TMPDIR`): one per trial inside it, removed when the
+    /// trial ends ([`Workload::trial_ended`]); the whole directory goes with the workload.
+    temp: tempfile::TempDir,
+    /// The running trial's temporary directory.
+    trial_temp: Mutex<Option<PathBuf>>,
     trials: AtomicU32,
     /// The last trial started: its request and report path (trials of one workload run one at a
     /// time).
@@ -118,6 +130,8 @@ impl ExecWorkload {
             results: tempfile::Builder::new()
                 .prefix("batchfit-reports-")
                 .tempdir()?,
+            temp: tempfile::Builder::new().prefix("batchfit-tmp-").tempdir()?,
+            trial_temp: Mutex::new(None),
             trials: AtomicU32::new(0),
             last: Mutex::new(None),
             world_size: None,
@@ -132,6 +146,54 @@ impl ExecWorkload {
 
     fn last(&self) -> Option<(TrialRequest, PathBuf)> {
         self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Removes the last trial's temporary directory, if it is still there.
+    fn remove_trial_temp(&self) {
+        let dir = self
+            .trial_temp
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(d) = dir {
+            remove_tree(&d);
+        }
+    }
+}
+
+/// Removes the directory `dir` and everything in it, without following links; directories the
+/// command made unwritable (which keep their entries from a batchfit that is not root) are made
+/// writable first. What cannot be removed is left to the per-probe directory's removal.
+fn remove_tree(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if std::fs::remove_dir_all(dir).is_err()
+        && std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir())
+    {
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+        writable_tree(dir);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+impl Drop for ExecWorkload {
+    fn drop(&mut self) {
+        self.remove_trial_temp();
+        // (`temp` and `results` are removed by their own drop; a tree the command made unwritable
+        // is made removable first)
+        writable_tree(self.temp.path());
+    }
+}
+
+/// Makes every directory under `dir` writable by its owner (links not followed), so that it can be
+/// removed.
+fn writable_tree(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700));
+            writable_tree(&p);
+        }
     }
 }
 
@@ -372,9 +434,18 @@ impl Workload for ExecWorkload {
         let report = self.results.path().join(format!("trial-{n}.json"));
         let _ = std::fs::remove_file(&report);
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((*req, report.clone()));
+        // a fresh temporary directory of its own: whatever the command leaves there (its files,
+        // multiprocessing's pymp-*, a DataLoader's shared memory files) goes when the trial ends
+        self.remove_trial_temp();
+        let temp = self.temp.path().join(format!("trial-{n}"));
+        let _ = std::fs::DirBuilder::new().mode(0o700).create(&temp);
+        *self.trial_temp.lock().unwrap_or_else(|e| e.into_inner()) = Some(temp.clone());
         let argv = substitute(&self.info.argv, req);
         let mut cmd = Command::new(&argv[0]);
         cmd.args(&argv[1..])
+            .env("TMPDIR", &temp)
+            .env("TEMP", &temp)
+            .env("TMP", &temp)
             .env("BATCHFIT_BATCH", req.batch.to_string())
             .env("BATCHFIT_STEPS", req.steps.to_string())
             .env("BATCHFIT_ACCUMULATION", req.accumulation.to_string())
@@ -393,6 +464,10 @@ impl Workload for ExecWorkload {
 
     fn measured_by_device(&self) -> bool {
         true
+    }
+
+    fn trial_ended(&self) {
+        self.remove_trial_temp();
     }
 
     fn outcome(&self, f: &Finished) -> (TrialOutcome, Option<TrialDetails>) {
