@@ -259,6 +259,37 @@ pub enum Placement {
     },
 }
 
+/// How the tree's figure of a trial ([`TreeMeasure::pss_peak`]) was measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TreeFigure {
+    /// Every process by its proportional set size (`Pss_Anon + Pss_Shmem` of
+    /// `/proc/PID/smaps_rollup`): each page once, however many processes of the tree map it.
+    Pss,
+    /// Some process's `smaps_rollup` could not be read: it counted with its `RssAnon + RssShmem`
+    /// (its pages shared with others of the tree counted again): an overcount.
+    RssSum,
+}
+
+impl TreeFigure {
+    pub fn name(self) -> &'static str {
+        match self {
+            TreeFigure::Pss => "pss",
+            TreeFigure::RssSum => "rss-sum",
+        }
+    }
+    /// What the figure sums, for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            TreeFigure::Pss => "Pss_Anon + Pss_Shmem: each page once",
+            TreeFigure::RssSum => {
+                "RssAnon + RssShmem where smaps_rollup could not be read: shared pages once per \
+                 process"
+            }
+        }
+    }
+}
+
 /// What the device measured of a trial's process tree (user commands; a tch child measures itself).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TreeMeasure {
@@ -276,9 +307,14 @@ pub struct TreeMeasure {
     pub seconds: f64,
     /// Where the whole output was written (`--logs`).
     pub log: Option<std::path::PathBuf>,
-    /// Peak of the tree's summed anonymous and shared memory (`RssAnon` + `RssShmem`: what no limit
-    /// on one process's data segment bounds for the tree; file pages left out).
+    /// Peak of the tree's summed anonymous and shared memory (`RssAnon` + `RssShmem`; file pages
+    /// left out; a page shared by k processes counted k times).
     pub anon_peak: Option<u64>,
+    /// The tree's figure: peak of its summed proportional anonymous and shared memory (`Pss_Anon +
+    /// Pss_Shmem`: each page once), what no limit on one process's data segment bounds for the tree,
+    /// measured as [`TreeMeasure::tree_figure`] says.
+    pub pss_peak: Option<u64>,
+    pub tree_figure: Option<TreeFigure>,
     /// The limit of the memory cgroup the tree ran in, if any.
     pub cgroup_limit: Option<u64>,
     /// OOM kills the trial's own memory cgroup counted (`None` without a group).
@@ -386,9 +422,17 @@ pub struct TrialDetails {
     /// Peak of the summed resident memory of its process tree.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tree_rss_peak_bytes: Option<u64>,
-    /// Peak of the summed anonymous and shared memory of its process tree (`RssAnon` + `RssShmem`).
+    /// Peak of the summed anonymous and shared memory of its process tree (`RssAnon` + `RssShmem`;
+    /// a page shared by k processes counts k times).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tree_anon_peak_bytes: Option<u64>,
+    /// The tree's figure: peak of its summed proportional anonymous and shared memory (`Pss_Anon`
+    /// + `Pss_Shmem`: each page once), measured as `tree_measure` says. Absent in older plans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_pss_peak_bytes: Option<u64>,
+    /// How `tree_pss_peak_bytes` was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_measure: Option<TreeFigure>,
     /// Peak of the anonymous memory charged to its memory cgroup (`memory.stat`), beside the
     /// kernel's peak (`peak_bytes`), which counts page cache too.
     #[serde(default, skip_serializing_if = "Option::is_none")]

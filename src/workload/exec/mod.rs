@@ -338,16 +338,18 @@ fn unbounded(m: &crate::protocol::TreeMeasure) -> Option<String> {
             ));
         }
     }
-    if let (Some(limit), Some(anon)) = (m.data_limit, m.anon_peak) {
-        if anon > limit {
+    if let (Some(limit), Some(tree)) = (m.data_limit, m.pss_peak) {
+        if tree > limit {
+            let how = m.tree_figure.unwrap_or(crate::protocol::TreeFigure::Pss);
             return Some(format!(
-                "the command exited 0, but its process tree's summed anonymous and shared memory \
-                 (RssAnon + RssShmem over {} process(es)) peaked at {:.0} MiB, above the {:.0} MiB \
-                 limit: RLIMIT_DATA bounds each process's data segment alone, not shared memory or \
-                 several processes together, so this size is not proven to fit under the limit \
-                 (--cpu-limit cgroup limits the tree as a whole)",
+                "the command exited 0, but its process tree's anonymous and shared memory ({} over \
+                 {} process(es)) peaked at {:.0} MiB, above the {:.0} MiB limit: RLIMIT_DATA bounds \
+                 each process's data segment alone, not shared memory or several processes \
+                 together, so this size is not proven to fit under the limit (--cpu-limit cgroup \
+                 limits the tree as a whole)",
+                how.describe(),
                 m.processes,
-                mib(anon),
+                mib(tree),
                 mib(limit)
             ));
         }
@@ -416,6 +418,8 @@ impl Workload for ExecWorkload {
             step_time: None,
             gpu_peaks: vec![],
             tree_anon_peak_bytes: m.anon_peak,
+            tree_pss_peak_bytes: m.pss_peak,
+            tree_measure: m.pss_peak.and(m.tree_figure),
             cgroup_anon_peak_bytes: m.cgroup_anon_peak,
             rank_reports: vec![],
         };
@@ -533,8 +537,9 @@ impl Workload for ExecWorkload {
             );
         };
         // The limit must have bounded the whole job: memory of the tree outside its cgroup, or (under
-        // RLIMIT_DATA, which bounds each process's data segment alone) the tree's summed anonymous
-        // and shared memory above the limit, means the fit is not proven under it.
+        // RLIMIT_DATA, which bounds each process's data segment alone) the tree's anonymous and
+        // shared memory (each page once: device::tree) above the limit, means the fit is not
+        // proven under it.
         if let Some(why) = unbounded(m) {
             details.report = report;
             return (TrialOutcome::Error { message: why }, Some(details));
