@@ -2,13 +2,15 @@
 """A fork-heavy fake training job for tests of the tree's memory figure (standard library only): the
 shape of a DataLoader with forked workers.
 
-  forks.py BATCH [--shared-mib N] [--own-mib N] [--readers N] [--hold S]
+  forks.py BATCH [--shared-mib N] [--own-mib N] [--own-mib-per-sample M] [--readers N]
+                 [--owners N] [--hold S]
 
 The parent touches N MiB (default 200) of its own anonymous memory, then forks `--readers` workers
-(default 3) that only read it (their pages stay shared with the parent, copy-on-write) and one worker
-that touches `--own-mib` (default 40) of its own. Every process holds its memory for `--hold` seconds
-(default 0.6) so that the device's samples see them all at once; then the workers exit 0 and so does
-the parent. BATCH is only printed: every size has the same footprint.
+(default 3) that only read it (their pages stay shared with the parent, copy-on-write) and `--owners`
+workers (default 1) that each touch `--own-mib` (default 40) + BATCH × `--own-mib-per-sample`
+(default 0) MiB of their own. Every process holds its memory for `--hold` seconds (default 0.6) so
+that the device's samples see them all at once; then the workers exit 0 and so does the parent.
+Nothing prints a word about memory: a worker that cannot allocate exits 3 silently.
 
 Each page is resident once: a memory cgroup around the tree charges ~N + own MiB (plus each Python's
 few MiB), while the summed `RssAnon` of the processes counts the shared N MiB once per process.
@@ -18,7 +20,7 @@ import sys
 import time
 
 batch = int(sys.argv[1])
-shared_mib, own_mib, readers, hold = 200, 40, 3, 0.6
+shared_mib, own_mib, per_sample, readers, owners, hold = 200, 40, 0, 3, 1, 0.6
 args = sys.argv[2:]
 while args:
     flag, value = args[0], args[1]
@@ -26,6 +28,10 @@ while args:
         shared_mib = int(value)
     elif flag == "--own-mib":
         own_mib = int(value)
+    elif flag == "--own-mib-per-sample":
+        per_sample = int(value)
+    elif flag == "--owners":
+        owners = int(value)
     elif flag == "--readers":
         readers = int(value)
     elif flag == "--hold":
@@ -49,7 +55,10 @@ def reader():
 
 
 def owner():
-    own = bytearray(own_mib << 20)
+    try:
+        own = bytearray((own_mib + batch * per_sample) << 20)
+    except MemoryError:
+        os._exit(3)
     for i in range(0, len(own), PAGE):
         own[i] = 1
     time.sleep(hold)
@@ -57,7 +66,7 @@ def owner():
 
 
 children = []
-for k in range(readers + 1):
+for k in range(readers + owners):
     pid = os.fork()
     if pid == 0:
         reader() if k < readers else owner()
@@ -67,5 +76,5 @@ failed = 0
 for pid in children:
     _, status = os.waitpid(pid, 0)
     failed += status != 0
-print(f"batch {batch}: {readers} readers and 1 owner done", flush=True)
+print(f"batch {batch}: {readers} readers and {owners} owners done", flush=True)
 sys.exit(1 if failed else 0)
