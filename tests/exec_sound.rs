@@ -373,14 +373,14 @@ fn the_no_batch_warning_is_said_once_and_only_when_unproven() {
     );
     assert!(!err.contains("has no {batch}"), "{err}");
     // a shell that reads it but reports nothing: said once
-    let sh: Vec<String> = [
-        "sh",
-        "-c",
-        "[ \"$BATCHFIT_BATCH\" -le 3 ] || { echo MemoryError >&2; exit 1; }; sleep 0.1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let sh: Vec<String> = vec![
+        "sh".into(),
+        "-c".into(),
+        format!(
+            "[ \"$BATCHFIT_BATCH\" -le 3 ] || {}; sleep 0.1",
+            run_out_sh()
+        ),
+    ];
     let d = tmp();
     let out = path(&d, "plan.json");
     let o = batchfit()
@@ -573,4 +573,55 @@ fn forked_workers_count_once_under_rlimit_as_under_a_cgroup() {
         "the tree's figure under RLIMIT_DATA ({pss:.1} MiB) is not within 10% of the cgroup's \
          anonymous peak ({charged:.1} MiB)"
     );
+}
+
+/// A job whose failure merely says "out of memory" far below the limit (an HTTP 507 from a
+/// checkpoint upload, a hint printed before exit 1) did not run out of this budget: under RLIMIT_DATA
+/// and under a memory cgroup alike it is an error that says so, never an out-of-memory, and the plan
+/// claims no size runs out of memory (was: under RLIMIT_DATA an out-of-memory at 5, "fits at 4, 5
+/// runs out of memory"; under a cgroup the same once the peak passed half the limit).
+#[test]
+fn an_out_of_memory_text_far_below_the_limit_is_an_error() {
+    let mut limits = vec!["rlimit"];
+    if cgroup_available() {
+        limits.push("cgroup");
+    } else {
+        eprintln!("no memory cgroup here: only RLIMIT_DATA is tried");
+    }
+    for limit in limits {
+        for mode in ["upload", "hint"] {
+            let cmd: Vec<String> = vec![
+                "/usr/bin/python3".into(),
+                repo()
+                    .join("tests/support/exec/says_oom.py")
+                    .display()
+                    .to_string(),
+                mode.into(),
+                "{batch}".into(),
+            ];
+            let (p, err) = run(&["--cpu-limit", limit, "--memory-budget", "2GiB"], &cmd);
+            let all = trials(&p);
+            let failed: Vec<&Value> = all
+                .iter()
+                .filter(|t| t["batch"].as_u64().unwrap() >= 5)
+                .collect();
+            assert!(!failed.is_empty(), "{limit} {mode}: {p}");
+            for t in &failed {
+                assert_eq!(t["outcome"], "error", "{limit} {mode}: {t}");
+                let m = t["message"].as_str().unwrap();
+                assert!(
+                    m.contains("the job printed an out-of-memory message at")
+                        && m.contains("not this budget running out"),
+                    "{limit} {mode}: {t}"
+                );
+            }
+            assert!(
+                all.iter().all(|t| t["outcome"] != "oom"),
+                "{limit} {mode}: {p}"
+            );
+            assert_eq!(p["stop_reason"], "trial-errors", "{limit} {mode}: {p}");
+            assert!(p["recommendation"].is_null(), "{limit} {mode}: {p}");
+            assert!(!err.contains("runs out of memory"), "{limit} {mode}: {err}");
+        }
+    }
 }
