@@ -120,8 +120,9 @@ fn placeholders_and_environment_reach_the_command() {
     let seen = path(&d, "seen.txt");
     let script = format!(
         "echo \"$1 $2 $3 $BATCHFIT_BATCH $BATCHFIT_STEPS $BATCHFIT_ACCUMULATION $BATCHFIT_TRIAL ${{BATCHFIT_RESULT:+result}}\" >> {}; \
-         [ \"$1\" -le 7 ] || {{ echo 'MemoryError' >&2; exit 1; }}; sleep 0.1",
-        seen.display()
+         [ \"$1\" -le 7 ] || {}; sleep 0.1",
+        seen.display(),
+        run_out_sh()
     );
     let cmd: Vec<String> = [
         "sh",
@@ -150,16 +151,39 @@ fn placeholders_and_environment_reach_the_command() {
     }
 }
 
+/// PyTorch's CUDA out-of-memory traceback is an out-of-memory where the measurements agree with
+/// the limit running out (here the fake's data segment reached RLIMIT_DATA first); at a tiny peak
+/// of a cpu probe's limit it is an error that says so: not this budget running out.
 #[test]
 fn a_cuda_out_of_memory_text_is_an_oom() {
     let d = tmp();
     let out = path(&d, "plan.json");
-    let cmd = vec![
+    let mut cmd = vec![
         py(),
         fake("cuda_oom.py"),
         "--batch".into(),
         "{batch}".into(),
     ];
+    probe(&out, &["--cpu-limit", "rlimit"], &cmd)
+        .assert()
+        .code(4);
+    let p = read_json(&path(&d, "plan.partial.json"));
+    let t = p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["batch"].as_u64() > Some(32))
+        .unwrap()
+        .clone();
+    assert_eq!(t["outcome"], "error", "{t}");
+    assert!(
+        t["message"]
+            .as_str()
+            .unwrap()
+            .contains("not this budget running out"),
+        "{t}"
+    );
+    cmd.push("--reach-limit".into());
     probe(&out, &["--cpu-limit", "rlimit"], &cmd)
         .assert()
         .success();
@@ -309,26 +333,42 @@ fn a_command_that_trains_another_size_is_an_error() {
     }
 }
 
+/// `--oom-pattern` adds a signature, held to the same evidence as the built-in ones: a failure in
+/// its own wording where the data segment reached the limit is an out-of-memory; a matching line
+/// at a tiny peak is an error (not this budget running out).
 #[test]
 fn oom_patterns_add_signatures() {
     let d = tmp();
     let out = path(&d, "plan.json");
-    let cmd = vec![py(), fake("crash.py"), "--mode".into(), "error".into()];
-    probe(
-        &out,
-        &[
-            "--cpu-limit",
-            "rlimit",
-            "--oom-pattern",
-            "shapes cannot be multiplied",
-        ],
-        &cmd,
-    )
-    .assert()
-    .code(1);
+    let cmd = vec![
+        "/usr/bin/python3".into(),
+        fake("oom.py"),
+        "--say".into(),
+        "fatal: arena exhausted on core 3".into(),
+    ];
+    let flags = ["--cpu-limit", "rlimit", "--oom-pattern", "arena exhausted"];
+    probe(&out, &flags, &cmd).assert().code(1);
     let p = read_json(&path(&d, "plan.partial.json"));
     assert_eq!(p["status"], "nothing-fits");
-    assert_eq!(p["model"]["oom_patterns"][0], "shapes cannot be multiplied");
+    assert_eq!(p["model"]["oom_patterns"][0], "arena exhausted");
+    // the user's pattern on a line printed far below the limit
+    let cmd = vec![py(), fake("crash.py"), "--mode".into(), "error".into()];
+    let flags = [
+        "--cpu-limit",
+        "rlimit",
+        "--oom-pattern",
+        "shapes cannot be multiplied",
+    ];
+    probe(&out, &flags, &cmd).assert().code(4);
+    let p = read_json(&path(&d, "plan.partial.json"));
+    assert_eq!(p["stop_reason"], "trial-errors");
+    assert!(
+        p["trials"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not this budget running out"),
+        "{p}"
+    );
 }
 
 /// PIDs of live processes running `hang.py` (or its grandchild, `time.sleep(3600)`), among them
@@ -702,7 +742,10 @@ fn a_command_without_batch_is_warned() {
         "sh".into(),
         "-c".into(),
         // (a fit lasts long enough to be measured: only samples after the exec measure a trial)
-        "[ \"$BATCHFIT_BATCH\" -le 3 ] || { echo MemoryError >&2; exit 1; }; sleep 0.1".into(),
+        format!(
+            "[ \"$BATCHFIT_BATCH\" -le 3 ] || {}; sleep 0.1",
+            run_out_sh()
+        ),
     ];
     let o = batchfit()
         .args([
@@ -747,7 +790,7 @@ fn the_trainer_refuses_verify_reruns_and_the_cache_knows_the_files() {
     let script = path(&d, "train.sh");
     std::fs::write(
         &script,
-        "[ \"$1\" -le 5 ] || { echo MemoryError >&2; exit 1; }; sleep 0.1\n",
+        format!("[ \"$1\" -le 5 ] || {}; sleep 0.1\n", run_out_sh()),
     )
     .unwrap();
     let cache = fresh_cache_dir();
@@ -801,7 +844,7 @@ fn the_trainer_refuses_verify_reruns_and_the_cache_knows_the_files() {
     // another version of the script: verify refuses, and the cache does not answer for it
     std::fs::write(
         &script,
-        "[ \"$1\" -le 9 ] || { echo MemoryError >&2; exit 1; }; sleep 0.1\n",
+        format!("[ \"$1\" -le 9 ] || {}; sleep 0.1\n", run_out_sh()),
     )
     .unwrap();
     batchfit()
@@ -828,6 +871,7 @@ fn logs_keep_every_trials_output() {
         "{batch}".into(),
         "--threshold".into(),
         "4".into(),
+        "--reach-limit".into(),
     ];
     batchfit()
         .args([

@@ -601,16 +601,16 @@ fn stale_trial_cgroups_of_dead_batchfits_are_removed() {
 fn the_cache_key_of_a_command_covers_what_it_depends_on() {
     let d = tmp();
     let script = d.path().join("train.sh");
-    let fits_to =
-        |n: u32| format!("[ \"$1\" -le {n} ] || {{ echo MemoryError >&2; exit 1; }}; sleep 0.1\n");
+    let fits_to = |n: u32| format!("[ \"$1\" -le {n} ] || {}; sleep 0.1\n", run_out_sh());
     std::fs::write(&script, fits_to(5)).unwrap();
     let other_dir = d.path().join("elsewhere");
     std::fs::create_dir(&other_dir).unwrap();
     let cache = fresh_cache_dir();
     let out = d.path().join("plan.json");
     // (env, cwd, flags) → answered from the cache?
-    // (the fake's MemoryError comes at a tiny peak: under a memory cgroup that is an error, not an
-    // out-of-memory, so that probe fails; only whether it came from the cache is asked of it)
+    // (the fake runs out under RLIMIT_DATA only: under a memory cgroup its MemoryError comes at a
+    // tiny peak, an error, not an out-of-memory, so that probe fails; only whether it came from the
+    // cache is asked of it)
     let attempt =
         |env: &[(&str, &str)], cwd: &Path, flags: &[&str]| -> (std::process::Output, bool) {
             let mut c = batchfit();
@@ -728,13 +728,8 @@ fn a_flood_of_output_costs_no_more_than_reading_it() {
 fn a_global_batch_caps_the_search_of_a_command() {
     let d = tmp();
     let out = d.path().join("plan.json");
-    let cmd = [
-        "/bin/sh",
-        "-c",
-        "[ \"$1\" -le 100 ] || { echo MemoryError >&2; exit 1; }; sleep 0.1",
-        "sh",
-        "{batch}",
-    ];
+    let script = format!("[ \"$1\" -le 100 ] || {}; sleep 0.1", run_out_sh());
+    let cmd = ["/bin/sh", "-c", &script, "sh", "{batch}"];
     let run = |flags: &[&str]| {
         let a = batchfit()
             .args(["probe", "--backend", "cpu", "--memory-budget", "2GiB"])
@@ -780,7 +775,10 @@ fn escaped_placeholders_and_trial_numbers() {
     let d = tmp();
     let out = d.path().join("plan.json");
     let logs = d.path().join("logs");
-    let script = "echo \"got $1 $2 trial=$BATCHFIT_TRIAL\"; [ \"$1\" -le 3 ] || { echo MemoryError >&2; exit 1; }; sleep 0.1";
+    let script = format!(
+        "echo \"got $1 $2 trial=$BATCHFIT_TRIAL\"; [ \"$1\" -le 3 ] || {}; sleep 0.1",
+        run_out_sh()
+    );
     let a = batchfit()
         .args([
             "probe",
@@ -800,7 +798,7 @@ fn escaped_placeholders_and_trial_numbers() {
             "--",
             "/bin/sh",
             "-c",
-            script,
+            &script,
             "sh",
             "{batch}",
             "{{batch}}",

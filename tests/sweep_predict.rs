@@ -179,8 +179,9 @@ fn exec_sweep_passes_each_point_as_seq() {
     let seen = path(&d, "seen.txt");
     let script = format!(
         "echo \"$1 $2 $BATCHFIT_SEQ\" >> {}; \
-         [ $((8 + $1 * $2)) -le 200 ] || {{ echo 'MemoryError' >&2; exit 1; }}; sleep 0.1",
-        seen.display()
+         [ $((8 + $1 * $2)) -le 200 ] || {}; sleep 0.1",
+        seen.display(),
+        run_out_sh()
     );
     batchfit()
         .args(["probe", "--backend", "cpu", "--memory-budget", "2GiB"])

@@ -575,6 +575,8 @@ pub fn run(
         seconds,
         log: opts.log.clone(),
         anon_peak: tree.as_ref().map(|t| t.anon_peak).filter(|&b| b > 0),
+        pss_peak: tree.as_ref().map(|t| t.pss_peak).filter(|&b| b > 0),
+        tree_figure: tree.as_ref().map(|t| t.measure()),
         cgroup_limit: opts.cgroup.and_then(|g| g.limit()),
         group_oom_kills,
         cgroup_anon_peak: cgroup_anon,

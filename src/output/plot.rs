@@ -280,6 +280,10 @@ impl View {
                     }
                 }
                 TrialOutcome::Oom { peak_bytes, .. } => oom_bytes.push((b, *peak_bytes)),
+                // out of this budget (the tree's figure above the limit): a cross at that figure
+                TrialOutcome::OverBudget { peak_bytes, .. } => {
+                    oom_bytes.push((b, Some(*peak_bytes)))
+                }
                 TrialOutcome::Retries { peak_bytes, .. } => retries.push((b, *peak_bytes as f64)),
                 TrialOutcome::Timeout { .. } | TrialOutcome::Error { .. } => failed.push(b),
             }

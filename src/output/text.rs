@@ -102,7 +102,20 @@ fn bracket(plan: &Plan, b: u64, f: u64) -> String {
         }
         _ => String::new(),
     };
-    format!(" (fits at {b}, {f} runs out of memory{tol})")
+    // a size bounded only by over-budget trials ran out of this budget, not out of memory
+    let mut bounds = plan
+        .trials
+        .iter()
+        .filter(|t| t.batch == f && t.outcome.is_bound())
+        .peekable();
+    let over = bounds.peek().is_some()
+        && bounds.all(|t| matches!(t.outcome, crate::protocol::TrialOutcome::OverBudget { .. }));
+    let fails = if over {
+        "is over the budget (its measured footprint went above the limit)"
+    } else {
+        "runs out of memory"
+    };
+    format!(" (fits at {b}, {f} {fails}{tol})")
 }
 
 /// The `--sweep` table: one line per point.

@@ -3,7 +3,8 @@
 //! * [`TrialRequest`]: what the search asks of a device: `steps` training steps at `batch`, with
 //!   `accumulation` micro-batches per optimizer step;
 //! * [`TrialOutcome`] with its measurements ([`GpuMeasure`], [`AllocatorReport`]): what a trial came to
-//!   (fits / oom / retries / timeout / error), as the search, the plan and the progress lines see it;
+//!   (fits / oom / retries / over-budget / timeout / error), as the search, the plan and the progress
+//!   lines see it;
 //! * the stdout markers a tch trial child prints ([`STARTED_MARKER`], [`RESULT_PREFIX`]) and
 //!   [`result_line`] / [`parse_result`] for its result line;
 //! * [`Workload`]: how a device starts one trial of *something* (a tch model, a user's command) without
@@ -77,6 +78,21 @@ pub enum TrialOutcome {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         gpu: Option<GpuMeasure>,
     },
+    /// The trial's measured footprint went above the limit without the limit stopping it: under
+    /// `RLIMIT_DATA`, which bounds each process's data segment alone, the process tree's anonymous
+    /// and shared memory (each page once) was above the limit. The job needs more than this budget,
+    /// so this size bounds the search exactly like an out-of-memory (the "runs out of memory one
+    /// step up" half of the proof: out of *this budget*), and is never a fit.
+    OverBudget {
+        message: String,
+        /// Which figure went above the limit: `tree-pss` (the tree's summed `Pss_Anon +
+        /// Pss_Shmem`).
+        measure: String,
+        /// Its peak.
+        peak_bytes: u64,
+        /// The limit it went above.
+        limit_bytes: u64,
+    },
     /// Killed after the trial timeout: neither a fit nor proof of a limit.
     Timeout {
         /// How long it ran before it was killed (`timeout_seconds` in JSON: a trial record's own
@@ -95,11 +111,14 @@ impl TrialOutcome {
     pub fn is_oom(&self) -> bool {
         matches!(self, TrialOutcome::Oom { .. })
     }
-    /// Proof that this size is too large: an OOM, or a completion that needed allocator retries.
+    /// Proof that this size is too large: an OOM, a completion that needed allocator retries, or a
+    /// footprint measured above the limit (over budget).
     pub fn is_bound(&self) -> bool {
         matches!(
             self,
-            TrialOutcome::Oom { .. } | TrialOutcome::Retries { .. }
+            TrialOutcome::Oom { .. }
+                | TrialOutcome::Retries { .. }
+                | TrialOutcome::OverBudget { .. }
         )
     }
     pub fn gpu(&self) -> Option<&GpuMeasure> {
@@ -138,6 +157,7 @@ impl TrialOutcome {
             TrialOutcome::Fits { .. } => "fits",
             TrialOutcome::Oom { .. } => "oom",
             TrialOutcome::Retries { .. } => "retries",
+            TrialOutcome::OverBudget { .. } => "over-budget",
             TrialOutcome::Timeout { .. } => "timeout",
             TrialOutcome::Error { .. } => "error",
         }
@@ -147,6 +167,7 @@ impl TrialOutcome {
             TrialOutcome::Fits { peak_bytes, .. } => Some(*peak_bytes),
             TrialOutcome::Oom { peak_bytes, .. } => *peak_bytes,
             TrialOutcome::Retries { peak_bytes, .. } => Some(*peak_bytes),
+            TrialOutcome::OverBudget { peak_bytes, .. } => Some(*peak_bytes),
             _ => None,
         }
     }
@@ -165,7 +186,9 @@ impl TrialOutcome {
     }
     pub fn message(&self) -> Option<&str> {
         match self {
-            TrialOutcome::Oom { message, .. } | TrialOutcome::Error { message } => Some(message),
+            TrialOutcome::Oom { message, .. }
+            | TrialOutcome::Error { message }
+            | TrialOutcome::OverBudget { message, .. } => Some(message),
             TrialOutcome::Timeout { .. } => Some("killed after the trial timeout"),
             TrialOutcome::Retries { .. } => Some(
                 "completed only after the CUDA caching allocator freed its cache and retried \
@@ -259,6 +282,37 @@ pub enum Placement {
     },
 }
 
+/// How the tree's figure of a trial ([`TreeMeasure::pss_peak`]) was measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TreeFigure {
+    /// Every process by its proportional set size (`Pss_Anon + Pss_Shmem` of
+    /// `/proc/PID/smaps_rollup`): each page once, however many processes of the tree map it.
+    Pss,
+    /// Some process's `smaps_rollup` could not be read: it counted with its `RssAnon + RssShmem`
+    /// (its pages shared with others of the tree counted again): an overcount.
+    RssSum,
+}
+
+impl TreeFigure {
+    pub fn name(self) -> &'static str {
+        match self {
+            TreeFigure::Pss => "pss",
+            TreeFigure::RssSum => "rss-sum",
+        }
+    }
+    /// What the figure sums, for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            TreeFigure::Pss => "Pss_Anon + Pss_Shmem, each page once",
+            TreeFigure::RssSum => {
+                "RssAnon + RssShmem where smaps_rollup could not be read, shared pages once per \
+                 process"
+            }
+        }
+    }
+}
+
 /// What the device measured of a trial's process tree (user commands; a tch child measures itself).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TreeMeasure {
@@ -276,9 +330,14 @@ pub struct TreeMeasure {
     pub seconds: f64,
     /// Where the whole output was written (`--logs`).
     pub log: Option<std::path::PathBuf>,
-    /// Peak of the tree's summed anonymous and shared memory (`RssAnon` + `RssShmem`: what no limit
-    /// on one process's data segment bounds for the tree; file pages left out).
+    /// Peak of the tree's summed anonymous and shared memory (`RssAnon` + `RssShmem`; file pages
+    /// left out; a page shared by k processes counted k times).
     pub anon_peak: Option<u64>,
+    /// The tree's figure: peak of its summed proportional anonymous and shared memory (`Pss_Anon +
+    /// Pss_Shmem`: each page once), what no limit on one process's data segment bounds for the tree,
+    /// measured as [`TreeMeasure::tree_figure`] says.
+    pub pss_peak: Option<u64>,
+    pub tree_figure: Option<TreeFigure>,
     /// The limit of the memory cgroup the tree ran in, if any.
     pub cgroup_limit: Option<u64>,
     /// OOM kills the trial's own memory cgroup counted (`None` without a group).
@@ -390,9 +449,17 @@ pub struct TrialDetails {
     /// Peak of the summed resident memory of its process tree.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tree_rss_peak_bytes: Option<u64>,
-    /// Peak of the summed anonymous and shared memory of its process tree (`RssAnon` + `RssShmem`).
+    /// Peak of the summed anonymous and shared memory of its process tree (`RssAnon` + `RssShmem`;
+    /// a page shared by k processes counts k times).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tree_anon_peak_bytes: Option<u64>,
+    /// The tree's figure: peak of its summed proportional anonymous and shared memory (`Pss_Anon`
+    /// + `Pss_Shmem`: each page once), measured as `tree_measure` says. Absent in older plans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_pss_peak_bytes: Option<u64>,
+    /// How `tree_pss_peak_bytes` was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_measure: Option<TreeFigure>,
     /// Peak of the anonymous memory charged to its memory cgroup (`memory.stat`), beside the
     /// kernel's peak (`peak_bytes`), which counts page cache too.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -4,7 +4,10 @@
 //! (run with `confirm_steps` when those are more than the exploration steps, because some memory only
 //! appears after several steps) and a trial at the next size up (the next multiple of `multiple_of`)
 //! failed with `oom`, or a stated cap (`max_batch`) was reached. An `error` or `timeout` is never
-//! proof of anything. Strategies ([`Strategy`]) only propose which size to try next; whatever they
+//! proof of anything. An `over-budget` trial (its measured footprint went above the limit without
+//! the limit stopping it: a command's process tree under `RLIMIT_DATA`, which bounds each process
+//! alone) is the out-of-memory half of the proof: that size needs more than this budget, so it
+//! bounds the bracket exactly like an `oom` ([`TrialOutcome::is_bound`]), and is never a fit. Strategies ([`Strategy`]) only propose which size to try next; whatever they
 //! propose, the engine keeps the bracket `[largest fit, smallest oom]` and decides when the proof is
 //! complete. If a cap on trials or time, or an interruption, stops the search first, the result is
 //! marked partial.

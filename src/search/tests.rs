@@ -823,3 +823,84 @@ fn a_steep_line_from_below_a_jump_gallops() {
     assert_eq!(out.max_fitting, Some(truth));
     assert!(out.trials.len() <= 60, "{} trials", out.trials.len());
 }
+
+/// A sim device whose failures are over-budget trials, never out-of-memory ones: a process tree
+/// measured above the limit that the limit did not stop (RLIMIT_DATA on each process).
+struct OverBudgetSim(SimBackend, SimSpec);
+
+impl Backend for OverBudgetSim {
+    fn device(&self) -> &crate::device::DeviceInfo {
+        self.0.device()
+    }
+    fn default_budget(&self) -> u64 {
+        self.0.default_budget()
+    }
+    fn set_limit(&mut self, l: u64) {
+        self.0.set_limit(l)
+    }
+    fn isolation(&self, req: &TrialRequest) -> Isolation {
+        self.0.isolation(req)
+    }
+    fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
+        assert!(self.0.trials_run < TRIAL_CAP, "the search does not end");
+        Ok(match self.0.run_trial(req)? {
+            TrialOutcome::Oom { .. } => TrialOutcome::OverBudget {
+                message: "the tree went above the limit".into(),
+                measure: "tree-pss".into(),
+                peak_bytes: self.1.peak(req.batch, req.steps),
+                limit_bytes: self.1.capacity,
+            },
+            o => o,
+        })
+    }
+}
+
+/// An over-budget trial bounds the bracket exactly like an out-of-memory: every strategy closes on
+/// it and proves the size below (was: an error, retried, then a ceiling that proves nothing).
+#[test]
+fn an_over_budget_size_closes_the_bracket_like_an_oom() {
+    let spec = SimSpec::affine(100 * MIB, MIB, 1000 * MIB);
+    for strategy in [
+        StrategyKind::Guided,
+        StrategyKind::Bisect,
+        StrategyKind::Power,
+    ] {
+        for tolerance in [0.0, DEFAULT_TOLERANCE] {
+            let cfg = SearchConfig {
+                strategy,
+                tolerance,
+                ..SearchConfig::default()
+            };
+            let mut be = OverBudgetSim(SimBackend::new(spec.clone()), spec.clone());
+            let out = Prober::new(&mut be, cfg.clone(), spec.capacity).search();
+            assert!(out.stop_reason.is_complete(), "{strategy:?}: {out:?}");
+            assert!(
+                be.0.trials_run < 40,
+                "{strategy:?}: {} trials",
+                be.0.trials_run
+            );
+            let (b, f) = (out.max_fitting.unwrap(), out.first_failing.unwrap());
+            assert!(b <= 900 && f > 900, "{strategy:?}: {b}, {f}");
+            if strategy != StrategyKind::Power {
+                assert!(
+                    within_tolerance(b, f, tolerance, 1),
+                    "{strategy:?}: {b}, {f}"
+                );
+            }
+            assert!(out
+                .trials
+                .iter()
+                .all(|t| !t.outcome.fits() || t.batch <= 900));
+            assert!(out
+                .trials
+                .iter()
+                .any(|t| t.batch == f && matches!(t.outcome, TrialOutcome::OverBudget { .. })));
+            assert!(out.trials.iter().all(|t| t.purpose != Purpose::Retry));
+        }
+    }
+    // nothing fits when the smallest size is over the budget
+    let heavy = SimSpec::affine(2000 * MIB, MIB, 1000 * MIB);
+    let mut be = OverBudgetSim(SimBackend::new(heavy.clone()), heavy);
+    let out = Prober::new(&mut be, SearchConfig::default(), 1000 * MIB).search();
+    assert_eq!(out.stop_reason, StopReason::NothingFits);
+}

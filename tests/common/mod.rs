@@ -103,6 +103,17 @@ pub fn venv_python() -> PathBuf {
     py
 }
 
+/// A shell command that runs out of memory for real: `tests/support/exec/oom.py` takes its data
+/// segment to `RLIMIT_DATA`, then raises `MemoryError` (a fake that only printed the word far below
+/// the limit would be an error: text alone is no out-of-memory). For a fake `sh -c` job:
+/// `[ "$1" -le 7 ] || RUN_OUT`.
+pub fn run_out_sh() -> String {
+    format!(
+        "exec /usr/bin/python3 '{}'",
+        repo().join("tests/support/exec/oom.py").display()
+    )
+}
+
 /// This repository's root.
 pub fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -14,13 +14,18 @@
 //!   was given, with the steps and accumulation asked for, or the trial is an error;
 //! * a non-zero exit → the one classifier ([`crate::protocol::classify`]) decides from the output,
 //!   the kernel's OOM kills of the tree and the data segment against its limit, plus `--oom-pattern`;
-//!   anything else is an error with the output's last line, never a fit and never an out-of-memory.
+//!   anything else is an error with the output's last line, never a fit and never an out-of-memory;
+//! * whatever the exit, a process tree whose anonymous and shared memory (each page once:
+//!   [`crate::device::tree`]) went above an `RLIMIT_DATA` limit, which bounds each process alone, is
+//!   **over budget** ([`TrialOutcome::OverBudget`]): the job needs more than this budget, so the size
+//!   bounds the search like an out-of-memory and is never a fit (an out-of-memory the classifier
+//!   proved stays one).
 
 use crate::plan::schema::ExecInfo;
 use crate::protocol::classify::{classify, classify_clean_exit, CleanExit, Evidence, Verdict};
 use crate::protocol::{
-    AllocatorReport, Finished, FootprintMethod, GpuMeasure, Placement, StepTime, TrialDetails,
-    TrialOutcome, TrialReport, TrialRequest, Workload, REPORT_SCHEMA,
+    AllocatorReport, Finished, FootprintMethod, GpuMeasure, Placement, StepTime, TreeFigure,
+    TrialDetails, TrialOutcome, TrialReport, TrialRequest, Workload, REPORT_SCHEMA,
 };
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -384,7 +389,8 @@ fn mismatch(r: &TrialReport, req: &TrialRequest, takes_accumulation: bool) -> Op
     })
 }
 
-/// Why a trial that exited 0 was not bounded by its limit as a whole, if it was not.
+/// Why a trial that exited 0 was not bounded by its limit as a whole, if it was not (and not shown
+/// to be over budget: [`over_budget`]).
 fn unbounded(m: &crate::protocol::TreeMeasure) -> Option<String> {
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     if let (Some(limit), Some(escaped)) = (m.cgroup_limit, m.escaped_peak) {
@@ -401,21 +407,57 @@ fn unbounded(m: &crate::protocol::TreeMeasure) -> Option<String> {
             ));
         }
     }
-    if let (Some(limit), Some(anon)) = (m.data_limit, m.anon_peak) {
-        if anon > limit {
+    // the tree's figure above the limit, measured with an overcount: not shown either way
+    if let (Some(limit), Some(tree), Some(TreeFigure::RssSum)) =
+        (m.data_limit, m.pss_peak, m.tree_figure)
+    {
+        if tree > limit {
             return Some(format!(
-                "the command exited 0, but its process tree's summed anonymous and shared memory \
-                 (RssAnon + RssShmem over {} process(es)) peaked at {:.0} MiB, above the {:.0} MiB \
-                 limit: RLIMIT_DATA bounds each process's data segment alone, not shared memory or \
-                 several processes together, so this size is not proven to fit under the limit \
-                 (--cpu-limit cgroup limits the tree as a whole)",
+                "the command exited 0, but its process tree's anonymous and shared memory ({}; {} \
+                 process(es)) peaked at {:.0} MiB, above the {:.0} MiB limit: RLIMIT_DATA bounds \
+                 each process's data segment alone, not shared memory or several processes \
+                 together, so this size is not proven to fit under the limit, nor shown to need \
+                 more (pages shared between its processes were counted once per process; \
+                 --cpu-limit cgroup limits and measures the tree as a whole)",
+                TreeFigure::RssSum.describe(),
                 m.processes,
-                mib(anon),
+                mib(tree),
                 mib(limit)
             ));
         }
     }
     None
+}
+
+/// The trial's process tree went above its limit under `RLIMIT_DATA` (which bounds each process's
+/// data segment alone): its anonymous and shared memory, each page once, was above the limit: an
+/// over-budget outcome (`then`: what the command did after, for the message).
+fn over_budget(m: &crate::protocol::TreeMeasure, then: Option<&str>) -> Option<TrialOutcome> {
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let (limit, tree) = (m.data_limit?, m.pss_peak?);
+    if tree <= limit || m.tree_figure != Some(TreeFigure::Pss) {
+        return None;
+    }
+    let mut message = format!(
+        "the process tree's anonymous and shared memory ({}; {} process(es)) peaked at {:.0} \
+         MiB, above the {:.0} MiB limit: this size needs more than the budget (RLIMIT_DATA bounds \
+         each process's data segment alone, so it did not stop the job; --cpu-limit cgroup limits \
+         the tree as a whole)",
+        TreeFigure::Pss.describe(),
+        m.processes,
+        mib(tree),
+        mib(limit)
+    );
+    if let Some(then) = then {
+        message.push_str("; ");
+        message.push_str(then);
+    }
+    Some(TrialOutcome::OverBudget {
+        message,
+        measure: "tree-pss".into(),
+        peak_bytes: tree,
+        limit_bytes: limit,
+    })
 }
 
 fn median(v: &[f64]) -> Option<f64> {
@@ -492,6 +534,8 @@ impl Workload for ExecWorkload {
             step_time: None,
             gpu_peaks: vec![],
             tree_anon_peak_bytes: m.anon_peak,
+            tree_pss_peak_bytes: m.pss_peak,
+            tree_measure: m.pss_peak.and(m.tree_figure),
             cgroup_anon_peak_bytes: m.cgroup_anon_peak,
             rank_reports: vec![],
         };
@@ -538,9 +582,10 @@ impl Workload for ExecWorkload {
                     } else {
                         error_line(f)
                     };
-                    TrialOutcome::Error {
-                        message: format!("the command failed ({how}): {line}"),
-                    }
+                    let message = format!("the command failed ({how}): {line}");
+                    // a tree above its limit needs more than the budget, however it then ended
+                    over_budget(m, Some(&format!("then {message}")))
+                        .unwrap_or(TrialOutcome::Error { message })
                 }
             };
             return (outcome, Some(details));
@@ -579,7 +624,8 @@ impl Workload for ExecWorkload {
                     rss_peak_bytes: m.rss_peak,
                     gpu: None,
                 },
-                Verdict::Error(message) => TrialOutcome::Error { message },
+                Verdict::Error(message) => over_budget(m, Some(&format!("and {message}")))
+                    .unwrap_or(TrialOutcome::Error { message }),
             };
             return (outcome, Some(details));
         }
@@ -597,6 +643,10 @@ impl Workload for ExecWorkload {
             return (TrialOutcome::Error { message: why }, Some(details));
         }
         details.rank_reports = others;
+        if let Some(over) = over_budget(m, None) {
+            details.report = report;
+            return (over, Some(details));
+        }
         let Some(peak) = peak.filter(|&p| p > 0) else {
             return (
                 TrialOutcome::Error {
@@ -609,8 +659,9 @@ impl Workload for ExecWorkload {
             );
         };
         // The limit must have bounded the whole job: memory of the tree outside its cgroup, or (under
-        // RLIMIT_DATA, which bounds each process's data segment alone) the tree's summed anonymous
-        // and shared memory above the limit, means the fit is not proven under it.
+        // RLIMIT_DATA, which bounds each process's data segment alone) the tree's anonymous and
+        // shared memory above the limit counted with shared pages once per process, means the fit
+        // is not proven under it (counted once per page, it is over budget: above).
         if let Some(why) = unbounded(m) {
             details.report = report;
             return (TrialOutcome::Error { message: why }, Some(details));

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Fake training command: prints PyTorch's CUDA out-of-memory traceback when the batch is too big.
 
-  cuda_oom.py [--batch {batch}] [--threshold T] [--style plain|torchrun-rank]
+  cuda_oom.py [--batch {batch}] [--threshold T] [--style plain|torchrun-rank] [--reach-limit]
 
 Batch from --batch, else BATCHFIT_BATCH. batch > T (default 32): the traceback below on stderr, exit 1
 (what an uncaught torch.OutOfMemoryError does); otherwise exit 0. Standard library only. The message is
-torch 2.11's (c10/cuda/CUDACachingAllocator.cpp), numbers made up for an H200.
+torch 2.11's (c10/cuda/CUDACachingAllocator.cpp), numbers made up for an H200. With --reach-limit the
+data segment is first taken to RLIMIT_DATA (oom.py), so that a cpu probe's measurements agree with the
+message (batchfit counts an out-of-memory message only then); without it the message comes at a tiny
+peak, as from a job whose GPU ran out while batchfit limited its host memory.
 """
 import argparse
 import os
@@ -36,12 +39,17 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=int(os.environ.get("BATCHFIT_BATCH") or 0) or None)
     p.add_argument("--threshold", type=int, default=32, help="largest batch that fits")
+    p.add_argument("--reach-limit", action="store_true", help="take the data segment to RLIMIT_DATA first")
     args = p.parse_args()
     if args.batch is None:
         sys.exit("cuda_oom.py: no batch size: pass --batch N or set BATCHFIT_BATCH")
     print(f"cuda_oom: batch {args.batch}, fits up to {args.threshold}", flush=True)
     if args.batch <= args.threshold:
         return 0
+    if args.reach_limit:
+        import oom  # next to this file
+
+        held = oom.reach_limit()  # noqa: F841 (kept until exit)
     tried = 0.5 * args.batch / args.threshold
     free = 1.05
     used = 139.80 - free

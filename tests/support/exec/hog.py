@@ -2,10 +2,12 @@
 """Fake training command for fast tests of `batchfit probe --exec`: standard library only, no torch.
 
 Each "step" allocates and touches (one write per page) `batch x K` MiB plus keeps a fixed base
-allocated for the whole run (like weights), so its peak memory is `base + batch x K` MiB. Under
-RLIMIT_DATA the allocation is refused by the kernel and Python raises `MemoryError` naturally; with
-`--capacity-mib C` it raises `MemoryError` itself when `base + batch x K > C`, for exact tests without
-any limit.
+allocated for the whole run (like weights), so its peak memory is `base + batch x K` MiB. A step
+allocates its memory one sample at a time, so under RLIMIT_DATA the data segment climbs to the limit
+and the kernel refuses the next sample's (Python raises `MemoryError`; the step's memory is held a
+moment, as a real step's is while the error propagates, so the limit's samples see it). With
+`--capacity-mib C` it runs out of memory for real (oom.py: its data segment taken to the limit) when
+`base + batch x K > C`, for exact tests under a limit far above C.
 
   hog.py --batch {batch} [--steps {steps}] [--mib-per-sample K] [--base-mib B] [--capacity-mib C]
          [--sleep S] [--report] [--helper DIR]
@@ -61,15 +63,24 @@ def main():
 
     need_mib = args.base_mib + args.batch * args.mib_per_sample
     if args.capacity_mib is not None and need_mib > args.capacity_mib:
-        raise MemoryError(f"hog: {need_mib:g} MiB needed, capacity {args.capacity_mib:g} MiB")
+        import oom  # next to this file
+
+        oom.run_out(f"hog: {need_mib:g} MiB needed, capacity {args.capacity_mib:g} MiB")
 
     base = bytearray(int(args.base_mib * MIB))
     touch(base)
     if bt:
         bt.start()
     for _ in range(args.steps):
-        activations = bytearray(int(args.batch * args.mib_per_sample * MIB))  # MemoryError under the limit
-        touch(activations)
+        activations = []
+        try:
+            for _ in range(args.batch):
+                sample = bytearray(int(args.mib_per_sample * MIB))  # MemoryError at the limit
+                touch(sample)
+                activations.append(sample)
+        except MemoryError:
+            time.sleep(0.2)
+            raise
         del activations
         if args.sleep:
             time.sleep(args.sleep)

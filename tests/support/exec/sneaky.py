@@ -4,8 +4,9 @@ exit 0 (or fail) while a naive reading of it would lie about whether the batch f
 
   sneaky.py MODE BATCH [--fits-up-to N] [--helper DIR]
 
-Sizes up to N (default 8) "fit" (exit 0 after the mode's trick); above N the job raises MemoryError
-(a real, plain out-of-memory), so the search has a proof either way. Modes (applied to every size):
+Sizes up to N (default 8) "fit" (exit 0 after the mode's trick); above N the job runs out of memory
+for real (oom.py: its data segment taken to RLIMIT_DATA, then MemoryError), so the search has a proof
+either way. Modes (applied to every size):
 
   child-oom      a child touches 512 MiB (the kernel's OOM killer kills it under a smaller cgroup
                  limit); the root ignores the child's death and exits 0
@@ -47,7 +48,9 @@ if mode == "log-lines":
     sys.exit(0)
 
 if batch > fits_up_to:
-    raise MemoryError()
+    import oom  # next to this file
+
+    oom.run_out()
 
 
 def report(path, **over):
