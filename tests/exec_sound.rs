@@ -625,3 +625,77 @@ fn an_out_of_memory_text_far_below_the_limit_is_an_error() {
         }
     }
 }
+
+/// A command whose first trial, at the smallest size, is already over the limit gets one plain
+/// message at once (and in the plan's warnings) of what it needs and what would let it run: over
+/// the budget, the budget that covers the tree's measured need; out of memory under RLIMIT_DATA
+/// (reserved address space counted), `--cpu-limit cgroup` beside a larger budget (was: only
+/// "nothing fits: even the smallest size runs out of memory").
+#[test]
+fn a_first_trial_over_the_limit_says_what_the_command_needs() {
+    let forks: Vec<String> = [
+        "/usr/bin/python3".to_string(),
+        repo()
+            .join("tests/support/exec/forks.py")
+            .display()
+            .to_string(),
+        "{batch}".into(),
+    ]
+    .into_iter()
+    .chain(
+        [
+            "--shared-mib",
+            "20",
+            "--readers",
+            "0",
+            "--owners",
+            "4",
+            "--own-mib",
+            "80",
+            "--hold",
+            "0.3",
+        ]
+        .map(String::from),
+    )
+    .collect();
+    let reserves: Vec<String> = vec!["sh".into(), "-c".into(), run_out_sh()];
+    for (cmd, says) in [
+        (&forks, "A --memory-budget of at least "),
+        (
+            &reserves,
+            "--cpu-limit cgroup limits the memory the whole tree touches",
+        ),
+    ] {
+        let d = tmp();
+        let out = path(&d, "plan.json");
+        let o = batchfit()
+            .args(["probe", "--backend", "cpu", "--max-batch", "16", "--out"])
+            .arg(&out)
+            .args(["--cpu-limit", "rlimit", "--memory-budget", "300MiB"])
+            .arg("--exec")
+            .arg("--")
+            .args(cmd)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "{o:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        let head = "the first trial (micro-batch 1) already needs more than the 269.00 MiB limit";
+        assert_eq!(err.matches(head).count(), 1, "{err}");
+        assert!(err.contains(says), "{err}");
+        let p = read_json(&path(&d, "plan.partial.json"));
+        assert_eq!(p["status"], "nothing-fits", "{p}");
+        let w = p["warnings"].to_string();
+        assert!(w.contains(head) && w.contains(says), "{w}");
+        if says.starts_with("A --memory-budget") {
+            // the budget said covers the tree's measured need, guard band and margin included
+            let need = trials(&p)[0]["peak_bytes"].as_u64().unwrap() as f64;
+            let said: f64 = w[w.find(says).unwrap() + says.len()..]
+                .split(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!(said * 1048576.0 * 0.95 >= need + 16.0 * 1048576.0, "{w}");
+        }
+    }
+}

@@ -14,6 +14,7 @@
 //! verify` ([`verify`]) re-runs a plan's sizes with the same set-up.
 
 pub mod cache;
+pub mod first_trial;
 pub mod multi_gpu;
 pub mod report;
 pub mod setup;

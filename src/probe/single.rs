@@ -182,6 +182,10 @@ pub fn assemble(
     }
     plan.warnings.extend(non_monotone(&plan.trials));
     plan.warnings.extend(fewer_steps_than_the_job(&plan));
+    // a command's first trial, at the smallest size, already over the limit: what it needs
+    let first = cfg.exec.as_ref().and(plan.trials.first());
+    let too_small = first.and_then(|t| super::first_trial::over_the_limit(&plan, t));
+    plan.warnings.extend(too_small);
     if reads_batch(&plan.trials) {
         plan.warnings
             .retain(|w| w != crate::config::NO_BATCH_WARNING);
