@@ -617,7 +617,13 @@ fn usage_errors_cost_nothing() {
 fn a_command_given_as_one_string_is_split_like_a_shell_and_probed_the_same() {
     let d = tmp();
     let cache = fresh_cache_dir();
-    let script = r#"[ "$1" -le 7 ] || { echo MemoryError >&2; exit 1; }; sleep 0.05"#;
+    // above 7 the job runs out of memory for real (a text alone is no out-of-memory); the path of
+    // oom.py goes unquoted inside the single-quoted script
+    let script = format!(
+        r#"[ "$1" -le 7 ] || exec /usr/bin/python3 {}; sleep 0.05"#,
+        repo().join("tests/support/exec/oom.py").display()
+    );
+    let script = script.as_str();
     let words = ["sh", "-c", script, "sh", "{batch}"];
     let line = format!("sh -c '{script}' sh {{batch}}");
     let run = |out: &std::path::Path, form: &[&str]| {
