@@ -229,33 +229,20 @@ fn a_tree_above_the_limit_by_its_own_measure_is_over_budget() {
 /// error, retried, and no proof).
 #[test]
 fn the_search_closes_on_an_over_budget_size() {
-    let forks: Vec<String> = [
-        "/usr/bin/python3".to_string(),
-        repo()
-            .join("tests/support/exec/forks.py")
-            .display()
-            .to_string(),
-        "{batch}".into(),
-    ]
-    .into_iter()
-    .chain(
-        [
-            "--shared-mib",
-            "20",
-            "--readers",
-            "0",
-            "--owners",
-            "4",
-            "--own-mib",
-            "0",
-            "--own-mib-per-sample",
-            "8",
-            "--hold",
-            "0.3",
-        ]
-        .map(String::from),
-    )
-    .collect();
+    let forks = forks_command(&[
+        "--shared-mib",
+        "20",
+        "--readers",
+        "0",
+        "--owners",
+        "4",
+        "--own-mib",
+        "0",
+        "--own-mib-per-sample",
+        "8",
+        "--hold",
+        "0.3",
+    ]);
     let (p, _) = run(
         &[
             "--cpu-limit",
@@ -527,15 +514,7 @@ fn a_cgroup_trial_records_its_anonymous_peak() {
 /// where the cgroup charged 243 MiB, and the trial an error above the 957 MiB limit).
 #[test]
 fn forked_workers_count_once_under_rlimit_as_under_a_cgroup() {
-    let forks: Vec<String> = [
-        "/usr/bin/python3".to_string(),
-        repo()
-            .join("tests/support/exec/forks.py")
-            .display()
-            .to_string(),
-        "{batch}".into(),
-    ]
-    .to_vec();
+    let forks = forks_command(&[]);
     let first = |limit: &str| {
         let (p, _) = run(
             &[
@@ -633,31 +612,18 @@ fn an_out_of_memory_text_far_below_the_limit_is_an_error() {
 /// "nothing fits: even the smallest size runs out of memory").
 #[test]
 fn a_first_trial_over_the_limit_says_what_the_command_needs() {
-    let forks: Vec<String> = [
-        "/usr/bin/python3".to_string(),
-        repo()
-            .join("tests/support/exec/forks.py")
-            .display()
-            .to_string(),
-        "{batch}".into(),
-    ]
-    .into_iter()
-    .chain(
-        [
-            "--shared-mib",
-            "20",
-            "--readers",
-            "0",
-            "--owners",
-            "4",
-            "--own-mib",
-            "80",
-            "--hold",
-            "0.3",
-        ]
-        .map(String::from),
-    )
-    .collect();
+    let forks = forks_command(&[
+        "--shared-mib",
+        "20",
+        "--readers",
+        "0",
+        "--owners",
+        "4",
+        "--own-mib",
+        "80",
+        "--hold",
+        "0.3",
+    ]);
     let reserves: Vec<String> = vec!["sh".into(), "-c".into(), run_out_sh()];
     for (cmd, says) in [
         (&forks, "A --memory-budget of at least "),
@@ -698,4 +664,17 @@ fn a_first_trial_over_the_limit_says_what_the_command_needs() {
             assert!(said * 1048576.0 * 0.95 >= need + 16.0 * 1048576.0, "{w}");
         }
     }
+}
+
+/// `python3 forks.py {batch} ARGS…`: the fork-heavy job of `tests/support/exec/forks.py`.
+fn forks_command(args: &[&str]) -> Vec<String> {
+    let script = repo().join("tests/support/exec/forks.py");
+    [
+        "/usr/bin/python3".to_string(),
+        script.display().to_string(),
+        "{batch}".into(),
+    ]
+    .into_iter()
+    .chain(args.iter().map(|a| a.to_string()))
+    .collect()
 }
