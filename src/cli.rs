@@ -372,7 +372,7 @@ pub struct ProbeArgs {
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
     /// Draw the plan (peak memory and samples/s against the batch size, the limit and margin, the
-    /// fitted line) into FILE.svg or FILE.png once the plan is written (partial plans too).
+    /// capacity model's line) into FILE.svg or FILE.png once the plan is written (partial plans too).
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
     /// What to print on stdout (only that; progress and messages go to stderr). Default: text on a

@@ -584,7 +584,7 @@ fn plot_draws_the_plan_and_refuses_other_formats_before_any_trial() {
         "peak memory (GiB)",
         "micro-batch size (samples)",
         "samples/s",
-        "fitted line: 3.00 MiB/sample + 1.00 GiB",
+        "capacity model: 3.00 MiB/sample + 1.00 GiB",
         "recommended micro-batch 4096",
     ] {
         assert!(text.contains(label), "no {label:?} in the plot");

@@ -337,7 +337,7 @@ impl View {
         let unit = Unit::for_max(top_bytes);
         let u = |v: f64| v / unit.bytes;
         let fits: Vec<(f64, f64)> = fits.iter().map(|&(b, p)| (b, u(p))).collect();
-        let fit_line = least_squares(&fits);
+        let fit_line = memory_line(plan).map(|(k, a)| (k / unit.bytes, a / unit.bytes));
 
         let margin_pct = format_pct(plan.margin);
         let limit_label = format!(
@@ -457,24 +457,20 @@ impl View {
     }
 }
 
-/// Least-squares line y = a·x + b through `points`; none with fewer than two distinct x.
-fn least_squares(points: &[(f64, f64)]) -> Option<(f64, f64)> {
-    let n = points.len() as f64;
-    if points.len() < 2 {
-        return None;
-    }
-    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
-    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
-    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
-    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
-    if sxx <= 0.0 || !sxx.is_finite() {
-        return None;
-    }
-    let a = sxy / sxx;
-    Some((a, my - a * mx))
+/// The line the plot draws: the plan's capacity model (`per_sample_bytes`, `fixed_bytes`), the same
+/// line `predict` and the plan's `capacity_model` section use, refit from the trials for a plan
+/// written without one; none where the model refuses to make a line.
+fn memory_line(plan: &Plan) -> Option<(f64, f64)> {
+    let model = match &plan.capacity_model {
+        Some(m) => m.clone(),
+        None => crate::plan::CapacityModel::fit(&plan.trials, plan.limit_bytes)?,
+    };
+    model
+        .refusal
+        .is_none()
+        .then_some((model.per_sample_bytes, model.fixed_bytes))
 }
 
-/// "1 trial", "2 trials".
 fn trials(n: usize) -> String {
     if n == 1 {
         "1 trial".into()
@@ -829,7 +825,7 @@ impl View {
         }
     }
 
-    /// The fitted line y = a·b + c (b the batch size), as points inside the chart.
+    /// The capacity model's line y = a·b + c (b the batch size), as points inside the chart.
     fn fit_points(&self, a: f64, c: f64) -> Option<Vec<(f64, f64)>> {
         if !self.log_x {
             return clip_line(a, c, self.x_max, self.y_max);
@@ -919,7 +915,7 @@ where
             chart
                 .draw_series(LineSeries::new(seg, LINE.stroke_width(2)))?
                 .label(format!(
-                    "fitted line: {}/sample + {}",
+                    "capacity model: {}/sample + {}",
                     format_signed_size(a * unit),
                     format_signed_size(b * unit)
                 ))
@@ -1207,12 +1203,26 @@ mod tests {
     }
 
     #[test]
-    fn least_squares_recovers_a_line() {
-        let pts: Vec<(f64, f64)> = (1..10).map(|x| (x as f64, 3.0 * x as f64 + 2.0)).collect();
-        let (a, b) = least_squares(&pts).unwrap();
-        assert!((a - 3.0).abs() < 1e-9 && (b - 2.0).abs() < 1e-9);
-        assert_eq!(least_squares(&[(1.0, 1.0), (1.0, 2.0)]), None);
-        assert_eq!(least_squares(&[(1.0, 1.0)]), None);
+    fn the_plot_draws_the_line_of_the_capacity_model() {
+        // batch 1's peak lies far above the line (a flat part below a knee): the capacity model
+        // leaves it out, and so must the drawn line; a least-squares line through every fit would not
+        let mut p = plan();
+        for t in p.trials.iter_mut().filter(|t| t.batch == 1) {
+            if let TrialOutcome::Fits { peak_bytes, .. } = &mut t.outcome {
+                *peak_bytes = 400 * MIB;
+            }
+        }
+        let model = crate::plan::CapacityModel::fit(&p.trials, p.limit_bytes).unwrap();
+        assert!(model.refusal.is_none(), "{model:?}");
+        assert!((model.per_sample_bytes - MIB as f64).abs() < 1e3, "{model:?}");
+        p.capacity_model = Some(model.clone());
+        let v = View::of(&p, Scale::Linear);
+        let (k, a) = v.fit_line.unwrap();
+        assert_eq!(k * v.unit.bytes, model.per_sample_bytes);
+        assert_eq!(a * v.unit.bytes, model.fixed_bytes);
+        // a plan without the section gets the same line, refit from its trials
+        p.capacity_model = None;
+        assert_eq!(View::of(&p, Scale::Linear).fit_line, v.fit_line);
     }
 
     #[test]
@@ -1296,7 +1306,7 @@ mod tests {
             "micro-batch size (samples)",
             "peak memory (GiB)",
             "samples/s",
-            "fitted line: 1.00 MiB/sample + 100.00 MiB",
+            "capacity model: 1.00 MiB/sample + 100.00 MiB",
             "limit 1.90 GiB",
             "budget 2.00 GiB (the limit before the 5% margin)",
             "recommended micro-batch 1024",
