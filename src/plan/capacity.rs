@@ -147,246 +147,273 @@ fn point_noise(pts: &[(u64, u64, u32)], a: f64, k: f64, top_peak: f64) -> f64 {
     (s * factor).clamp(MEASUREMENT_FLOOR * top_peak, prior)
 }
 
+/// One fitting size: its largest peak at accumulation 1 and the steps of that trial.
+#[derive(Debug, Clone, Copy)]
+struct Peak {
+    batch: u64,
+    bytes: u64,
+    steps: u32,
+}
+
+/// The least-squares line through `peaks[from..]`: `(intercept, slope, slope standard error)`.
+fn line_from(peaks: &[Peak], from: usize) -> Option<(f64, f64, f64)> {
+    let pts: Vec<(f64, f64)> = peaks[from..]
+        .iter()
+        .map(|p| (p.batch as f64, p.bytes as f64))
+        .collect();
+    least_squares(&pts)
+}
+
+/// The largest peak of each size at accumulation 1 (confirmation-length trials see late memory).
+fn peaks_by_batch(trials: &[TrialRecord]) -> Vec<Peak> {
+    let mut peaks: Vec<Peak> = vec![];
+    for t in trials
+        .iter()
+        .filter(|t| t.accumulation <= 1 && t.outcome.fits())
+    {
+        let Some(bytes) = t.outcome.peak_bytes().filter(|&p| p > 0) else {
+            continue;
+        };
+        let new = Peak {
+            batch: t.batch,
+            bytes,
+            steps: t.steps,
+        };
+        match peaks.iter_mut().find(|x| x.batch == t.batch) {
+            Some(x) if bytes > x.bytes => *x = new,
+            Some(_) => {}
+            None => peaks.push(new),
+        }
+    }
+    peaks
+}
+
+/// Memory that grows after the exploration steps (late memory: a size whose longer trial peaked
+/// clearly above its shorter one, by more than two measurement floors or a MiB): the shorter trials'
+/// peaks lie below the curve the answer was proven on, and a line through both kinds is neither
+/// (5200 at 2 steps with 5731–5881 at 5 made a line 32 % too steep, fixed part −1.5 GB, and
+/// predicted 22630 (21503–23757) where 27986 is the largest). Then only the longest trials make it;
+/// the refusal when fewer than two sizes ran that long.
+fn keep_longest_if_late(trials: &[TrialRecord], peaks: &mut Vec<Peak>) -> Result<(), String> {
+    let longest = peaks.iter().map(|x| x.steps).max().unwrap_or(0);
+    let late = trials
+        .iter()
+        .filter(|t| t.accumulation <= 1 && t.outcome.fits() && t.steps < longest)
+        .filter_map(|t| Some((t.batch, t.outcome.peak_bytes()?)))
+        .find_map(|(b, short)| {
+            let long = peaks.iter().find(|x| x.batch == b && x.steps == longest)?.bytes;
+            let floor = (2.0 * MEASUREMENT_FLOOR * long as f64).max(MIN_ERROR_BYTES);
+            (long as f64 - short as f64 > floor).then_some((b, long - short))
+        });
+    let Some((b, rise)) = late else {
+        return Ok(());
+    };
+    peaks.retain(|x| x.steps == longest);
+    if peaks.len() < 2 {
+        return Err(format!(
+            "memory grows after the exploration steps ({b} peaked {} higher with {longest} \
+             steps), and only one size ran with {longest} steps: a line needs two",
+            crate::platform::units::format_size(rise)
+        ));
+    }
+    Ok(())
+}
+
+/// Where the affine part starts its descent: the largest size and the nearest smaller one whose peak
+/// lies clearly ([`CLEAR_RISE`]) below it. Two sizes a few samples apart give a slope of measurement
+/// noise (a sweep's seeded point, 12559 and 12621 under 1 % noise: 4.7 MB per sample where 6.3 MB
+/// was true, and the next point's prior missed by a third), so when none does the model refuses.
+fn first_pair(peaks: &[Peak]) -> Result<usize, String> {
+    let n = peaks.len();
+    let top = peaks[n - 1].bytes as f64;
+    (0..n - 1)
+        .rev()
+        .find(|&j| top - peaks[j].bytes as f64 >= CLEAR_RISE * top)
+        .ok_or_else(|| {
+            let (lo, hi) = (peaks[0].batch, peaks[n - 1].batch);
+            if hi >= 2 * lo {
+                FLAT.into()
+            } else {
+                format!(
+                    "the fits ({lo}–{hi}) lie within 2 % of one another's peak: their slope \
+                     would be measurement noise"
+                )
+            }
+        })
+}
+
+/// How far the point below `peaks[start..]` may miss their line `a + k·b` and still be on it: a
+/// fraction of the span ([`OFF_LINE`]), [`NOISE`] of its peak, three times the line's own
+/// uncertainty carried out to it (a short baseline extrapolates its noise far), three times the
+/// scatter of the points already on it, and a MiB.
+fn allowed_miss(peaks: &[Peak], start: usize, a: f64, k: f64) -> f64 {
+    let on = &peaks[start..];
+    let below = peaks[start - 1];
+    let top_peak = peaks[peaks.len() - 1].bytes as f64;
+    let top = peaks[peaks.len() - 1].batch as f64;
+    let residual = |p: &Peak| p.bytes as f64 - (a + k * p.batch as f64);
+    let scatter = (on.iter().map(|p| residual(p).powi(2)).sum::<f64>() / on.len() as f64).sqrt();
+    let mean = on.iter().map(|p| p.batch as f64).sum::<f64>() / on.len() as f64;
+    let sxx: f64 = on.iter().map(|p| (p.batch as f64 - mean).powi(2)).sum();
+    let reach = (below.batch as f64 - mean).abs() / sxx.sqrt().max(1.0);
+    let triples: Vec<(u64, u64, u32)> = on.iter().map(|p| (p.batch, p.bytes, p.steps)).collect();
+    let noise = point_noise(&triples, a, k, top_peak);
+    (OFF_LINE * k.abs() * top)
+        .max(NOISE * below.bytes as f64)
+        .max(3.0 * noise * reach)
+        .max(3.0 * scatter)
+        .max(MIN_ERROR_BYTES)
+}
+
+/// The affine part, grown from the first pair down while each next point lies on the line of the
+/// points above it: `(start, (a, k, se), knee_below)`. A point above the line ends it as a knee
+/// (a flat part below the range); a point below it means the points above sit on a jump, and the
+/// line holds above it.
+fn descend(peaks: &[Peak], mut start: usize) -> Option<(usize, (f64, f64, f64), Option<u64>)> {
+    let mut line = line_from(peaks, start)?;
+    while start > 0 {
+        let (a, k, _) = line;
+        let below = peaks[start - 1];
+        let off = below.bytes as f64 - (a + k * below.batch as f64);
+        if off.abs() > allowed_miss(peaks, start, a, k) {
+            return Some((start, line, (off > 0.0).then_some(below.batch)));
+        }
+        start -= 1;
+        if let Some(l) = line_from(peaks, start) {
+            line = l;
+        }
+    }
+    Some((start, line, None))
+}
+
+/// The slope's error, at least what a measurement floor on every peak would make of it (two points
+/// have no residuals to tell the noise by).
+fn slope_error(used: &[Peak], se: f64, top_peak: f64) -> f64 {
+    let n = used.len() as f64;
+    let mean = used.iter().map(|x| x.batch as f64).sum::<f64>() / n;
+    let sxx: f64 = used.iter().map(|x| (x.batch as f64 - mean).powi(2)).sum();
+    let floor = (MEASUREMENT_FLOOR * top_peak).max(MIN_ERROR_BYTES);
+    se.max(floor / sxx.sqrt().max(1.0))
+}
+
+/// An out-of-memory above the range where the line says the size fits under the probe's limit (by
+/// more than the residuals, and by more than 1 % of the limit: a miss that small is measurement noise
+/// near the top, not a jump): the curve jumps (or grows late) between.
+fn jump_above(trials: &[TrialRecord], model: &CapacityModel, limit_bytes: u64) -> Option<u64> {
+    let slack = (2.0 * model.max_residual_bytes)
+        .max(0.01 * limit_bytes as f64)
+        .max(MIN_ERROR_BYTES);
+    trials
+        .iter()
+        .filter(|t| t.accumulation <= 1 && t.outcome.is_bound() && t.batch > model.range[1])
+        .map(|t| t.batch)
+        .filter(|&b| model.peak_at(b as f64) + slack < limit_bytes as f64)
+        .min()
+}
+
+/// Split confirmations with accumulation: their extra bytes over the line, the largest per
+/// accumulation.
+fn accumulation_offsets(trials: &[TrialRecord], model: &CapacityModel) -> Vec<AccumulationOffset> {
+    let mut offsets: Vec<AccumulationOffset> = vec![];
+    for t in trials
+        .iter()
+        .filter(|t| t.accumulation > 1 && t.outcome.fits())
+    {
+        let Some(p) = t.outcome.peak_bytes().filter(|&p| p > 0) else {
+            continue;
+        };
+        let new = AccumulationOffset {
+            accumulation: t.accumulation,
+            batch: t.batch,
+            peak_bytes: p,
+            extra_bytes: p as f64 - model.peak_at(t.batch as f64),
+        };
+        match offsets
+            .iter_mut()
+            .find(|x| x.accumulation == t.accumulation)
+        {
+            Some(x) if new.extra_bytes > x.extra_bytes => *x = new,
+            Some(_) => {}
+            None => offsets.push(new),
+        }
+    }
+    offsets.sort_by_key(|x| x.accumulation);
+    offsets
+}
+
 impl CapacityModel {
     /// The model of a probe's trials under its `limit_bytes`. `None` when no trial fit with a
     /// measured peak (nothing to model); a model with a `refusal` when the fits do not make a line.
     pub fn fit(trials: &[TrialRecord], limit_bytes: u64) -> Option<CapacityModel> {
-        // The largest peak of each size at accumulation 1 (confirmation-length trials see late memory).
-        let mut by_batch: Vec<(u64, u64, u32)> = vec![];
-        for t in trials
-            .iter()
-            .filter(|t| t.accumulation <= 1 && t.outcome.fits())
-        {
-            let Some(p) = t.outcome.peak_bytes().filter(|&p| p > 0) else {
-                continue;
-            };
-            match by_batch.iter_mut().find(|x| x.0 == t.batch) {
-                Some(x) if p > x.1 => *x = (t.batch, p, t.steps),
-                Some(_) => {}
-                None => by_batch.push((t.batch, p, t.steps)),
-            }
-        }
-        if by_batch.is_empty() {
+        let mut peaks = peaks_by_batch(trials);
+        if peaks.is_empty() {
             return None;
         }
-        // Memory that grows after the exploration steps (late memory: a size whose longer trial
-        // peaked clearly above its shorter one, by more than 0.4 % of the peak): the shorter trials' peaks lie below the curve the
-        // answer was proven on, and a line through both kinds is neither (5200 at 2
-        // steps with 5731–5881 at 5 made a line 32 % too steep, fixed part −1.5 GB, and predicted
-        // 22630 (21503–23757) where 27986 is the largest). Then only the longest trials make it.
-        let longest = by_batch.iter().map(|x| x.2).max().unwrap_or(0);
-        let late = trials
-            .iter()
-            .filter(|t| t.accumulation <= 1 && t.outcome.fits() && t.steps < longest)
-            .filter_map(|t| Some((t.batch, t.outcome.peak_bytes()?)))
-            .find_map(|(b, short)| {
-                let (_, long, _) = by_batch.iter().find(|x| x.0 == b && x.2 == longest)?;
-                // above two measurement floors (or a MiB): a miss that small is no line's noise
-                let floor = (2.0 * MEASUREMENT_FLOOR * *long as f64).max(MIN_ERROR_BYTES);
-                (*long as f64 - short as f64 > floor).then_some((b, short, *long))
-            });
-        if let Some((b, short, long)) = late {
-            by_batch.retain(|x| x.2 == longest);
-            if by_batch.len() < 2 {
-                return Some(CapacityModel::refused(format!(
-                    "memory grows after the exploration steps ({b} peaked {} higher with {longest} \
-                     steps), and only one size ran with {longest} steps: a line needs two",
-                    crate::platform::units::format_size(long - short)
-                )));
-            }
+        if let Err(why) = keep_longest_if_late(trials, &mut peaks) {
+            return Some(CapacityModel::refused(why));
         }
-        by_batch.sort_by_key(|x| x.0);
-        let empty = |why: String, pts: &[(u64, u64, u32)]| CapacityModel {
-            fixed_bytes: 0.0,
-            per_sample_bytes: 0.0,
-            points: pts
+        peaks.sort_by_key(|x| x.batch);
+        if peaks.len() < 2 {
+            let why = format!("only one size fit ({}): a line needs two", peaks[0].batch);
+            return Some(Self::unfitted(why, &peaks));
+        }
+        let start = match first_pair(&peaks) {
+            Ok(start) => start,
+            Err(why) => return Some(Self::unfitted(why, &peaks)),
+        };
+        let Some((start, (a, k, se), knee)) = descend(&peaks, start) else {
+            return Some(Self::unfitted("the fits have no slope".into(), &peaks));
+        };
+        if k <= 0.0 || !k.is_finite() {
+            return Some(Self::unfitted(FLAT.into(), &peaks));
+        }
+        let used = &peaks[start..];
+        let points: Vec<CapacityPoint> = used
+            .iter()
+            .map(|p| CapacityPoint {
+                batch: p.batch,
+                peak_bytes: p.bytes,
+                steps: p.steps,
+                residual_bytes: p.bytes as f64 - (a + k * p.batch as f64),
+            })
+            .collect();
+        let top_peak = peaks[peaks.len() - 1].bytes as f64;
+        let mut model = CapacityModel {
+            fixed_bytes: a,
+            per_sample_bytes: k,
+            max_residual_bytes: points
                 .iter()
-                .map(|&(batch, peak_bytes, steps)| CapacityPoint {
-                    batch,
-                    peak_bytes,
-                    steps,
+                .map(|p| p.residual_bytes.abs())
+                .fold(0.0, f64::max),
+            points,
+            range: [used[0].batch, used[used.len() - 1].batch],
+            per_sample_error_bytes: slope_error(used, se, top_peak),
+            // a point below the range under the line is a jump up inside the measured sizes
+            knee_below: knee.or((start > 0).then(|| peaks[start - 1].batch)),
+            jump_above: None,
+            accumulation: vec![],
+            refusal: None,
+        };
+        model.jump_above = jump_above(trials, &model, limit_bytes);
+        model.accumulation = accumulation_offsets(trials, &model);
+        Some(model)
+    }
+
+    /// A model that refuses to make a line, for `why`, over the sizes that fit.
+    fn unfitted(why: String, peaks: &[Peak]) -> CapacityModel {
+        CapacityModel {
+            points: peaks
+                .iter()
+                .map(|p| CapacityPoint {
+                    batch: p.batch,
+                    peak_bytes: p.bytes,
+                    steps: p.steps,
                     residual_bytes: 0.0,
                 })
                 .collect(),
-            range: [pts[0].0, pts[pts.len() - 1].0],
-            max_residual_bytes: 0.0,
-            per_sample_error_bytes: 0.0,
-            knee_below: None,
-            jump_above: None,
-            accumulation: vec![],
-            refusal: Some(why),
-        };
-        if by_batch.len() < 2 {
-            return Some(empty(
-                format!("only one size fit ({}): a line needs two", by_batch[0].0),
-                &by_batch,
-            ));
+            range: [peaks[0].batch, peaks[peaks.len() - 1].batch],
+            ..CapacityModel::refused(why)
         }
-        // The affine part: from the largest sizes down, while each next point lies on the line of
-        // the points above it (within OFF_LINE of its peak).
-        let n = by_batch.len();
-        // The first pair: the largest size and the nearest smaller one whose peak lies clearly
-        // (2 %) below it, with the sizes between them: two sizes a few samples apart give a slope
-        // of measurement noise (a sweep's seeded point, 12559 and 12621 under 1 % noise: 4.7 MB
-        // per sample where 6.3 MB was true, and the next point's prior missed by a third), so
-        // when none does the model refuses.
-        let top_peak = by_batch[n - 1].1 as f64;
-        let Some(mut start) = (0..n - 1)
-            .rev()
-            .find(|&j| (top_peak - by_batch[j].1 as f64) >= CLEAR_RISE * top_peak)
-        else {
-            let (lo, hi) = (by_batch[0].0, by_batch[n - 1].0);
-            return Some(empty(
-                if hi >= 2 * lo {
-                    FLAT.into()
-                } else {
-                    format!(
-                        "the fits ({lo}–{hi}) lie within 2 % of one another's peak: their slope \
-                         would be measurement noise"
-                    )
-                },
-                &by_batch,
-            ));
-        };
-        let fit_of = |from: usize| {
-            let pts: Vec<(f64, f64)> = by_batch[from..]
-                .iter()
-                .map(|&(b, p, _)| (b as f64, p as f64))
-                .collect();
-            least_squares(&pts)
-        };
-        let (mut a, mut k, mut se) = match fit_of(start) {
-            Some(f) => f,
-            None => return Some(empty("the fits have no slope".into(), &by_batch)),
-        };
-        let mut knee_below = None;
-        while start > 0 {
-            let (b, p, _) = by_batch[start - 1];
-            let predicted = a + k * b as f64;
-            let off = p as f64 - predicted;
-            let top = by_batch[n - 1].0 as f64;
-            let scatter = {
-                let r: Vec<f64> = by_batch[start..]
-                    .iter()
-                    .map(|&(b, p, _)| p as f64 - (a + k * b as f64))
-                    .collect();
-                (r.iter().map(|x| x * x).sum::<f64>() / r.len() as f64).sqrt()
-            };
-            // and by more than the line's own uncertainty out there (the noise of the points it
-            // rests on, carried over the distance: a short baseline extrapolates its noise far)
-            let reach = {
-                let xs: Vec<f64> = by_batch[start..].iter().map(|x| x.0 as f64).collect();
-                let mean = xs.iter().sum::<f64>() / xs.len() as f64;
-                let sxx: f64 = xs.iter().map(|x| (x - mean).powi(2)).sum();
-                (b as f64 - mean).abs() / sxx.sqrt().max(1.0)
-            };
-            let noise = point_noise(&by_batch[start..], a, k, top_peak);
-            let allowed = (OFF_LINE * k.abs() * top)
-                .max(NOISE * p as f64)
-                .max(3.0 * noise * reach)
-                .max(3.0 * scatter)
-                .max(MIN_ERROR_BYTES);
-            if off.abs() > allowed {
-                if off > 0.0 {
-                    knee_below = Some(b);
-                }
-                // Below the line: the points above sit on a jump; the line holds above it.
-                break;
-            }
-            start -= 1;
-            if let Some(f) = fit_of(start) {
-                (a, k, se) = f;
-            }
-        }
-        let used = &by_batch[start..];
-        // A point below the range that lies *below* the line: a jump up inside the measured sizes.
-        let jump_below = start > 0 && knee_below.is_none();
-        if k <= 0.0 || !k.is_finite() {
-            return Some(empty(FLAT.into(), &by_batch));
-        }
-        let points: Vec<CapacityPoint> = used
-            .iter()
-            .map(|&(batch, peak_bytes, steps)| CapacityPoint {
-                batch,
-                peak_bytes,
-                steps,
-                residual_bytes: peak_bytes as f64 - (a + k * batch as f64),
-            })
-            .collect();
-        let max_residual_bytes = points
-            .iter()
-            .map(|p| p.residual_bytes.abs())
-            .fold(0.0, f64::max);
-        let range = [used[0].0, used[used.len() - 1].0];
-        // The slope's error, at least what a measurement floor on every peak would make of it (two
-        // points have no residuals to tell the noise by).
-        let se = {
-            let n = used.len() as f64;
-            let mean = used.iter().map(|x| x.0 as f64).sum::<f64>() / n;
-            let sxx: f64 = used.iter().map(|x| (x.0 as f64 - mean).powi(2)).sum();
-            let floor = (MEASUREMENT_FLOOR * top_peak).max(MIN_ERROR_BYTES);
-            se.max(floor / sxx.sqrt().max(1.0))
-        };
-        // An out-of-memory above the range where the line says the size fits under the probe's
-        // limit (by more than the residuals): the curve jumps (or grows late) between.
-        // (1 % of the limit: a miss that small is measurement noise near the top, not a jump)
-        let slack = (2.0 * max_residual_bytes)
-            .max(0.01 * limit_bytes as f64)
-            .max(MIN_ERROR_BYTES);
-        let jump_above = trials
-            .iter()
-            .filter(|t| t.accumulation <= 1 && t.outcome.is_bound() && t.batch > range[1])
-            .map(|t| t.batch)
-            .filter(|&b| a + k * b as f64 + slack < limit_bytes as f64)
-            .min();
-        // Split confirmations with accumulation: their extra bytes over the line.
-        let mut accumulation: Vec<AccumulationOffset> = vec![];
-        for t in trials
-            .iter()
-            .filter(|t| t.accumulation > 1 && t.outcome.fits())
-        {
-            let Some(p) = t.outcome.peak_bytes().filter(|&p| p > 0) else {
-                continue;
-            };
-            let extra = p as f64 - (a + k * t.batch as f64);
-            match accumulation
-                .iter_mut()
-                .find(|x| x.accumulation == t.accumulation)
-            {
-                Some(x) if extra > x.extra_bytes => {
-                    *x = AccumulationOffset {
-                        accumulation: t.accumulation,
-                        batch: t.batch,
-                        peak_bytes: p,
-                        extra_bytes: extra,
-                    }
-                }
-                Some(_) => {}
-                None => accumulation.push(AccumulationOffset {
-                    accumulation: t.accumulation,
-                    batch: t.batch,
-                    peak_bytes: p,
-                    extra_bytes: extra,
-                }),
-            }
-        }
-        accumulation.sort_by_key(|x| x.accumulation);
-        Some(CapacityModel {
-            fixed_bytes: a,
-            per_sample_bytes: k,
-            points,
-            range,
-            max_residual_bytes,
-            per_sample_error_bytes: se,
-            knee_below: knee_below.or(if jump_below {
-                Some(by_batch[start - 1].0)
-            } else {
-                None
-            }),
-            jump_above,
-            accumulation,
-            refusal: None,
-        })
     }
 
     /// A model that predicts nothing, for `why` (no points).
