@@ -1214,7 +1214,10 @@ mod tests {
         }
         let model = crate::plan::CapacityModel::fit(&p.trials, p.limit_bytes).unwrap();
         assert!(model.refusal.is_none(), "{model:?}");
-        assert!((model.per_sample_bytes - MIB as f64).abs() < 1e3, "{model:?}");
+        assert!(
+            (model.per_sample_bytes - MIB as f64).abs() < 1e3,
+            "{model:?}"
+        );
         p.capacity_model = Some(model.clone());
         let v = View::of(&p, Scale::Linear);
         let (k, a) = v.fit_line.unwrap();

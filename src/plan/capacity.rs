@@ -201,7 +201,10 @@ fn keep_longest_if_late(trials: &[TrialRecord], peaks: &mut Vec<Peak>) -> Result
         .filter(|t| t.accumulation <= 1 && t.outcome.fits() && t.steps < longest)
         .filter_map(|t| Some((t.batch, t.outcome.peak_bytes()?)))
         .find_map(|(b, short)| {
-            let long = peaks.iter().find(|x| x.batch == b && x.steps == longest)?.bytes;
+            let long = peaks
+                .iter()
+                .find(|x| x.batch == b && x.steps == longest)?
+                .bytes;
             let floor = (2.0 * MEASUREMENT_FLOOR * long as f64).max(MIN_ERROR_BYTES);
             (long as f64 - short as f64 > floor).then_some((b, long - short))
         });
@@ -639,57 +642,56 @@ impl Default for Target {
     }
 }
 
-/// The prediction of `model` for a budget of `memory` bytes with `reserve` and `margin`.
-pub fn predict(
-    model: &CapacityModel,
-    memory: u64,
-    reserve: u64,
-    margin: f64,
-    target: Target,
-) -> Prediction {
-    // Under the plan's guard band, as the probe would set it for this budget.
+/// The limit a probe would set for a budget of `memory` bytes: the plan's guard band under the
+/// margin's limit.
+fn guarded_limit(memory: u64, reserve: u64, margin: f64, target: &Target) -> u64 {
     let unguarded = limit(memory, reserve, margin);
-    let limit_bytes = match (target.guard_band_bytes, target.guard_band) {
+    match (target.guard_band_bytes, target.guard_band) {
         (Some(b), _) => unguarded.saturating_sub(b.min(unguarded / 4)),
         (None, Some(g)) if g > 0.0 && g < 1.0 => (unguarded as f64 * (1.0 - g)) as u64,
         _ => unguarded,
-    };
-    let mut p = Prediction {
-        memory_bytes: memory,
-        reserve_bytes: reserve,
-        margin,
-        limit_bytes,
-        proven: false,
-        max_micro_batch: None,
-        split: None,
-        max_micro_batch_accumulating: None,
-        notes: vec![],
-        refused: None,
-    };
-    let cap = |e: Estimate, t: Target| -> Estimate {
-        let m = t.multiple_of.max(1);
-        let c = |x: u64| (x.min(t.max_batch) / m) * m;
+    }
+}
+
+/// The line's estimates under one limit, held to the plan's evidence and caps.
+struct Predictor<'a> {
+    model: &'a CapacityModel,
+    limit_bytes: u64,
+    target: Target,
+}
+
+impl Predictor<'_> {
+    /// `e` under the probe's `--max-batch` and `--multiple-of`.
+    fn capped(&self, e: Estimate) -> Estimate {
+        let m = self.target.multiple_of.max(1);
+        let c = |x: u64| (x.min(self.target.max_batch) / m) * m;
         Estimate {
             micro_batch: c(e.micro_batch),
             low: c(e.low),
             high: c(e.high),
             ..e
         }
-    };
-    // The line's estimate with `extra` bytes, held to the plan's out-of-memory evidence at `oom`
-    // (the smallest size that ran out of memory under the plan's limit): the line may say that size
-    // fits (a miss within what `fit` takes for noise near the top), but it did not.
-    let bounded = |extra: f64, oom: Option<u64>, notes: &mut Vec<String>| {
-        let mut e = model.largest_under(limit_bytes, extra)?;
-        let (Some(ev), Some(bo)) = (target.oom, oom) else {
-            return Ok(cap(e, target));
+    }
+
+    /// The line's estimate with `extra` bytes, held to the plan's out-of-memory evidence at `oom`
+    /// (the smallest size that ran out of memory under the plan's limit): the line may say that size
+    /// fits (a miss within what `fit` takes for noise near the top), but it did not.
+    fn bounded(
+        &self,
+        extra: f64,
+        oom: Option<u64>,
+        notes: &mut Vec<String>,
+    ) -> Result<Estimate, String> {
+        let mut e = self.model.largest_under(self.limit_bytes, extra)?;
+        let (Some(ev), Some(bo)) = (self.target.oom, oom) else {
+            return Ok(self.capped(e));
         };
         // How far the line (with `extra`) is below the plan's limit at `bo`: it said `bo` fits.
-        let short = ev.limit_bytes as f64 - model.peak_at(bo as f64) - extra;
-        if limit_bytes > ev.limit_bytes && short > 0.0 {
+        let short = ev.limit_bytes as f64 - self.model.peak_at(bo as f64) - extra;
+        if self.limit_bytes > ev.limit_bytes && short > 0.0 {
             // The curve is at least `short` above the line at `bo` (a jump, or memory that grows
             // faster near the top): carried above it.
-            let shifted = model.largest_under(limit_bytes, extra + short)?;
+            let shifted = self.model.largest_under(self.limit_bytes, extra + short)?;
             if shifted.micro_batch < e.micro_batch {
                 notes.push(format!(
                     "{bo} ran out of memory under the plan's limit although the line says it fits \
@@ -699,7 +701,7 @@ pub fn predict(
                 e = shifted;
             }
         }
-        if limit_bytes <= ev.limit_bytes && e.high >= bo {
+        if self.limit_bytes <= ev.limit_bytes && e.high >= bo {
             // Less memory than the plan's limit, under which `bo` already ran out of memory.
             let below = bo.saturating_sub(1);
             if e.micro_batch >= bo {
@@ -716,121 +718,157 @@ pub fn predict(
             e.low = e.low.saturating_sub(moved).min(below);
             e.high = e.high.min(below);
         }
-        Ok(cap(e, target))
-    };
-    let mut notes = vec![];
-    let est = match bounded(0.0, target.oom.and_then(|o| o.batch), &mut notes) {
-        Ok(e) => e,
-        Err(why) => {
-            p.refused = Some(why);
-            return p;
+        Ok(self.capped(e))
+    }
+
+    /// What a reader of the estimate should know: no room, far extrapolation, the cap.
+    fn notes(&self, est: &Estimate) -> Vec<String> {
+        let (model, target) = (self.model, &self.target);
+        let mut notes = vec![];
+        if est.micro_batch == 0 {
+            notes.push(format!(
+                "the line's fixed part ({:.0} MiB) leaves no room for one sample under this limit",
+                model.fixed_bytes / (1024.0 * 1024.0)
+            ));
         }
-    };
-    p.notes.append(&mut notes);
-    if est.micro_batch == 0 {
-        p.notes.push(format!(
-            "the line's fixed part ({:.0} MiB) leaves no room for one sample under this limit",
-            model.fixed_bytes / (1024.0 * 1024.0)
-        ));
+        if est.extrapolation > 4.0 {
+            notes.push(if est.micro_batch < model.range[0] {
+                format!(
+                    "extrapolated {:.0}× below the smallest measured size ({}): the error bar assumes \
+                     memory stays affine that far down (no knee was measured there)",
+                    est.extrapolation, model.range[0]
+                )
+            } else {
+                format!(
+                    "extrapolated {:.0}× beyond the largest measured size ({}): the error bar assumes \
+                     memory stays affine that far",
+                    est.extrapolation, model.range[1]
+                )
+            });
+        }
+        let m = target.multiple_of.max(1);
+        if est.high >= target.max_batch / m * m {
+            notes.push(format!(
+                "capped at the probe's --max-batch {}",
+                target.max_batch
+            ));
+        }
+        notes
     }
-    if est.extrapolation > 4.0 {
-        p.notes.push(if est.micro_batch < model.range[0] {
-            format!(
-                "extrapolated {:.0}× below the smallest measured size ({}): the error bar assumes \
-                 memory stays affine that far down (no knee was measured there)",
-                est.extrapolation, model.range[0]
-            )
-        } else {
-            format!(
-                "extrapolated {:.0}× beyond the largest measured size ({}): the error bar assumes \
-                 memory stays affine that far",
-                est.extrapolation, model.range[1]
-            )
-        });
-    }
-    if est.high >= target.max_batch / target.multiple_of.max(1) * target.multiple_of.max(1) {
-        p.notes.push(format!(
-            "capped at the probe's --max-batch {}",
-            target.max_batch
-        ));
-    }
-    p.max_micro_batch = Some(est);
-    if let Some(t) = target.split {
+
+    /// The split of the target's global batch for the estimate `est` (accumulation 1), into `p`.
+    fn split(&self, t: SplitTarget, est: Estimate, p: &mut Prediction) {
         match accumulate::split(
             t.global_batch,
             t.world_size,
             est.micro_batch,
             t.allow_uneven,
         ) {
-            Ok(s) if s.accumulation > 1 => {
-                // Accumulating holds more memory: the measured extra, if the plan has it.
-                match model.accumulation_extra() {
-                    Some(extra) => match bounded(
-                        extra,
-                        target.oom.and_then(|o| match (o.accumulating, o.batch) {
-                            (Some(a), Some(b)) => Some(a.min(b)),
-                            (a, b) => a.or(b),
-                        }),
-                        &mut p.notes,
-                    ) {
-                        Ok(ea) => {
-                            p.max_micro_batch_accumulating = Some(ea);
-                            match accumulate::split(
-                                t.global_batch,
-                                t.world_size,
-                                ea.micro_batch,
-                                t.allow_uneven,
-                            ) {
-                                Ok(s) => {
-                                    p.notes.extend(s.warning.clone());
-                                    p.split = Some(s);
-                                }
-                                Err(e) => p.notes.push(format!("no split: {e}")),
-                            }
-                        }
-                        Err(why) => p.notes.push(format!("no split with accumulation: {why}")),
-                    },
-                    None => {
-                        p.notes.push(
-                            "accumulation > 1 and the plan measured no accumulation: the split \
-                             assumes accumulated gradients cost no memory beyond the line"
-                                .into(),
-                        );
-                        // A size that ran out of memory with accumulation under the plan's limit
-                        // (at least this one) is no size to accumulate with.
-                        let failed = target
-                            .oom
-                            .filter(|o| limit_bytes <= o.limit_bytes)
-                            .and_then(|o| o.accumulating)
-                            .filter(|&a| s.micro_batch >= a);
-                        match failed {
-                            Some(a) => match accumulate::split(
-                                t.global_batch,
-                                t.world_size,
-                                a - 1,
-                                t.allow_uneven,
-                            ) {
-                                Ok(s2) => {
-                                    p.notes.push(format!(
-                                        "{a} ran out of memory with accumulation under the plan's \
-                                         limit: the split stays below it"
-                                    ));
-                                    p.notes.extend(s2.warning.clone());
-                                    p.split = Some(s2);
-                                }
-                                Err(e) => p.notes.push(format!("no split: {e}")),
-                            },
-                            None => {
-                                p.notes.extend(s.warning.clone());
-                                p.split = Some(s);
-                            }
-                        }
-                    }
-                }
-            }
+            // Accumulating holds more memory: the measured extra, if the plan has it.
+            Ok(s) if s.accumulation > 1 => match self.model.accumulation_extra() {
+                Some(extra) => self.split_with_measured_extra(t, extra, p),
+                None => self.split_without_measured_extra(t, s, p),
+            },
             Ok(s) => p.split = Some(s),
             Err(e) => p.notes.push(format!("no split: {e}")),
         }
+    }
+
+    /// The split from the line's estimate with the accumulation's measured extra bytes.
+    fn split_with_measured_extra(&self, t: SplitTarget, extra: f64, p: &mut Prediction) {
+        let oom = self
+            .target
+            .oom
+            .and_then(|o| match (o.accumulating, o.batch) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            });
+        let ea = match self.bounded(extra, oom, &mut p.notes) {
+            Ok(ea) => ea,
+            Err(why) => return p.notes.push(format!("no split with accumulation: {why}")),
+        };
+        p.max_micro_batch_accumulating = Some(ea);
+        match accumulate::split(t.global_batch, t.world_size, ea.micro_batch, t.allow_uneven) {
+            Ok(s) => {
+                p.notes.extend(s.warning.clone());
+                p.split = Some(s);
+            }
+            Err(e) => p.notes.push(format!("no split: {e}")),
+        }
+    }
+
+    /// The split `s` when the plan measured no accumulation: kept below a size that ran out of
+    /// memory with accumulation under the plan's limit (at least this one).
+    fn split_without_measured_extra(&self, t: SplitTarget, s: Split, p: &mut Prediction) {
+        p.notes.push(
+            "accumulation > 1 and the plan measured no accumulation: the split \
+             assumes accumulated gradients cost no memory beyond the line"
+                .into(),
+        );
+        let failed = self
+            .target
+            .oom
+            .filter(|o| self.limit_bytes <= o.limit_bytes)
+            .and_then(|o| o.accumulating)
+            .filter(|&a| s.micro_batch >= a);
+        let Some(a) = failed else {
+            p.notes.extend(s.warning.clone());
+            p.split = Some(s);
+            return;
+        };
+        match accumulate::split(t.global_batch, t.world_size, a - 1, t.allow_uneven) {
+            Ok(s2) => {
+                p.notes.push(format!(
+                    "{a} ran out of memory with accumulation under the plan's \
+                     limit: the split stays below it"
+                ));
+                p.notes.extend(s2.warning.clone());
+                p.split = Some(s2);
+            }
+            Err(e) => p.notes.push(format!("no split: {e}")),
+        }
+    }
+}
+
+/// The prediction of `model` for a budget of `memory` bytes with `reserve` and `margin`.
+pub fn predict(
+    model: &CapacityModel,
+    memory: u64,
+    reserve: u64,
+    margin: f64,
+    target: Target,
+) -> Prediction {
+    // Under the plan's guard band, as the probe would set it for this budget.
+    let limit_bytes = guarded_limit(memory, reserve, margin, &target);
+    let mut p = Prediction {
+        memory_bytes: memory,
+        reserve_bytes: reserve,
+        margin,
+        limit_bytes,
+        proven: false,
+        max_micro_batch: None,
+        split: None,
+        max_micro_batch_accumulating: None,
+        notes: vec![],
+        refused: None,
+    };
+    let predictor = Predictor {
+        model,
+        limit_bytes,
+        target,
+    };
+    let est = match predictor.bounded(0.0, target.oom.and_then(|o| o.batch), &mut p.notes) {
+        Ok(e) => e,
+        Err(why) => {
+            p.notes.clear();
+            p.refused = Some(why);
+            return p;
+        }
+    };
+    p.notes.extend(predictor.notes(&est));
+    p.max_micro_batch = Some(est);
+    if let Some(t) = target.split {
+        predictor.split(t, est, &mut p);
     }
     p
 }
