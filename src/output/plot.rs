@@ -229,7 +229,7 @@ struct View {
     retries: Vec<(f64, f64)>,
     /// Batches of trials that ended in error or timeout (no measurement).
     failed: Vec<f64>,
-    /// Least-squares fit of the fitting trials' peaks, in plot units: (per sample, intercept).
+    /// The capacity model's line, in plot units: (per sample, intercept).
     fit_line: Option<(f64, f64)>,
     limit: f64,
     /// The limit before the margin: budget − reserve.
@@ -256,16 +256,20 @@ struct View {
     y_max: f64,
 }
 
-impl View {
-    fn of(plan: &Plan, scale: Scale) -> View {
-        let log_x = scale == Scale::Log;
-        // where a batch size sits on the x axis
-        let xt = |b: f64| if log_x { b.max(1.0).log10() } else { b };
-        let mut fits = vec![];
-        let mut oom_bytes = vec![];
-        let mut failed = vec![];
-        let mut retries = vec![];
-        let mut speed = vec![];
+/// The trials sorted by what they show, in bytes and samples (before units and axis scaling).
+#[derive(Default)]
+struct Marks {
+    fits: Vec<(f64, f64)>,
+    /// (batch, measured peak if any) of the trials that bound the search (out of memory, over budget)
+    bounds: Vec<(f64, Option<u64>)>,
+    failed: Vec<f64>,
+    retries: Vec<(f64, f64)>,
+    speed: Vec<(f64, f64)>,
+}
+
+impl Marks {
+    fn of(plan: &Plan) -> Marks {
+        let mut m = Marks::default();
         for t in &plan.trials {
             let b = t.batch as f64;
             match &t.outcome {
@@ -274,174 +278,199 @@ impl View {
                     step_seconds,
                     ..
                 } => {
-                    fits.push((b, *peak_bytes as f64));
+                    m.fits.push((b, *peak_bytes as f64));
                     if step_seconds.is_finite() && *step_seconds > 0.0 {
-                        speed.push((b, b / step_seconds));
+                        m.speed.push((b, b / step_seconds));
                     }
                 }
-                TrialOutcome::Oom { peak_bytes, .. } => oom_bytes.push((b, *peak_bytes)),
+                TrialOutcome::Oom { peak_bytes, .. } => m.bounds.push((b, *peak_bytes)),
                 // out of this budget (the tree's figure above the limit): a cross at that figure
                 TrialOutcome::OverBudget { peak_bytes, .. } => {
-                    oom_bytes.push((b, Some(*peak_bytes)))
+                    m.bounds.push((b, Some(*peak_bytes)))
                 }
-                TrialOutcome::Retries { peak_bytes, .. } => retries.push((b, *peak_bytes as f64)),
-                TrialOutcome::Timeout { .. } | TrialOutcome::Error { .. } => failed.push(b),
+                TrialOutcome::Retries { peak_bytes, .. } => m.retries.push((b, *peak_bytes as f64)),
+                TrialOutcome::Timeout { .. } | TrialOutcome::Error { .. } => m.failed.push(b),
             }
         }
-        let limit = plan.limit_bytes as f64;
-        let budget = plan.budget_bytes.saturating_sub(plan.reserve_bytes) as f64;
-        let oom_measured = oom_bytes.iter().filter(|(_, p)| p.is_some()).count();
-        let ooms_bytes: Vec<(f64, f64)> = oom_bytes
-            .iter()
-            .map(|(b, p)| (*b, p.map_or(limit, |p| p as f64)))
-            .collect();
-        let recommended = plan
-            .recommendation
-            .as_ref()
-            .map(|r| (r.micro_batch as f64, r.peak_bytes as f64));
+        m
+    }
+}
 
-        // the answer is the --max-batch cap: draw the cap, so the plot says why the search stopped
-        let cap = match (plan.stop_reason, &plan.recommendation) {
-            (crate::plan::StopReason::MaxBatch, Some(r)) => Some((
+/// The `--max-batch` cap when the answer is that cap, and what it means: drawn, so the plot says why
+/// the search stopped.
+fn max_batch_cap(plan: &Plan) -> Option<(f64, String)> {
+    let r = plan.recommendation.as_ref()?;
+    (plan.stop_reason == crate::plan::StopReason::MaxBatch
+        && r.max_fitting_batch <= plan.search.max_batch)
+        .then(|| {
+            (
                 plan.search.max_batch as f64,
                 format!(
                     "--max-batch {}: the largest size allowed (it fits: no size above was tried)",
                     plan.search.max_batch
                 ),
-            ))
-            .filter(|_| r.max_fitting_batch <= plan.search.max_batch),
-            _ => None,
+            )
+        })
+}
+
+/// The legend's labels of the limit and of the budget before the margin.
+fn limit_labels(plan: &Plan) -> (String, String) {
+    let margin_pct = format_pct(plan.margin);
+    let limit_label = format!(
+        "limit {} = (budget − reserve) × (1 − {margin_pct} margin)",
+        format_size(plan.limit_bytes)
+    );
+    let budget_label = if plan.reserve_bytes > 0 {
+        format!(
+            "budget − reserve {} (the limit before the {margin_pct} margin)",
+            format_size(plan.budget_bytes.saturating_sub(plan.reserve_bytes))
+        )
+    } else {
+        format!(
+            "budget {} (the limit before the {margin_pct} margin)",
+            format_size(plan.budget_bytes)
+        )
+    };
+    (limit_label, budget_label)
+}
+
+/// One samples/s value per tested size (see [`throughput::measured`]); a plan whose trials all ran
+/// with other step counts gets one point per size anyway.
+fn speed_line(plan: &Plan, speed: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let tested = throughput::measured(&plan.trials, plan.search.steps, plan.search.confirm_steps);
+    if !tested.is_empty() {
+        return tested
+            .iter()
+            .map(|m| (m.batch as f64, m.samples_per_second))
+            .collect();
+    }
+    let mut s = speed.to_vec();
+    s.sort_by(|a, b| a.0.total_cmp(&b.0));
+    s.dedup_by(|a, b| a.0 == b.0);
+    s
+}
+
+/// What the proof is ("1845 fits, 1846 runs out of memory") and where to say it: above the largest
+/// fit's peak (`fits` in plot units), else at the limit.
+fn proof_note(
+    plan: &Plan,
+    fits: &[(f64, f64)],
+    capped: bool,
+    limit: f64,
+) -> Option<(f64, f64, String)> {
+    let r = plan.recommendation.as_ref()?;
+    let what = match (r.first_failing_batch, capped) {
+        (Some(f), _) => format!("{} fits, {f} runs out of memory", r.max_fitting_batch),
+        (None, true) => format!("{} fits: the --max-batch cap", r.max_fitting_batch),
+        (None, false) => return None,
+    };
+    let x = r.max_fitting_batch as f64;
+    let y = fits
+        .iter()
+        .filter(|p| p.0 == x)
+        .map(|p| p.1)
+        .fold(f64::NAN, f64::max);
+    Some((x, if y.is_nan() { limit } else { y }, what))
+}
+
+/// The chart's title and subtitle: the model, the device, the answer or why there is none.
+fn titles(plan: &Plan) -> (String, String) {
+    let device = if plan.device.name.starts_with(plan.device.kind.as_str()) {
+        plan.device.name.clone()
+    } else {
+        format!("{} ({})", plan.device.kind, plan.device.name)
+    };
+    let mut title = format!("batchfit: {} on {device}", plan.model.name());
+    match plan.status {
+        Status::Complete => {}
+        Status::Partial => title += " — PARTIAL plan",
+        Status::NothingFits => title += " — nothing fits",
+    }
+    let subtitle = match (&plan.recommendation, plan.status) {
+        (Some(r), Status::Complete) => format!(
+            "micro-batch {} × accumulation {} × world size {} = global batch {};  largest fitting {}{};  {}",
+            r.micro_batch,
+            r.accumulation,
+            r.world_size,
+            r.global_batch,
+            r.max_fitting_batch,
+            r.first_failing_batch
+                .map(|f| format!(", {f} ran out of memory"))
+                .unwrap_or_default(),
+            trials(plan.trials.len())
+        ),
+        _ => format!(
+            "no recommendation: stopped: {};  {}",
+            plan.stop_detail,
+            trials(plan.trials.len())
+        ),
+    };
+    (title, subtitle)
+}
+
+impl View {
+    fn of(plan: &Plan, scale: Scale) -> View {
+        let log_x = scale == Scale::Log;
+        // where a batch size sits on the x axis
+        let xt = |b: f64| if log_x { b.max(1.0).log10() } else { b };
+        let at = |v: Vec<(f64, f64)>| -> Vec<(f64, f64)> {
+            v.into_iter().map(|(b, y)| (xt(b), y)).collect()
         };
-        let x_max = plan
-            .trials
+        let marks = Marks::of(plan);
+        let limit = plan.limit_bytes as f64;
+        let budget = plan.budget_bytes.saturating_sub(plan.reserve_bytes) as f64;
+        let bounds: Vec<(f64, f64)> = marks
+            .bounds
             .iter()
-            .map(|t| t.batch)
-            .max()
-            .unwrap_or(1)
-            .max(1) as f64;
-        let x_max = cap.as_ref().map_or(x_max, |c| x_max.max(c.0));
-        let x_smallest = plan
-            .trials
+            .map(|(b, p)| (*b, p.map_or(limit, |p| p as f64)))
+            .collect();
+        let cap = max_batch_cap(plan);
+        let batches = plan.trials.iter().map(|t| t.batch.max(1));
+        let x_max =
+            (batches.clone().max().unwrap_or(1) as f64).max(cap.as_ref().map_or(0.0, |c| c.0));
+        let x_smallest = batches.min().unwrap_or(1) as f64;
+        let top_bytes = marks
+            .fits
             .iter()
-            .map(|t| t.batch)
-            .min()
-            .unwrap_or(1)
-            .max(1) as f64;
-        let top_bytes = fits
-            .iter()
-            .chain(ooms_bytes.iter())
-            .chain(retries.iter())
+            .chain(bounds.iter())
+            .chain(marks.retries.iter())
             .map(|p| p.1)
             .fold(limit.max(budget), f64::max)
             .max(1.0);
         let unit = Unit::for_max(top_bytes);
         let u = |v: f64| v / unit.bytes;
-        let fits: Vec<(f64, f64)> = fits.iter().map(|&(b, p)| (b, u(p))).collect();
-        let fit_line = memory_line(plan).map(|(k, a)| (k / unit.bytes, a / unit.bytes));
-
-        let margin_pct = format_pct(plan.margin);
-        let limit_label = format!(
-            "limit {} = (budget − reserve) × (1 − {margin_pct} margin)",
-            format_size(plan.limit_bytes)
-        );
-        let budget_label = if plan.reserve_bytes > 0 {
-            format!(
-                "budget − reserve {} (the limit before the {margin_pct} margin)",
-                format_size(plan.budget_bytes.saturating_sub(plan.reserve_bytes))
-            )
-        } else {
-            format!(
-                "budget {} (the limit before the {margin_pct} margin)",
-                format_size(plan.budget_bytes)
-            )
-        };
-
-        let tested =
-            throughput::measured(&plan.trials, plan.search.steps, plan.search.confirm_steps);
-        let mut speed_line: Vec<(f64, f64)> = tested
-            .iter()
-            .map(|m| (m.batch as f64, m.samples_per_second))
-            .collect();
-        if speed_line.is_empty() {
-            // e.g. a plan whose trials all ran with other step counts: one point per size anyway
-            let mut s = speed.clone();
-            s.sort_by(|a, b| a.0.total_cmp(&b.0));
-            s.dedup_by(|a, b| a.0 == b.0);
-            speed_line = s;
-        }
-        let fastest = plan
-            .recommendation
-            .as_ref()
-            .and_then(|r| Some((r.fastest_micro_batch? as f64, r.fastest_samples_per_second?)));
-
-        let proof = plan.recommendation.as_ref().and_then(|r| {
-            let what = match (r.first_failing_batch, &cap) {
-                (Some(f), _) => format!("{} fits, {f} runs out of memory", r.max_fitting_batch),
-                (None, Some(_)) => format!("{} fits: the --max-batch cap", r.max_fitting_batch),
-                (None, None) => return None,
-            };
-            let x = r.max_fitting_batch as f64;
-            let y = fits
-                .iter()
-                .filter(|p| p.0 == x)
-                .map(|p| p.1)
-                .fold(f64::NAN, f64::max);
-            let y = if y.is_nan() { u(limit) } else { y };
-            Some((x, y, what))
-        });
-
-        let device = if plan.device.name.starts_with(plan.device.kind.as_str()) {
-            plan.device.name.clone()
-        } else {
-            format!("{} ({})", plan.device.kind, plan.device.name)
-        };
-        let mut title = format!("batchfit: {} on {device}", plan.model.name());
-        match plan.status {
-            Status::Complete => {}
-            Status::Partial => title += " — PARTIAL plan",
-            Status::NothingFits => title += " — nothing fits",
-        }
-        let subtitle = match (&plan.recommendation, plan.status) {
-            (Some(r), Status::Complete) => format!(
-                "micro-batch {} × accumulation {} × world size {} = global batch {};  largest fitting {}{};  {}",
-                r.micro_batch,
-                r.accumulation,
-                r.world_size,
-                r.global_batch,
-                r.max_fitting_batch,
-                r.first_failing_batch
-                    .map(|f| format!(", {f} ran out of memory"))
-                    .unwrap_or_default(),
-                trials(plan.trials.len())
-            ),
-            _ => format!(
-                "no recommendation: stopped: {};  {}",
-                plan.stop_detail,
-                trials(plan.trials.len())
-            ),
-        };
-
-        let at = |v: Vec<(f64, f64)>| -> Vec<(f64, f64)> {
-            v.into_iter().map(|(b, y)| (xt(b), y)).collect()
-        };
+        let in_units =
+            |v: &[(f64, f64)]| -> Vec<(f64, f64)> { v.iter().map(|&(b, p)| (b, u(p))).collect() };
+        let fits = in_units(&marks.fits);
+        let (limit_label, budget_label) = limit_labels(plan);
+        let (title, subtitle) = titles(plan);
+        let proof = proof_note(plan, &fits, cap.is_some(), u(limit));
         View {
             title,
             subtitle,
+            fit_line: memory_line(plan).map(|(k, a)| (k / unit.bytes, a / unit.bytes)),
             unit,
             fits: at(fits),
-            ooms: at(ooms_bytes.iter().map(|&(b, p)| (b, u(p))).collect()),
-            oom_measured,
-            retries: at(retries.iter().map(|&(b, p)| (b, u(p))).collect()),
-            failed: failed.into_iter().map(xt).collect(),
-            fit_line,
+            ooms: at(in_units(&bounds)),
+            oom_measured: marks.bounds.iter().filter(|(_, p)| p.is_some()).count(),
+            retries: at(in_units(&marks.retries)),
+            failed: marks.failed.into_iter().map(xt).collect(),
             limit: u(limit),
             budget: u(budget),
             budget_label,
             limit_label,
-            recommended: recommended.map(|(b, p)| (xt(b), u(p))),
-            speed: at(speed),
-            speed_line: at(speed_line),
-            fastest: fastest.map(|(b, s)| (xt(b), s)),
+            recommended: plan
+                .recommendation
+                .as_ref()
+                .map(|r| (xt(r.micro_batch as f64), u(r.peak_bytes as f64))),
+            speed_line: at(speed_line(plan, &marks.speed)),
+            speed: at(marks.speed),
+            fastest: plan.recommendation.as_ref().and_then(|r| {
+                Some((
+                    xt(r.fastest_micro_batch? as f64),
+                    r.fastest_samples_per_second?,
+                ))
+            }),
             proof: proof.map(|(x, y, t)| (xt(x), y, t)),
             cap: cap.map(|(x, t)| (xt(x), t)),
             log_x,
