@@ -22,6 +22,7 @@ use crate::plan::{Plan, Status};
 use crate::platform::files::{self, FileError};
 use crate::platform::units::format_size;
 use crate::protocol::TrialOutcome;
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;
@@ -886,38 +887,14 @@ where
     Ok(())
 }
 
-fn draw_memory<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, v: &View) -> DrawResult
+type MemoryChart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// The budget before the margin (dashed), the limit, and the capacity model's line.
+fn draw_levels<DB: DrawingBackend>(chart: &mut MemoryChart<'_, DB>, v: &View) -> DrawResult
 where
     DB::ErrorType: 'static,
 {
-    let (x_min, x_max, y_max) = (v.x_min, v.x_max, v.y_max);
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            "Peak memory of each trial against the micro-batch size",
-            (FONT, 20),
-        )
-        .margin(10)
-        .margin_right(24)
-        .x_label_area_size(52)
-        .y_label_area_size(78)
-        .build_cartesian_2d(x_min..x_max, 0f64..y_max)?;
-    let decimals = tick_decimals(y_max);
-    let y_fmt = |y: &f64| memory_tick(*y, decimals);
-    let x_fmt = |x: &f64| v.x_label(x);
-    chart
-        .configure_mesh()
-        .x_desc(v.x_desc())
-        .y_desc(format!("peak memory ({})", v.unit.name))
-        .y_labels(TICKS)
-        .axis_desc_style((FONT, 18))
-        .label_style((FONT, 15))
-        .x_label_formatter(&x_fmt)
-        .y_label_formatter(&y_fmt)
-        .max_light_lines(2)
-        .light_line_style(RGBColor(0xF0, 0xF0, 0xF0))
-        .bold_line_style(RGBColor(0xD0, 0xD0, 0xD0))
-        .draw()?;
-
+    let (x_min, x_max) = (v.x_min, v.x_max);
     // the budget before the margin, dashed, and the limit
     chart
         .draw_series(DashedLineSeries::new(
@@ -952,6 +929,15 @@ where
         }
     }
 
+    Ok(())
+}
+
+/// The recommended micro-batch and the `--max-batch` cap, as vertical lines.
+fn draw_answer<DB: DrawingBackend>(chart: &mut MemoryChart<'_, DB>, v: &View) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    let y_max = v.y_max;
     if let Some((rb, _)) = v.recommended {
         chart
             .draw_series(DashedLineSeries::new(
@@ -979,6 +965,19 @@ where
                 DashedPathElement::new([(x, y), (x + 20, y)], 2, 3, LIMIT.stroke_width(2))
             });
     }
+    Ok(())
+}
+
+/// What the proof is, in words on a white box at the top of the chart.
+fn draw_proof<DB: DrawingBackend>(
+    chart: &mut MemoryChart<'_, DB>,
+    v: &View,
+    area: &DrawingArea<DB, Shift>,
+) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    let y_max = v.y_max;
     if let Some((x, _, text)) = &v.proof {
         // at the top of the chart above the largest fit, towards the middle: the points lie at or
         // below the budget line, so the band above it is free (the words do not crowd the points)
@@ -1006,6 +1005,14 @@ where
                 + Text::new(text.clone(), (dx, top), style),
         ))?;
     }
+    Ok(())
+}
+
+/// Every trial as a marker: out of memory, fits, the recommendation, retries, failures.
+fn draw_trials<DB: DrawingBackend>(chart: &mut MemoryChart<'_, DB>, v: &View) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
     if !v.ooms.is_empty() {
         let where_ = match v.oom_measured {
             0 => "drawn at the limit",
@@ -1063,6 +1070,45 @@ where
             ))
             .legend(|(x, y)| TriangleMarker::new((x + 10, y), 7, FAILED.filled()));
     }
+    Ok(())
+}
+
+fn draw_memory<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, v: &View) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    let (x_min, x_max, y_max) = (v.x_min, v.x_max, v.y_max);
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            "Peak memory of each trial against the micro-batch size",
+            (FONT, 20),
+        )
+        .margin(10)
+        .margin_right(24)
+        .x_label_area_size(52)
+        .y_label_area_size(78)
+        .build_cartesian_2d(x_min..x_max, 0f64..y_max)?;
+    let decimals = tick_decimals(y_max);
+    let y_fmt = |y: &f64| memory_tick(*y, decimals);
+    let x_fmt = |x: &f64| v.x_label(x);
+    chart
+        .configure_mesh()
+        .x_desc(v.x_desc())
+        .y_desc(format!("peak memory ({})", v.unit.name))
+        .y_labels(TICKS)
+        .axis_desc_style((FONT, 18))
+        .label_style((FONT, 15))
+        .x_label_formatter(&x_fmt)
+        .y_label_formatter(&y_fmt)
+        .max_light_lines(2)
+        .light_line_style(RGBColor(0xF0, 0xF0, 0xF0))
+        .bold_line_style(RGBColor(0xD0, 0xD0, 0xD0))
+        .draw()?;
+
+    draw_levels(&mut chart, v)?;
+    draw_answer(&mut chart, v)?;
+    draw_proof(&mut chart, v, area)?;
+    draw_trials(&mut chart, v)?;
     legend_box(&mut chart)
 }
 
