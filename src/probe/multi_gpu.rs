@@ -120,7 +120,72 @@ pub fn run(
         setup.indices.len(),
         setup.list()
     ));
-    // 1. Each GPU's largest fitting micro-batch; the partial plan holds every GPU's trials so far.
+    // 1. Each GPU's largest fitting micro-batch.
+    let outcomes = search_each(cfg, gpus, progress)?;
+    let mut per_gpu = per_gpu_entries(gpus, &outcomes);
+    // A GPU whose search did not complete makes the whole plan partial (its reason is the plan's).
+    if let Some((i, o)) = outcomes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, o)| o.as_ref().map(|o| (i, o)))
+        .find(|(_, o)| !o.stop_reason.is_complete())
+    {
+        let (mut plan, ending) = single::assemble(cfg, &gpus[i].skeleton, o, None);
+        // what every GPU measured, each trial tagged with its GPU
+        plan.trials = gpus.iter().flat_map(|g| g.trials.clone()).collect();
+        if let Some(g) = plan.gpu.as_mut() {
+            g.per_gpu = per_gpu;
+        }
+        return Ok((plan, ending));
+    }
+    // 2. The smallest answer, split for the global batch, confirmed on every GPU.
+    let base = (0..gpus.len())
+        .min_by_key(|&i| outcomes[i].as_ref().and_then(|o| o.max_fitting))
+        .expect("at least two GPUs");
+    let base_outcome = outcomes[base].clone().expect("searched");
+    let (outcome, failures) = confirm_on_each(cfg, gpus, &base_outcome, progress);
+    // 3. The plan: the smallest GPU's measurements, every GPU's result, the confirmed split.
+    let mut plan = gpus[base].skeleton.clone();
+    plan.trials = gpus[base].trials.clone();
+    plan.capacity_model = crate::plan::CapacityModel::fit(&plan.trials, plan.limit_bytes);
+    plan.warnings.extend(outcome.warnings);
+    plan.warnings.extend(failures);
+    plan.stop_reason = base_outcome.stop_reason;
+    let split = match outcome.split {
+        Ok(s) => s,
+        Err(stop) => {
+            let ending = single::stopped(&mut plan, stop);
+            plan.status = Status::Partial;
+            if let Some(gs) = plan.gpu.as_mut() {
+                gs.per_gpu = per_gpu;
+            }
+            return Ok((plan, ending));
+        }
+    };
+    for (e, gpu) in per_gpu.iter_mut().zip(gpus.iter()) {
+        e.trials = gpu.trials.len();
+        let fit = best_fit(&gpu.trials, split.micro_batch);
+        e.confirmed = fit.is_some_and(|t| u64::from(t.accumulation) >= split.accumulation);
+        e.peak_bytes = fit.and_then(|t| t.outcome.peak_bytes());
+    }
+    recommend(
+        &mut plan,
+        &split,
+        &base_outcome,
+        setup.indices.len(),
+        gpus[base].index,
+        per_gpu,
+    )?;
+    Ok((plan, Ending::Complete))
+}
+
+/// Every GPU's search, in parallel; the partial plan beside `--out` holds every GPU's trials so far.
+/// Each GPU keeps its trials.
+fn search_each(
+    cfg: &ProbeConfig,
+    gpus: &mut [Gpu],
+    progress: &mut dyn Progress,
+) -> Result<Vec<Option<SearchOutcome>>, ProbeError> {
     let first = gpus[0].skeleton.clone();
     let all_trials: Mutex<Vec<TrialRecord>> = Mutex::new(vec![]);
     let write_error: Mutex<Option<ProbeError>> = Mutex::new(None);
@@ -147,115 +212,99 @@ pub fn run(
     for (g, o) in gpus.iter_mut().zip(&outcomes) {
         g.trials = o.as_ref().map(|o| o.trials.clone()).unwrap_or_default();
     }
-    let mut per_gpu = per_gpu_entries(gpus, &outcomes);
+    Ok(outcomes)
+}
 
-    // A GPU whose search did not complete makes the whole plan partial (its reason is the plan's).
-    if let Some((i, o)) = outcomes
-        .iter()
-        .enumerate()
-        .filter_map(|(i, o)| o.as_ref().map(|o| (i, o)))
-        .find(|(_, o)| !o.stop_reason.is_complete())
-    {
-        let (mut plan, ending) = single::assemble(cfg, &gpus[i].skeleton, o, None);
-        // what every GPU measured, each trial tagged with its GPU
-        plan.trials = gpus.iter().flat_map(|g| g.trials.clone()).collect();
-        if let Some(g) = plan.gpu.as_mut() {
-            g.per_gpu = per_gpu;
-        }
-        return Ok((plan, ending));
-    }
-
-    // 2. The smallest answer, split for the global batch, confirmed on every GPU.
-    let base = (0..gpus.len())
-        .min_by_key(|&i| outcomes[i].as_ref().and_then(|o| o.max_fitting))
-        .expect("at least two GPUs");
-    let base_outcome = outcomes[base].clone().expect("searched");
-    let smallest = base_outcome.max_fitting.expect("complete searches fit");
+/// The smallest answer split for the global batch and confirmed, with its accumulation, on every
+/// GPU in parallel ([`split::confirmed`]); with the GPUs on which a size did not fit.
+fn confirm_on_each(
+    cfg: &ProbeConfig,
+    gpus: &mut [Gpu],
+    base: &SearchOutcome,
+    progress: &mut dyn Progress,
+) -> (split::SplitOutcome, Vec<String>) {
+    let smallest = base.max_fitting.expect("complete searches fit");
     let (g, w) = cfg
         .global
         .unwrap_or((smallest * cfg.world_size, cfg.world_size));
     let mut failures: Vec<String> = vec![];
     let sizes = crate::accumulate::Sizes::new(cfg.search.multiple_of, cfg.search.min_batch);
-    let uneven = cfg.allow_uneven;
-    let outcome = split::confirmed(g, w, smallest, uneven, sizes, &mut |b, acc, retest| {
-        let purpose = if retest {
-            Purpose::Retry
-        } else {
-            Purpose::Split
-        };
-        let results = each_gpu(gpus, progress, |gpu, p| {
-            let limit = gpu.limit;
-            let history = std::mem::take(&mut gpu.trials);
-            let mut prober = Prober::new(&mut gpu.backend, cfg.search.clone(), limit)
-                .on_gpu(gpu.index)
-                .with_history(history)
-                .on_trial(move |t, all| p.trial(all.len(), t, limit));
-            let r = prober.confirm_split(b, acc, purpose);
-            let trials = prober.trials().to_vec();
-            drop(prober);
-            gpu.trials = trials;
-            (gpu.index, r)
-        });
-        let mut combined = Confirmation::Fits;
-        for (i, r) in results {
-            match r? {
-                Confirmation::Fits => {}
-                Confirmation::OutOfMemory => {
-                    failures.push(format!(
-                        "micro-batch {b} × accumulation {acc} did not fit on GPU {i}"
-                    ));
-                    if combined == Confirmation::Fits {
-                        combined = Confirmation::OutOfMemory;
+    let outcome = split::confirmed(
+        g,
+        w,
+        smallest,
+        cfg.allow_uneven,
+        sizes,
+        &mut |b, acc, retest| {
+            let purpose = if retest {
+                Purpose::Retry
+            } else {
+                Purpose::Split
+            };
+            let results = each_gpu(gpus, progress, |gpu, p| {
+                let limit = gpu.limit;
+                let history = std::mem::take(&mut gpu.trials);
+                let mut prober = Prober::new(&mut gpu.backend, cfg.search.clone(), limit)
+                    .on_gpu(gpu.index)
+                    .with_history(history)
+                    .on_trial(move |t, all| p.trial(all.len(), t, limit));
+                let r = prober.confirm_split(b, acc, purpose);
+                let trials = prober.trials().to_vec();
+                drop(prober);
+                gpu.trials = trials;
+                (gpu.index, r)
+            });
+            let mut combined = Confirmation::Fits;
+            for (i, r) in results {
+                match r? {
+                    Confirmation::Fits => {}
+                    Confirmation::OutOfMemory => {
+                        failures.push(format!(
+                            "micro-batch {b} × accumulation {acc} did not fit on GPU {i}"
+                        ));
+                        if combined == Confirmation::Fits {
+                            combined = Confirmation::OutOfMemory;
+                        }
+                    }
+                    Confirmation::Failed(why) => {
+                        combined = Confirmation::Failed(format!("GPU {i}: {why}"));
                     }
                 }
-                Confirmation::Failed(why) => {
-                    combined = Confirmation::Failed(format!("GPU {i}: {why}"));
-                }
             }
-        }
-        Ok(combined)
-    });
+            Ok(combined)
+        },
+    );
+    (outcome, failures)
+}
 
-    // 3. The plan: the smallest GPU's measurements, every GPU's result, the confirmed split.
-    let mut plan = gpus[base].skeleton.clone();
-    plan.trials = gpus[base].trials.clone();
-    plan.capacity_model = crate::plan::CapacityModel::fit(&plan.trials, plan.limit_bytes);
-    plan.warnings.extend(outcome.warnings);
-    plan.warnings.extend(failures);
-    plan.stop_reason = base_outcome.stop_reason;
-    let split = match outcome.split {
-        Ok(s) => s,
-        Err(stop) => {
-            let ending = single::stopped(&mut plan, stop);
-            plan.status = Status::Partial;
-            if let Some(gs) = plan.gpu.as_mut() {
-                gs.per_gpu = per_gpu;
-            }
-            return Ok((plan, ending));
-        }
-    };
-    for (e, gpu) in per_gpu.iter_mut().zip(gpus.iter()) {
-        e.trials = gpu.trials.len();
-        let fit = best_fit(&gpu.trials, split.micro_batch);
-        e.confirmed = fit.is_some_and(|t| u64::from(t.accumulation) >= split.accumulation);
-        e.peak_bytes = fit.and_then(|t| t.outcome.peak_bytes());
-    }
+/// The plan's recommendation from the confirmed split, its stop detail and the GPU section.
+fn recommend(
+    plan: &mut Plan,
+    split: &crate::accumulate::Split,
+    base: &SearchOutcome,
+    gpu_count: usize,
+    base_gpu: u32,
+    per_gpu: Vec<PerGpu>,
+) -> Result<(), ProbeError> {
     let rec_trial = best_fit(&plan.trials, split.micro_batch)
         .cloned()
         .ok_or_else(|| {
             ProbeError::Environment("the confirmed micro-batch has no fitting trial".into())
         })?;
-    let r = Recommendation::from_split(&split, smallest, base_outcome.first_failing, &rec_trial);
-    plan.recommendation = Some(r);
+    let smallest = base.max_fitting.expect("complete searches fit");
+    plan.recommendation = Some(Recommendation::from_split(
+        split,
+        smallest,
+        base.first_failing,
+        &rec_trial,
+    ));
     if let Some(w) = &split.warning {
         plan.warnings.push(w.clone());
     }
     plan.stop_detail = format!(
-        "{}; the smallest of {} GPUs' answers (GPU {}), confirmed on every GPU{}",
-        base_outcome.stop_reason.describe(),
-        setup.indices.len(),
-        gpus[base].index,
-        if base_outcome.stop_reason == crate::search::StopReason::Proven {
+        "{}; the smallest of {gpu_count} GPUs' answers (GPU {base_gpu}), confirmed on every GPU{}",
+        base.stop_reason.describe(),
+        if base.stop_reason == crate::search::StopReason::Proven {
             super::single::LOCAL_PROOF
         } else {
             ""
@@ -268,5 +317,5 @@ pub fn run(
         gs.footprint_method = rec_trial.outcome.gpu().map(|m| m.method);
     }
     plan.status = Status::Complete;
-    Ok((plan, Ending::Complete))
+    Ok(())
 }
