@@ -1,0 +1,121 @@
+"""The exec-fresh section of docs/benchmarks.md (``run.py --section fresh --stages doc``): per script and
+mechanism batchfit's answer, its cost, how many fresh runs of the script completed at the answer and one
+guard band above it under the plan's own limit, and the peer's answer; then every run's peak against the
+plan's figure at the answer."""
+from harness.units import mib, seconds_then_minutes as fmt_s
+
+FRESH_BEGIN, FRESH_END = "<!-- exec-fresh:begin -->", "<!-- exec-fresh:end -->"
+PEER_NAMES = {"lightning": "Lightning binsearch", "accelerate": "Accelerate `find_executable_batch_size`",
+              "hf": "Trainer `auto_find_batch_size`"}
+
+
+def _mb(b):
+    return "—" if b is None else f"{b / 1048576:+.1f}"
+
+
+def peer_cells(it):
+    cells = []
+    for tool, name in PEER_NAMES.items():
+        s = it.get(tool)
+        if not s or s.get("not_applicable"):
+            continue
+        ans = s.get("answer")
+        why = s.get("summary") or s.get("error") or "?"
+        cells.append(f"{name}: " + (f"**{ans}**" if ans is not None else f"none ({why[:90]})")
+                     + f", {fmt_s(s.get('wall_seconds'))}")
+    return "; ".join(cells) or "—"
+
+
+def fresh_cells(f):
+    if not f or f.get("error"):
+        return "—", "—", (f or {}).get("error", "not run")
+    at = f"{f.get('answer_fits')}/{f.get('answer_runs')}"
+    if f.get("answer_runs") and f.get("answer_fits") != f.get("answer_runs"):
+        at = f"**{at}**"
+    up = f"{f.get('above')}: {f.get('above_fits')}/{f.get('above_runs')}"
+    ex = f"{_mb(f.get('answer_excess_min'))} to {_mb(f.get('answer_excess_max'))}"
+    return at, up, ex
+
+
+def observations(key, f):
+    out = []
+    for r in (f or {}).get("runs") or []:
+        if r["size"] == "answer" and (r["outcome"] != "fits" or r.get("over_budget")):
+            what = "over the limit by the tree's summed memory" if r.get("over_budget") else r["outcome"]
+            out.append(f"`{key}`: a fresh run at the answer {f['answer']} did not fit ({what}: "
+                       f"{r.get('why') or ''}); its peak ({r.get('excess_measure')}) was "
+                       f"{_mb(r.get('excess_bytes'))} MiB against the plan's at the answer.")
+    return out
+
+
+def render_fresh(res):
+    cfg, m, g = res.get("config", {}), res.get("machine", {}), res.get("git", {})
+    L = []
+    w = L.append
+    w("## `--exec`: does the answer hold in fresh runs? (CPU, real runs)")
+    w("")
+    w("For each script and limit mechanism: `batchfit probe --exec` gives an answer; then the same command is run "
+      f"again, each time a fresh process, **{cfg.get('fresh_runs')} times at the answer** and "
+      f"**{cfg.get('above_runs')} times at the size one guard band above it**, under the very limit the plan's "
+      "trials had (the plan's `limit_bytes`, applied by its `limit_mechanism`), with the plan's confirmation steps "
+      "and accumulation 1. The promise: every run at the answer completes. The size above is the answer plus the "
+      "fewest samples that add one guard band (`guard_band_bytes`) by the plan's fitted line "
+      "(`capacity_model.per_sample_bytes`). The peer (the finder the script's framework ships) runs in the same "
+      f"sitting under the job's budget ({cfg.get('budget')} bytes, the same as batchfit's `--memory-budget` with "
+      "`--margin 0`). Produced by `benches/exec_peers/run.sh --results benches/data/exec_fresh.json --section "
+      "fresh --stages batchfit,lightning,accelerate,hf,fresh10,doc`; raw results in `benches/data/exec_fresh.json`.")
+    w("")
+    la = " / ".join(m.get("loadavg") or ["?"])
+    w(f"* **Date** {res.get('date', '?')} (stages ended {res.get('first_stage_end', '?')} to "
+      f"{res.get('last_stage_end', '?')}). Binaries: `{cfg.get('bin_dir', '?')}`, built from main at "
+      f"`{cfg.get('bin_commit') or g.get('commit', '?')}` (sha256 `{cfg.get('batchfit_sha256', '?')}…`).")
+    w(f"* **Machine** {m.get('nproc', '?')} cores ({m.get('cpu', '?')}), Linux {m.get('kernel', '?')}, memory cgroups "
+      f"{((m.get('cgroup_parent') or ['?'])[0])}; **shared with other agents' builds and tests** (load average "
+      f"{la} at the start, 2 cores; per run in the raw results); every run under `nice -n {cfg.get('nice')}`. Wall "
+      "times are loaded times.")
+    w(f"* **Software** Python {m.get('python', '?')}, torch {m.get('torch', '?')}, Lightning {m.get('lightning', '?')}, "
+      f"Accelerate {m.get('accelerate', '?')}, transformers {m.get('transformers', '?')}, numpy {m.get('numpy', '?')}.")
+    w("")
+    w("| script | limit | batchfit answer | trials | wall time | fresh at answer | one band above: size, fits | "
+      "fresh peak − plan's peak at the answer, MiB | peer: answer, wall time |")
+    w("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    obs = []
+    for key, it in (res.get("items") or {}).items():
+        mech, script = key.split("/")
+        bf, f = it.get("batchfit") or {}, it.get("fresh10") or {}
+        at, up, ex = fresh_cells(f)
+        ans = bf.get("answer") if bf.get("answer") is not None else f"none ({(bf.get('error') or bf.get('stop_reason') or '?')[:80]})"
+        w(f"| {script} | `{bf.get('limit_mechanism') or mech}` | {ans} | {bf.get('n_trials', '—')} | "
+          f"{fmt_s(bf.get('wall_seconds'))} | {at} | {up} | {ex} | {peer_cells(it)} |")
+        obs += observations(key, f)
+    w("")
+    w("Peaks compared: under a cgroup the group's anonymous + shmem memory (`memory.stat`; the kernel's own peak "
+      "counts page cache and reads ~100 % near the limit), against the plan's `details.cgroup_anon_peak_bytes`; "
+      "under `RLIMIT_DATA` the largest `VmData` of any process of the tree, against the plan's `peak_bytes`. "
+      "Batchfit's trials count 3 steps and the confirmation 5; the fresh runs the confirmation's steps.")
+    w("")
+    w("### Details")
+    w("")
+    for key, it in (res.get("items") or {}).items():
+        f = it.get("fresh10") or {}
+        if not f.get("runs"):
+            continue
+        pa = f.get("plan_at_answer") or {}
+        w(f"* `{key}`: limit {f.get('limit_bytes')} bytes ({mib(f.get('limit_bytes') or 0)}), guard band "
+          f"{mib(f.get('guard_band_bytes') or 0)}, {round(f.get('per_sample_bytes') or 0)} bytes per sample "
+          f"({f.get('above_from')}); the plan at {f.get('answer')}: peak {mib(pa.get('peak_bytes') or 0)}"
+          + (f", cgroup anon {mib(pa['cgroup_anon'])}" if pa.get("cgroup_anon") else "")
+          + (f", tree PSS {mib(pa['tree_pss'])}" if pa.get("tree_pss") else "")
+          + ". Runs: " + ", ".join(
+              f"{r['batch']}{'✓' if r['outcome'] == 'fits' and not r.get('over_budget') else '✗'}"
+              f"({_mb(r.get('excess_bytes'))}, {r['seconds']:.0f}s)" for r in f["runs"])
+          + f"; {fmt_s(f.get('wall_seconds'))} in all.")
+    w("")
+    w("### Observations")
+    w("")
+    for o in obs or ["Every fresh run at the answer completed."]:
+        w(f"* {o}")
+    for o in res.get("fresh_observations") or []:
+        w(f"* {o}")
+    w("")
+    return "\n".join(L).rstrip() + "\n"
