@@ -200,12 +200,16 @@ def excess(run, fig, mechanism):
     return name, run[k_run] - fig[k_plan]
 
 
-def stage(args, res, it, key, plan, command_at, env_base, log, save, oom_text):
-    """Fills it['fresh10'] run by run (saved after each)."""
+def stage(args, res, it, key, plan, command_at, env_base, log, save, oom_text, name="fresh10"):
+    """Fills it[name] run by run (saved after each): ``fresh10`` under the plan's trial limit
+    (``limit_bytes``); ``fresh-budget`` the same runs under the job's budget (``budget_bytes``: with
+    ``--margin 0`` and no reserve the limit the user gave, of which the trials' is the guard band less)."""
     bf = it.get("batchfit") or {}
     answer, limit, mechanism = bf.get("answer"), bf.get("limit_bytes"), bf.get("limit_mechanism")
+    if name == "fresh-budget":
+        limit = bf.get("budget_bytes") or (plan or {}).get("budget_bytes") or args.budget
     if not answer or not limit or not mechanism or not plan:
-        it["fresh10"] = {"error": "needs the batchfit stage's plan with an answer, its limit and mechanism"}
+        it[name] = {"error": "needs the batchfit stage's plan with an answer, its limit and mechanism"}
         return
     up, band, slope, how = above_size(plan, answer)
     fig = plan_figures(plan, answer)
@@ -213,7 +217,7 @@ def stage(args, res, it, key, plan, command_at, env_base, log, save, oom_text):
     out = {"answer": answer, "above": up, "limit_bytes": limit, "mechanism": mechanism, "guard_band_bytes": band,
            "per_sample_bytes": slope, "above_from": how, "plan_at_answer": fig, "steps": steps,
            "command": None, "runs": []}
-    it["fresh10"] = out
+    it[name] = out
     t0 = time.monotonic()
     for n, which in enumerate(order(args.fresh_runs, args.above_runs)):
         b = answer if which == "a" else up
@@ -232,7 +236,7 @@ def stage(args, res, it, key, plan, command_at, env_base, log, save, oom_text):
         run["size"] = "answer" if which == "a" else "above"
         run["excess_measure"], run["excess_bytes"] = excess(run, fig, mechanism)
         out["runs"].append(run)
-        log(f"{key}: fresh10: b={b} ({run['size']}): {run['outcome']}{' ' + run['why'] if run.get('why') else ''} "
+        log(f"{key}: {name}: b={b} ({run['size']}): {run['outcome']}{' ' + run['why'] if run.get('why') else ''} "
             f"({run['seconds']:.0f} s, {run['excess_measure']} {'+' if (run['excess_bytes'] or 0) >= 0 else ''}"
             f"{(run['excess_bytes'] or 0) / 1048576:.1f} MiB vs the plan)")
         save()

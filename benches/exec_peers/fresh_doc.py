@@ -20,8 +20,8 @@ def peer_cells(it):
         if not s or s.get("not_applicable"):
             continue
         ans = s.get("answer")
-        why = s.get("summary") or s.get("error") or "?"
-        cells.append(f"{name}: " + (f"**{ans}**" if ans is not None else f"none ({why[:90]})")
+        why = s.get("error") or s.get("summary") or "?"
+        cells.append(f"{name}: " + (f"**{ans}**" if ans is not None else f"none (`{why[:110]}`)")
                      + f", {fmt_s(s.get('wall_seconds'))}")
     return "; ".join(cells) or "—"
 
@@ -35,6 +35,15 @@ def fresh_cells(f):
     up = f"{f.get('above')}: {f.get('above_fits')}/{f.get('above_runs')}"
     ex = f"{_mb(f.get('answer_excess_min'))} to {_mb(f.get('answer_excess_max'))}"
     return at, up, ex
+
+
+def budget_cell(f):
+    if not f or not f.get("runs"):
+        return "not run"
+    cell = f"{f.get('answer_fits')}/{f.get('answer_runs')}"
+    if f.get("above_runs"):
+        cell += f"; {f.get('above')}: {f.get('above_fits')}/{f.get('above_runs')}"
+    return cell
 
 
 def observations(key, f):
@@ -61,8 +70,9 @@ def render_fresh(res):
       "and accumulation 1. The promise: every run at the answer completes. The size above is the answer plus the "
       "fewest samples that add one guard band (`guard_band_bytes`) by the plan's fitted line "
       "(`capacity_model.per_sample_bytes`). The peer (the finder the script's framework ships) runs in the same "
-      f"sitting under the job's budget ({cfg.get('budget')} bytes, the same as batchfit's `--memory-budget` with "
-      "`--margin 0`). Produced by `benches/exec_peers/run.sh --results benches/data/exec_fresh.json --section "
+      f"sitting under the job's budget (B = {cfg.get('budget')} bytes, batchfit's `--memory-budget` with "
+      "`--margin 0`). Where time allowed, the answer was also run under B itself (the limit the user's job has; "
+      "the trials' limit is B less the guard band): column \"at the answer under B\". Produced by `benches/exec_peers/run.sh --results benches/data/exec_fresh.json --section "
       "fresh --stages batchfit,lightning,accelerate,hf,fresh10,doc`; raw results in `benches/data/exec_fresh.json`.")
     w("")
     la = " / ".join(m.get("loadavg") or ["?"])
@@ -77,8 +87,8 @@ def render_fresh(res):
       f"Accelerate {m.get('accelerate', '?')}, transformers {m.get('transformers', '?')}, numpy {m.get('numpy', '?')}.")
     w("")
     w("| script | limit | batchfit answer | trials | wall time | fresh at answer | one band above: size, fits | "
-      "fresh peak − plan's peak at the answer, MiB | peer: answer, wall time |")
-    w("|---|---|---:|---:|---:|---:|---:|---:|---|")
+      "fresh peak − plan's peak at the answer, MiB | at the answer under B | peer: answer, wall time |")
+    w("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
     obs = []
     for key, it in (res.get("items") or {}).items():
         mech, script = key.split("/")
@@ -86,18 +96,23 @@ def render_fresh(res):
         at, up, ex = fresh_cells(f)
         ans = bf.get("answer") if bf.get("answer") is not None else f"none ({(bf.get('error') or bf.get('stop_reason') or '?')[:80]})"
         w(f"| {script} | `{bf.get('limit_mechanism') or mech}` | {ans} | {bf.get('n_trials', '—')} | "
-          f"{fmt_s(bf.get('wall_seconds'))} | {at} | {up} | {ex} | {peer_cells(it)} |")
+          f"{fmt_s(bf.get('wall_seconds'))} | {at} | {up} | {ex} | {budget_cell(it.get('fresh-budget'))} | "
+          f"{peer_cells(it)} |")
         obs += observations(key, f)
+        obs += observations(key + " under B", it.get("fresh-budget"))
     w("")
     w("Peaks compared: under a cgroup the group's anonymous + shmem memory (`memory.stat`; the kernel's own peak "
       "counts page cache and reads ~100 % near the limit), against the plan's `details.cgroup_anon_peak_bytes`; "
       "under `RLIMIT_DATA` the largest `VmData` of any process of the tree, against the plan's `peak_bytes`. "
-      "Batchfit's trials count 3 steps and the confirmation 5; the fresh runs the confirmation's steps.")
+      "Sampled every 10 ms from outside the run (more slowly while the machine is loaded): a spike shorter than "
+      "that (a batch's allocation just before the OOM killer ends the run) is missed, so a killed run's figure is "
+      "a lower bound. Batchfit's trials run 3 steps and the confirmation 5; the fresh runs the confirmation's "
+      "steps.")
     w("")
     w("### Details")
     w("")
-    for key, it in (res.get("items") or {}).items():
-        f = it.get("fresh10") or {}
+    for key, it, f in [(k + (" under B" if n == "fresh-budget" else ""), it, it.get(n) or {})
+                       for k, it in (res.get("items") or {}).items() for n in ("fresh10", "fresh-budget")]:
         if not f.get("runs"):
             continue
         pa = f.get("plan_at_answer") or {}

@@ -58,7 +58,7 @@ from harness.units import gib, mib, seconds_then_minutes as fmt_s  # noqa: E402
 import fresh  # noqa: E402  (benches/exec_peers/fresh.py)
 from fresh_doc import render_fresh, FRESH_BEGIN, FRESH_END  # noqa: E402
 
-STAGES = ["batchfit", "truth", "lightning", "accelerate", "hf", "fresh10", "doc"]
+STAGES = ["batchfit", "truth", "lightning", "accelerate", "hf", "fresh10", "fresh-budget", "doc"]
 MECHANISMS = {"cgroup": "cgroup", "rlimit": "rlimit"}
 MODEL_ARGS = ["--input", "65536", "--hidden", "16"]
 # lightning-wide: little input per sample (64 floats) and wide activations (8192), so that the batch Lightning's
@@ -338,13 +338,13 @@ def stage_truth(args, res, mech, script):
     log(f"{mech}/{script}: truth {r['max']} ({r['first_fail']} does not), stable={r['stable']}, band={r.get('band')}")
 
 
-def stage_fresh(args, res, mech, script):
+def stage_fresh(args, res, mech, script, name):
     it = item(res, mech, script)
     plan = load(os.path.join(args.work, mech, script, "plan.json"))
     fresh.stage(args, res, it, f"{mech}/{script}", plan,
                 lambda b, steps: niced(args, script_cmd(args, script, b, steps, 1)), job_env(), log,
-                lambda: save(args.results, res), OOM_TEXT)
-    f = it.get("fresh10") or {}
+                lambda: save(args.results, res), OOM_TEXT, name)
+    f = it.get(name) or {}
     if f.get("command"):
         f["command"] = show(f["command"])
     f.update(ended=now_utc(), loadavg_end=loadavg())
@@ -677,8 +677,8 @@ def main():
                     stage_batchfit(args, res, mech, script)
                 elif s == "truth":
                     stage_truth(args, res, mech, script)
-                elif s == "fresh10":
-                    stage_fresh(args, res, mech, script)
+                elif s in ("fresh10", "fresh-budget"):
+                    stage_fresh(args, res, mech, script, s)
                 else:
                     stage_peer(args, res, mech, script, s)
                 res.setdefault("stage_seconds", {})[f"{mech}/{script}/{s}"] = round(time.monotonic() - t0, 1)
