@@ -26,23 +26,40 @@ def peer_cells(it):
     return "; ".join(cells) or "—"
 
 
+def counts(f, size):
+    """'fits/runs' of one size's runs; under RLIMIT_DATA 'completed c, within the limit by the tree's summed
+    memory m / runs' when the two differ (batchfit counts a completed run above it as over-budget)."""
+    runs = [r for r in f.get("runs") or [] if r["size"] == size]
+    done = sum(r["outcome"] == "fits" for r in runs)
+    within = sum(r["outcome"] == "fits" and not r.get("over_budget") for r in runs)
+    text = f"{within}/{len(runs)}" if done == within else f"{within}/{len(runs)} (completed {done}/{len(runs)})"
+    return f"**{text}**" if size == "answer" and within < len(runs) else text
+
+
 def fresh_cells(f):
     if not f or f.get("error"):
         return "—", "—", (f or {}).get("error", "not run")
-    at = f"{f.get('answer_fits')}/{f.get('answer_runs')}"
-    if f.get("answer_runs") and f.get("answer_fits") != f.get("answer_runs"):
-        at = f"**{at}**"
-    up = f"{f.get('above')}: {f.get('above_fits')}/{f.get('above_runs')}"
-    ex = f"{_mb(f.get('answer_excess_min'))} to {_mb(f.get('answer_excess_max'))}"
+    if not f.get("runs"):
+        return "running", "—", "—"
+    at = counts(f, "answer")
+    up = f"{f.get('above')}: {counts(f, 'above')}"
+    at_runs = [r for r in f["runs"] if r["size"] == "answer"]
+    xs = [r["excess_bytes"] for r in at_runs if r.get("excess_bytes") is not None]
+    ex = f"{_mb(min(xs))} to {_mb(max(xs))}" if xs else "—"
+    pss = (f.get("plan_at_answer") or {}).get("tree_pss")
+    if f.get("mechanism") == "rlimit-data" and pss:
+        ts = [r["tree_pss_peak"] - pss for r in at_runs if r.get("tree_pss_peak")]
+        if ts:
+            ex = f"VmData {ex}; tree {_mb(min(ts))} to {_mb(max(ts))}"
     return at, up, ex
 
 
 def budget_cell(f):
     if not f or not f.get("runs"):
         return "not run"
-    cell = f"{f.get('answer_fits')}/{f.get('answer_runs')}"
-    if f.get("above_runs"):
-        cell += f"; {f.get('above')}: {f.get('above_fits')}/{f.get('above_runs')}"
+    cell = counts(f, "answer")
+    if any(r["size"] == "above" for r in f["runs"]):
+        cell += f"; {f.get('above')}: {counts(f, 'above')}"
     return cell
 
 
@@ -50,10 +67,17 @@ def observations(key, f):
     out = []
     for r in (f or {}).get("runs") or []:
         if r["size"] == "answer" and (r["outcome"] != "fits" or r.get("over_budget")):
-            what = "over the limit by the tree's summed memory" if r.get("over_budget") else r["outcome"]
-            out.append(f"`{key}`: a fresh run at the answer {f['answer']} did not fit ({what}: "
-                       f"{r.get('why') or ''}); its peak ({r.get('excess_measure')}) was "
-                       f"{_mb(r.get('excess_bytes'))} MiB against the plan's at the answer.")
+            if r.get("over_budget"):
+                pa = (f.get("plan_at_answer") or {}).get("tree_pss")
+                out.append(f"`{key}`: a fresh run at the answer {f['answer']} completed, but its tree's summed "
+                           f"Pss_Anon + Pss_Shmem peaked at {mib(r.get('tree_pss_peak') or 0)}, above the "
+                           f"{mib(f.get('limit_bytes') or 0)} limit (the plan's trial at the answer: "
+                           f"{mib(pa or 0)}; batchfit calls such a trial over-budget); largest VmData "
+                           f"{_mb(r.get('excess_bytes'))} MiB against the plan's.")
+            else:
+                out.append(f"`{key}`: a fresh run at the answer {f['answer']} did not fit ({r['outcome']}: "
+                           f"{r.get('why') or ''}); its peak ({r.get('excess_measure')}) was "
+                           f"{_mb(r.get('excess_bytes'))} MiB against the plan's at the answer.")
     return out
 
 
@@ -103,7 +127,11 @@ def render_fresh(res):
     w("")
     w("Peaks compared: under a cgroup the group's anonymous + shmem memory (`memory.stat`; the kernel's own peak "
       "counts page cache and reads ~100 % near the limit), against the plan's `details.cgroup_anon_peak_bytes`; "
-      "under `RLIMIT_DATA` the largest `VmData` of any process of the tree, against the plan's `peak_bytes`. "
+      "under `RLIMIT_DATA` the largest `VmData` of any process of the tree, against the plan's `peak_bytes`, and "
+      "(\"tree\") the tree's summed `Pss_Anon + Pss_Shmem` (`/proc/PID/smaps_rollup`, the trainer read before "
+      "its workers in each round) against the plan's `details.tree_pss_peak_bytes`: the figure batchfit holds a "
+      "command's tree to under `RLIMIT_DATA` (above the limit a trial is `over-budget`, never a fit), so a fresh "
+      "run that completed with its tree above the limit counts here as not fitting. "
       "Sampled every 10 ms from outside the run (more slowly while the machine is loaded): a spike shorter than "
       "that (a batch's allocation just before the OOM killer ends the run) is missed, so a killed run's figure is "
       "a lower bound. Batchfit's trials run 3 steps and the confirmation 5; the fresh runs the confirmation's "
