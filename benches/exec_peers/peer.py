@@ -5,6 +5,7 @@ training script, in one process, as their users run them.
     peer.py lightning  --script S --record R.json [--init-val 2 --max-val 1048576 --max-trials 25
                        --steps-per-trial 3] -- SCRIPT ARGS...
     peer.py accelerate --script S --record R.json [--start 4096 --steps 3] -- SCRIPT ARGS...
+    peer.py hf         --script S --record R.json [--start 4096 --steps 3] -- SCRIPT ARGS...
 
 S is one of the benchmark's training scripts (tests/support/exec/train_mlp.py, train_lightning.py); it is
 imported as a module (its ``main()`` does not run) and its own functions build what it trains, parsed from
@@ -17,6 +18,10 @@ its own arguments (``parse_args``): the lines a user adds to call a finder, noth
 * accelerate: ``accelerate.utils.find_executable_batch_size(starting_batch_size=start)`` around a training
   function of `steps` optimizer steps at the batch size it is given: the script's ``train()`` (a plain
   PyTorch script) or a fresh model and trainer's ``fit`` (a Lightning script). Each call is recorded.
+* hf (a Hugging Face Trainer script: ``make_trainer``): the script's Trainer with
+  ``TrainingArguments(auto_find_batch_size=True, per_device_train_batch_size=start, max_steps=steps)`` and
+  ``trainer.train()``: the Trainer wraps its own inner training loop in Accelerate's finder. Each call of
+  that loop (``Trainer._inner_training_loop``) is recorded; the answer is the size it trained at.
 
 No error is translated: an error the finder does not take for an out-of-memory ends its search, as it would
 for the user. The record (JSON) is rewritten before and after every trial, so a process the kernel kills (a
@@ -42,15 +47,15 @@ from harness.procs import proc_status  # noqa: E402
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=["lightning", "accelerate"])
+    p.add_argument("mode", choices=["lightning", "accelerate", "hf"])
     p.add_argument("--script", required=True)
     p.add_argument("--record", required=True)
     p.add_argument("--init-val", type=int, default=2)
     p.add_argument("--max-val", type=int, default=1 << 20)
     p.add_argument("--max-trials", type=int, default=25)
     p.add_argument("--steps-per-trial", type=int, default=3)
-    p.add_argument("--start", type=int, default=4096, help="accelerate: starting_batch_size")
-    p.add_argument("--steps", type=int, default=3, help="accelerate: optimizer steps per try")
+    p.add_argument("--start", type=int, default=4096, help="accelerate, hf: the starting batch size")
+    p.add_argument("--steps", type=int, default=3, help="accelerate, hf: optimizer steps per try")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     a = p.parse_args(argv[:cut])
@@ -156,12 +161,30 @@ def mode_accelerate(a, rec, mod, args):
         rec.update(search_seconds=round(time.monotonic() - t0, 3))
 
 
+def mode_hf(a, rec, mod, args):
+    begin, fitted, failed = recorder(rec, lambda batch_size, *rest, **kw: batch_size)
+    rec.update(call=f"Trainer(args=TrainingArguments(auto_find_batch_size=True, per_device_train_batch_size={a.start}, "
+                    f"max_steps={a.steps}, ...)).train()")
+    with tempfile.TemporaryDirectory(prefix="exec-peers-hf-") as out:
+        trainer = mod.make_trainer(args, a.start, a.steps, 1, out, auto_find_batch_size=True)
+        # Trainer.train() looks the loop up on the instance, so this wrapper is what its finder calls
+        trainer._inner_training_loop = each_trial(trainer._inner_training_loop, begin, fitted, failed)
+        rec.update(setup_seconds=round(time.monotonic() - rec.t0, 3))
+        t0 = time.monotonic()
+        try:
+            trainer.train()
+        finally:
+            rec.update(search_seconds=round(time.monotonic() - t0, 3))
+        fits = [t for t in rec.res["trials"] if t.get("outcome") == "fits"]
+        return fits[-1]["batch"] if fits else None
+
+
 def framework_frame(e):
     """The innermost frame of Lightning's or Accelerate's own code in the exception's traceback
     ("file.py:function"), i.e. where in the finder it ended; None when none is there."""
     where = None
     for f in traceback.extract_tb(e.__traceback__):
-        if any(f"{os.sep}{pkg}{os.sep}" in f.filename for pkg in ("lightning", "pytorch_lightning", "accelerate")):
+        if any(f"{os.sep}{pkg}{os.sep}" in f.filename for pkg in ("lightning", "pytorch_lightning", "accelerate", "transformers")):
             where = f"{os.path.basename(f.filename)}:{f.name}"
     return where
 
@@ -172,7 +195,7 @@ def main():
     try:
         mod = load_script(a.script)
         args = mod.parse_args(a.script_args)
-        answer = (mode_lightning if a.mode == "lightning" else mode_accelerate)(a, rec, mod, args)
+        answer = {"lightning": mode_lightning, "accelerate": mode_accelerate, "hf": mode_hf}[a.mode](a, rec, mod, args)
     except BaseException as e:  # noqa: BLE001 - recorded, whatever it is
         running = [t for t in rec.res["trials"] if t.get("outcome") == "running"]
         rec.update(error=f"{type(e).__name__}: {first_line(e)}", traceback=traceback.format_exc()[-3000:],

@@ -55,8 +55,10 @@ from harness.procs import run_cmd  # noqa: E402
 from harness.scan import true_max_scan  # noqa: E402
 from harness import units  # noqa: E402
 from harness.units import gib, mib, seconds_then_minutes as fmt_s  # noqa: E402
+import fresh  # noqa: E402  (benches/exec_peers/fresh.py)
+from fresh_doc import render_fresh, FRESH_BEGIN, FRESH_END  # noqa: E402
 
-STAGES = ["batchfit", "truth", "lightning", "accelerate", "doc"]
+STAGES = ["batchfit", "truth", "lightning", "accelerate", "hf", "fresh10", "fresh-budget", "doc"]
 MECHANISMS = {"cgroup": "cgroup", "rlimit": "rlimit"}
 MODEL_ARGS = ["--input", "65536", "--hidden", "16"]
 # lightning-wide: little input per sample (64 floats) and wide activations (8192), so that the batch Lightning's
@@ -71,7 +73,18 @@ SCRIPTS = {
     "lightning-wide": {"path": "tests/support/exec/train_lightning.py",
                        "label": "Lightning `Trainer.fit` (`train_lightning.py`), wide activations",
                        "args": WIDE_ARGS, "lightning": True},
+    # a DataLoader of 2 persistent worker processes, each with a 32 MiB sample cache, 64 KiB per sample
+    "workers": {"path": "tests/support/exec/train_workers.py",
+                "label": "plain PyTorch loop with 2 DataLoader workers (`train_workers.py`)",
+                "args": ["--workers", "2", "--worker-mib", "32"], "peers": ["accelerate"]},
+    "accelerate-workers": {"path": "tests/support/exec/train_accelerate.py",
+                           "label": "Accelerate loop with 2 DataLoader workers (`train_accelerate.py`)",
+                           "args": ["--workers", "2", "--worker-mib", "32"], "peers": ["accelerate"]},
+    # a tiny GPT-2 (2 layers, 128 wide, vocabulary 8192, 128 tokens) under transformers.Trainer
+    "hf-trainer": {"path": "tests/support/exec/train_hf.py",
+                   "label": "tiny GPT-2 under `transformers.Trainer` (`train_hf.py`)", "args": [], "peers": ["hf"]},
 }
+PEERS = ("lightning", "accelerate", "hf")
 BEGIN, END = "<!-- exec-peers:begin -->", "<!-- exec-peers:end -->"
 OOM_TEXT = ("DefaultCPUAllocator: can't allocate memory", "MemoryError", "std::bad_alloc", "out of memory",
             "Cannot allocate memory", "cannot allocate memory", "Thread creation failed")
@@ -91,6 +104,8 @@ def parse_args():
     p.add_argument("--mechanisms", default="cgroup,rlimit")
     p.add_argument("--scripts", default="plain,lightning,lightning-wide")
     p.add_argument("--bin-dir", default=os.path.join(ROOT, "target", "release"))
+    p.add_argument("--bin-commit", default=None, help="the commit the binaries in --bin-dir were built from "
+                   "(recorded; default: this checkout's)")
     p.add_argument("--python", required=True, help="the Python with torch, Lightning and Accelerate")
     p.add_argument("--results", default=os.path.join(ROOT, "benches", "data", "exec_peers.json"))
     p.add_argument("--work", default=os.path.join(ROOT, "target", "exec-peers"))
@@ -102,6 +117,12 @@ def parse_args():
     p.add_argument("--peer-timeout", type=int, default=1200, help="seconds per peer search")
     p.add_argument("--batchfit-timeout", type=int, default=1800, help="seconds per batchfit probe")
     p.add_argument("--accelerate-start", type=int, default=4096)
+    p.add_argument("--hf-start", type=int, default=256, help="the Trainer's per_device_train_batch_size when "
+                   "its auto_find_batch_size searches (it only goes down)")
+    p.add_argument("--fresh-runs", type=int, default=10, help="fresh10: runs at batchfit's answer")
+    p.add_argument("--above-runs", type=int, default=3, help="fresh10: runs one guard band above the answer")
+    p.add_argument("--section", choices=["peers", "fresh"], default="peers", help="the doc section the doc "
+                   "stage writes: peers (answers against the true maximum) or fresh (fresh10's repeat runs)")
     a = p.parse_args()
     a.stages = [s.strip() for s in a.stages.split(",") if s.strip()]
     a.mechanisms = [s.strip() for s in a.mechanisms.split(",") if s.strip()]
@@ -139,7 +160,7 @@ def machine(args):
         pass
     r = subprocess.run([args.python, "-c", "import json, sys, importlib.metadata as m\n"
                         "v = {'python': sys.version.split()[0]}\n"
-                        "for p in ('torch', 'lightning', 'accelerate', 'numpy'):\n"
+                        "for p in ('torch', 'lightning', 'accelerate', 'transformers', 'numpy'):\n"
                         "    try: v[p] = m.version(p)\n    except Exception: v[p] = None\n"
                         "print(json.dumps(v))"], capture_output=True, text=True)
     try:
@@ -230,7 +251,8 @@ def stage_batchfit(args, res, mech, script):
             limit_mechanism=pl.get("limit_mechanism"), strategy=(pl.get("search") or {}).get("strategy"),
             answer=rec.get("max_fitting_batch"), first_failing_batch=rec.get("first_failing_batch"),
             n_trials=len(trials), trial_seconds=round(sum(t.get("seconds") or 0 for t in trials), 1),
-            warnings=pl.get("warnings"),
+            warnings=pl.get("warnings"), budget_bytes=pl.get("budget_bytes"),
+            guard_band_bytes=pl.get("guard_band_bytes"),
             trials=[{"batch": t["batch"], "steps": t["steps"], "purpose": t.get("purpose"), "outcome": t["outcome"],
                      "peak_bytes": t.get("peak_bytes"), "seconds": round(t.get("seconds") or 0, 2),
                      "message": (t.get("message") or "")[:200] or None} for t in trials])
@@ -316,12 +338,26 @@ def stage_truth(args, res, mech, script):
     log(f"{mech}/{script}: truth {r['max']} ({r['first_fail']} does not), stable={r['stable']}, band={r.get('band')}")
 
 
+def stage_fresh(args, res, mech, script, name):
+    it = item(res, mech, script)
+    plan = load(os.path.join(args.work, mech, script, "plan.json"))
+    fresh.stage(args, res, it, f"{mech}/{script}", plan,
+                lambda b, steps: niced(args, script_cmd(args, script, b, steps, 1)), job_env(), log,
+                lambda: save(args.results, res), OOM_TEXT, name)
+    f = it.get(name) or {}
+    if f.get("command"):
+        f["command"] = show(f["command"])
+    f.update(ended=now_utc(), loadavg_end=loadavg())
+
+
 def stage_peer(args, res, mech, script, tool):
     it = item(res, mech, script)
     if tool == "lightning" and not SCRIPTS[script].get("lightning"):
         it[tool] = {"not_applicable": "Lightning's Tuner.scale_batch_size needs a LightningModule and a Trainer: "
                                       "a plain PyTorch loop has neither"}
         return
+    if tool not in SCRIPTS[script].get("peers", ("lightning", "accelerate")):
+        return  # not this script's framework: no row
     bf = it.get("batchfit") or {}
     mechanism = bf.get("limit_mechanism") or {"cgroup": None, "rlimit": "rlimit-data"}[mech]
     limit = args.budget  # the job's limit, as for the truth (not batchfit's guarded trial limit)
@@ -340,6 +376,8 @@ def stage_peer(args, res, mech, script, tool):
            "--record", record]
     if tool == "accelerate":
         cmd += ["--start", str(args.accelerate_start), "--steps", "3"]
+    elif tool == "hf":
+        cmd += ["--start", str(args.hf_start), "--steps", "3"]
     else:
         cmd += ["--init-val", "2", "--max-val", str(1 << 20), "--max-trials", "25", "--steps-per-trial", "3"]
     cmd += ["--", *SCRIPTS[script]["args"]]
@@ -623,18 +661,24 @@ def main():
         res["machine"] = machine(args)
         res["git"] = git_info()
         res["config"] = {"budget": args.budget, "steps": args.steps, "nice": args.nice, "recheck": bool(args.recheck),
-                         "accelerate_start": args.accelerate_start,
+                         "accelerate_start": args.accelerate_start, "hf_start": args.hf_start,
+                         "fresh_runs": args.fresh_runs, "above_runs": args.above_runs,
+                         "bin_dir": show([args.bin_dir]), "bin_commit": args.bin_commit,
                          "batchfit_sha256": (sha256_of(os.path.join(args.bin_dir, "batchfit")) or "?")[:16]}
         save(args.results, res)
     t_all = time.monotonic()
-    for mech in args.mechanisms:
-        for script in args.scripts:
+    # script by script, each under every mechanism, every stage of one before the next: a row is complete
+    # (answer, peer, fresh runs) before the next starts, so a run cut short leaves whole rows
+    for script in args.scripts:
+        for mech in args.mechanisms:
             for s in measuring:
                 t0 = time.monotonic()
                 if s == "batchfit":
                     stage_batchfit(args, res, mech, script)
                 elif s == "truth":
                     stage_truth(args, res, mech, script)
+                elif s in ("fresh10", "fresh-budget"):
+                    stage_fresh(args, res, mech, script, s)
                 else:
                     stage_peer(args, res, mech, script, s)
                 res.setdefault("stage_seconds", {})[f"{mech}/{script}/{s}"] = round(time.monotonic() - t0, 1)
@@ -646,8 +690,11 @@ def main():
         res["last_call_seconds"] = round(time.monotonic() - t_all, 1)
         save(args.results, res)
     if "doc" in args.stages:
-        replace_section(args.doc, BEGIN, END, render(res, args))
-        log(f"doc: rewrote the exec-peers section of {os.path.relpath(args.doc, ROOT)}")
+        if args.section == "fresh":
+            replace_section(args.doc, FRESH_BEGIN, FRESH_END, render_fresh(res))
+        else:
+            replace_section(args.doc, BEGIN, END, render(res, args))
+        log(f"doc: rewrote the exec-{args.section} section of {os.path.relpath(args.doc, ROOT)}")
     return 0
 
 
