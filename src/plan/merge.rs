@@ -173,8 +173,8 @@ fn split_for(
             sizes,
         )
     };
-    let s = split_below(base.rec.max_fitting_batch)
-        .map_err(|e| MergeError::Usage(e.to_string()))?;
+    let s =
+        split_below(base.rec.max_fitting_batch).map_err(|e| MergeError::Usage(e.to_string()))?;
     let Some((i, fail)) = failed_acc
         .iter()
         .enumerate()
