@@ -43,15 +43,41 @@ pub fn merge(opts: &MergeOptions) -> Result<Plan, MergeError> {
     }
     accumulate::check_global(opts.global_batch, opts.world_size)
         .map_err(|e| MergeError::Usage(e.to_string()))?;
-    let mut plans = vec![];
-    for p in &opts.plans {
-        let plan = Plan::read(p).map_err(MergeError::Read)?;
+    let sources = opts
+        .plans
+        .iter()
+        .map(|p| Source::read(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    check_one_model(&sources)?;
+    check_all_real_or_all_simulated(&sources)?;
+    let base = base_source(&sources);
+    // A size that ran out of memory *with accumulation* on any source is not a size to accumulate
+    // with, whatever max_fitting_batch (measured at accumulation 1) says.
+    let failed_acc: Vec<Option<u64>> = sources
+        .iter()
+        .map(|s| smallest_failing_with_accumulation(&s.plan))
+        .collect();
+    let (split, notes) = split_for(opts, &sources, base, &failed_acc)?;
+    Ok(merged_plan(&sources, base, &failed_acc, &split, notes))
+}
+
+/// One source plan: where it was read from, and its recommendation (a source is complete).
+struct Source<'a> {
+    path: &'a PathBuf,
+    plan: Plan,
+    rec: Recommendation,
+}
+
+impl<'a> Source<'a> {
+    /// Reads `path`, refusing a plan that is not complete or whose model config was edited.
+    fn read(path: &'a PathBuf) -> Result<Source<'a>, MergeError> {
+        let plan = Plan::read(path).map_err(MergeError::Read)?;
         let rec = match (&plan.status, &plan.recommendation) {
             (Status::Complete, Some(r)) => r.clone(),
             _ => {
                 return Err(MergeError::Usage(format!(
                     "{} is not a complete plan (status {}: {}); only complete plans can be merged",
-                    p.display(),
+                    path.display(),
                     plan.status.as_str(),
                     plan.stop_detail
                 )))
@@ -60,18 +86,23 @@ pub fn merge(opts: &MergeOptions) -> Result<Plan, MergeError> {
         if !plan.model.fingerprint_matches() {
             return Err(MergeError::Usage(format!(
                 "{}: its model fingerprint does not match its model config; the plan was edited",
-                p.display()
+                path.display()
             )));
         }
-        plans.push((p, plan, rec));
+        Ok(Source { path, plan, rec })
     }
-    let (first_path, first, _) = &plans[0];
-    for (p, plan, _) in &plans[1..] {
+}
+
+/// Refuses sources made for different models (by fingerprint).
+fn check_one_model(sources: &[Source]) -> Result<(), MergeError> {
+    let first = &sources[0];
+    let (first_path, first) = (first.path, &first.plan);
+    for Source { path, plan, .. } in &sources[1..] {
         if plan.model.fingerprint() != first.model.fingerprint() {
             return Err(MergeError::Usage(format!(
                 "{} and {} were made for different models ({} {} vs {} {}); merge plans of one model only",
                 first_path.display(),
-                p.display(),
+                path.display(),
                 first.model.name(),
                 short(first.model.fingerprint()),
                 plan.model.name(),
@@ -79,96 +110,110 @@ pub fn merge(opts: &MergeOptions) -> Result<Plan, MergeError> {
             )));
         }
     }
-    // A simulated plan proves nothing about a real device: never combined with one.
+    Ok(())
+}
+
+/// A simulated plan proves nothing about a real device: never combined with one.
+fn check_all_real_or_all_simulated(sources: &[Source]) -> Result<(), MergeError> {
     let is_sim = |p: &Plan| p.device.kind.as_str() == "sim";
-    if let Some((p, _, _)) = plans[1..]
+    let first = &sources[0];
+    let Some(other) = sources[1..]
         .iter()
-        .find(|(_, plan, _)| is_sim(plan) != is_sim(first))
-    {
-        let (sim, real) = if is_sim(first) {
-            (first_path, p)
-        } else {
-            (p, first_path)
-        };
-        return Err(MergeError::Usage(format!(
-            "{} is a simulated plan (--backend sim) and {} was measured on a real device; a \
-             simulation proves nothing about a device: merge plans of real devices only",
-            sim.display(),
-            real.display()
-        )));
-    }
-    // The base: the plan with the smallest proven size (ties: the first given).
-    let base_idx = (0..plans.len())
-        .min_by_key(|&i| (plans[i].2.max_fitting_batch, i))
+        .find(|s| is_sim(&s.plan) != is_sim(&first.plan))
+    else {
+        return Ok(());
+    };
+    let (sim, real) = if is_sim(&first.plan) {
+        (first.path, other.path)
+    } else {
+        (other.path, first.path)
+    };
+    Err(MergeError::Usage(format!(
+        "{} is a simulated plan (--backend sim) and {} was measured on a real device; a \
+         simulation proves nothing about a device: merge plans of real devices only",
+        sim.display(),
+        real.display()
+    )))
+}
+
+/// The base: the source with the smallest proven size (ties: the first given).
+fn base_source<'s, 'a>(sources: &'s [Source<'a>]) -> &'s Source<'a> {
+    let i = (0..sources.len())
+        .min_by_key(|&i| (sources[i].rec.max_fitting_batch, i))
         .expect("at least one plan");
-    let (base_path, base, base_rec) = &plans[base_idx];
-    let max = base_rec.max_fitting_batch;
-    // Sizes every source could have tried: multiples of all their --multiple-of, at least the
-    // largest --min-batch.
+    &sources[i]
+}
+
+/// The split of the global batch at most the base's largest fitting size, on sizes every source
+/// could have tried (multiples of all their --multiple-of, at least the largest --min-batch), and
+/// below the smallest size any source saw run out of memory with accumulation; with the notes that
+/// say when that last bound moved it.
+fn split_for(
+    opts: &MergeOptions,
+    sources: &[Source],
+    base: &Source,
+    failed_acc: &[Option<u64>],
+) -> Result<(accumulate::Split, Vec<String>), MergeError> {
     let sizes = accumulate::Sizes::new(
-        plans
+        sources
             .iter()
-            .fold(1, |k, (_, p, _)| lcm(k, p.search.multiple_of.max(1))),
-        plans
+            .fold(1, |k, s| lcm(k, s.plan.search.multiple_of.max(1))),
+        sources
             .iter()
-            .map(|(_, p, _)| p.search.min_batch)
+            .map(|s| s.plan.search.min_batch)
             .max()
             .unwrap_or(1),
     );
-    // A size that ran out of memory *with accumulation* on any source is not a size to accumulate
-    // with, whatever max_fitting_batch (measured at accumulation 1) says.
-    let failed_acc: Vec<Option<u64>> = plans
-        .iter()
-        .map(|(_, p, _)| smallest_failing_with_accumulation(p))
-        .collect();
-    let usage = |e: accumulate::SplitError| MergeError::Usage(e.to_string());
-    let mut s = accumulate::split_on(
-        opts.global_batch,
-        opts.world_size,
-        max,
-        opts.allow_uneven,
-        sizes,
-    )
-    .map_err(usage)?;
-    let mut notes = vec![];
-    if let Some((i, fail)) = failed_acc
+    let split_below = |max| {
+        accumulate::split_on(
+            opts.global_batch,
+            opts.world_size,
+            max,
+            opts.allow_uneven,
+            sizes,
+        )
+    };
+    let s =
+        split_below(base.rec.max_fitting_batch).map_err(|e| MergeError::Usage(e.to_string()))?;
+    let Some((i, fail)) = failed_acc
         .iter()
         .enumerate()
         .filter_map(|(i, f)| f.map(|f| (i, f)))
         .min_by_key(|&(_, f)| f)
-    {
-        if s.accumulation > 1 && s.micro_batch >= fail {
-            s = accumulate::split_on(
-                opts.global_batch,
-                opts.world_size,
-                fail - 1,
-                opts.allow_uneven,
-                sizes,
-            )
-            .map_err(|e| {
-                MergeError::Usage(format!(
-                    "{e} ({} ran out of memory at micro-batch {fail} with gradient accumulation, \
-                     so the split must stay below it)",
-                    plans[i].0.display()
-                ))
-            })?;
-            notes.push(format!(
-                "{} ran out of memory at micro-batch {fail} with gradient accumulation, although \
-                 larger sizes fit alone there; the merged split stays below {fail}",
-                plans[i].0.display()
-            ));
-        }
+    else {
+        return Ok((s, vec![]));
+    };
+    if s.accumulation <= 1 || s.micro_batch < fail {
+        return Ok((s, vec![]));
     }
-    // Measurements of the chosen size, when the base plan ran it.
+    let path = sources[i].path.display();
+    let s = split_below(fail - 1).map_err(|e| {
+        MergeError::Usage(format!(
+            "{e} ({path} ran out of memory at micro-batch {fail} with gradient accumulation, \
+             so the split must stay below it)"
+        ))
+    })?;
+    let note = format!(
+        "{path} ran out of memory at micro-batch {fail} with gradient accumulation, although \
+         larger sizes fit alone there; the merged split stays below {fail}"
+    );
+    Ok((s, vec![note]))
+}
+
+/// The merged recommendation: with the base plan's measurements of the chosen size when it ran it,
+/// else the base's recommendation with the split's numbers and no measurements.
+fn recommendation_for(base: &Source, s: &accumulate::Split) -> Recommendation {
+    let max = base.rec.max_fitting_batch;
     let measured = base
+        .plan
         .trials
         .iter()
         .filter(|t| t.batch == s.micro_batch && t.outcome.fits())
         .max_by_key(|t| t.steps);
     let mut rec = match measured {
-        Some(t) => Recommendation::from_split(&s, max, base_rec.first_failing_batch, t),
+        Some(t) => Recommendation::from_split(s, max, base.rec.first_failing_batch, t),
         None => {
-            let mut r = base_rec.clone();
+            let mut r = base.rec.clone();
             r.micro_batch = s.micro_batch;
             r.accumulation = s.accumulation;
             r.global_batch = s.global_batch;
@@ -185,38 +230,49 @@ pub fn merge(opts: &MergeOptions) -> Result<Plan, MergeError> {
     };
     rec.fastest_micro_batch = None;
     rec.fastest_samples_per_second = None;
+    rec
+}
 
-    let mut merged = base.clone();
+/// The base plan with the merged recommendation, `verified: false`, its sources listed and the
+/// notes and split's warning added to its warnings.
+fn merged_plan(
+    sources: &[Source],
+    base: &Source,
+    failed_acc: &[Option<u64>],
+    s: &accumulate::Split,
+    notes: Vec<String>,
+) -> Plan {
+    let mut merged = base.plan.clone();
     merged.created_unix = now_unix();
     merged.tool = Tool::current();
-    merged.recommendation = Some(rec);
+    merged.recommendation = Some(recommendation_for(base, s));
     merged.verified = Some(false);
-    merged.sources = plans
+    merged.sources = sources
         .iter()
-        .zip(&failed_acc)
-        .map(|((p, plan, r), f)| PlanSource {
-            path: p.display().to_string(),
-            device_kind: plan.device.kind,
-            device_name: plan.device.name.clone(),
-            max_fitting_batch: r.max_fitting_batch,
+        .zip(failed_acc)
+        .map(|(src, f)| PlanSource {
+            path: src.path.display().to_string(),
+            device_kind: src.plan.device.kind,
+            device_name: src.plan.device.name.clone(),
+            max_fitting_batch: src.rec.max_fitting_batch,
             smallest_failing_with_accumulation: *f,
         })
         .collect();
     merged.stop_detail = format!(
         "merged from {} plan{}: micro-batch limited by {} ({}, largest fitting {}); not verified on \
          this machine: run `batchfit verify` (it confirms each size with the plan's accumulation)",
-        plans.len(),
-        if plans.len() == 1 { "" } else { "s" },
-        base_path.display(),
-        base.device.name,
-        max
+        sources.len(),
+        if sources.len() == 1 { "" } else { "s" },
+        base.path.display(),
+        base.plan.device.name,
+        base.rec.max_fitting_batch
     );
-    merged.warnings = base.warnings.clone();
+    merged.warnings = base.plan.warnings.clone();
     merged.warnings.extend(notes);
     if let Some(w) = &s.warning {
         merged.warnings.push(w.clone());
     }
-    Ok(merged)
+    merged
 }
 
 /// The smallest micro-batch that ran out of memory with gradient accumulation in `plan` (its own

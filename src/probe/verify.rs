@@ -6,11 +6,11 @@ use super::report::{ProbeError, Progress};
 use super::setup;
 use crate::config;
 use crate::device::sim::SimSpec;
-use crate::device::DeviceKind;
+use crate::device::{DeviceInfo, DeviceKind};
 use crate::plan::{Plan, Status};
 use crate::platform::now_unix;
 use crate::platform::units::format_size;
-use crate::search::{Confirmation, Prober, Purpose, SearchConfig, Stop};
+use crate::search::{Confirmation, Prober, Purpose, SearchConfig, Stop, TrialRecord};
 
 /// How a verification ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,6 +37,62 @@ pub fn verify(
     sim: Option<SimSpec>,
     progress: &mut dyn Progress,
 ) -> Result<VerifyReport, ProbeError> {
+    let rec = verifiable_recommendation(plan, sim.is_some())?;
+    // The curve a sim plan is verified on (`--sim`, or its own).
+    let sim_used = sim.clone().or_else(|| plan.sim_spec.clone());
+    let mut backend = setup::plan_backend(plan, sim)?;
+    let here = Here::of(plan, backend.device().clone(), sim_used);
+    let device = &here.device;
+    if plan.budget_bytes > device.total_bytes {
+        return Err(ProbeError::Usage(format!(
+            "the plan's budget {} is larger than this device's {} ({}); probe here instead",
+            format_size(plan.budget_bytes),
+            format_size(device.total_bytes),
+            device.name
+        )));
+    }
+    // the trials' limit, as the plan's were run: less the guard band it recorded
+    let limit = setup::guarded(
+        config::limit(plan.budget_bytes, plan.reserve_bytes, plan.margin),
+        plan.guard_band,
+    );
+    progress.line(&format!(
+        "batchfit: verifying micro-batches {} of {} on {} ({}): limit {}",
+        crate::plan::describe_micro_batches(&rec.micro_batches),
+        plan.model.name(),
+        device.kind,
+        device.name,
+        format_size(limit)
+    ));
+    let (ending, trials) = {
+        let progress = &mut *progress;
+        let mut prober = Prober::new(backend.as_mut(), search_config(plan), limit)
+            .on_trial(move |t, all| progress.trial(all.len(), t, limit));
+        let ending = confirm_plan(&mut prober, plan, &rec, &here, limit)?;
+        (ending, prober.trials().to_vec())
+    };
+    let mut out = plan.clone();
+    out.trials.extend(trials.iter().cloned());
+    match &ending {
+        VerifyEnding::Verified => mark_verified(&mut out, plan, &rec, &here, limit, &trials),
+        VerifyEnding::Failed(why) => {
+            out.verified = Some(false);
+            out.warnings.push(format!("verification failed: {why}"));
+        }
+        VerifyEnding::Interrupted(_) => {
+            out.verified = Some(false);
+            out.warnings.push("verification interrupted".into());
+        }
+    }
+    Ok(VerifyReport { plan: out, ending })
+}
+
+/// The recommendation of a plan that can be verified: a complete one, whose model config is the one
+/// its fingerprint names, given `--sim` only when it is a sim plan.
+fn verifiable_recommendation(
+    plan: &Plan,
+    sim_given: bool,
+) -> Result<crate::plan::Recommendation, ProbeError> {
     let rec = match (&plan.status, &plan.recommendation) {
         (Status::Complete, Some(r)) => r.clone(),
         _ => {
@@ -52,51 +108,64 @@ pub fn verify(
                 .into(),
         ));
     }
-    if sim.is_some() && plan.device.kind != DeviceKind::Sim {
+    if sim_given && plan.device.kind != DeviceKind::Sim {
         return Err(ProbeError::Usage(
             "--sim is only used with plans of the sim backend".into(),
         ));
     }
-    // The curve a sim plan is verified on (`--sim`, or its own).
-    let sim_used = sim.clone().or_else(|| plan.sim_spec.clone());
-    let mut backend = setup::plan_backend(plan, sim)?;
-    let device = backend.device().clone();
-    // The torch this verification's trials run on (batchfit's own model on cpu or cuda; a user's
-    // command runs its own, and sim runs none), as a probe records it in the plan's `tool`.
-    let torch_here = match (&plan.model, device.kind) {
-        (crate::plan::WorkloadInfo::Model(_), DeviceKind::Cpu | DeviceKind::Cuda) => {
-            crate::workload::runner::Runner::locate()
-                .ok()
-                .map(|r| r.torch.version)
+    Ok(rec)
+}
+
+/// Where the verification's trials run, and whether that is elsewhere than the plan was proven.
+struct Here {
+    device: DeviceInfo,
+    /// The curve a sim plan is verified on.
+    sim_used: Option<SimSpec>,
+    /// The torch the trials run on, when batchfit knows it.
+    torch: Option<String>,
+    /// The plan was proven on another torch (another version or build): its sizes allocate
+    /// differently.
+    other_torch: bool,
+    /// Another device (or another simulated curve: its name shows only three of the curve's
+    /// numbers), or another torch: the plan's bracket was proven there, not here.
+    elsewhere: bool,
+}
+
+impl Here {
+    fn of(plan: &Plan, device: DeviceInfo, sim_used: Option<SimSpec>) -> Here {
+        // The torch this verification's trials run on (batchfit's own model on cpu or cuda; a
+        // user's command runs its own, and sim runs none), as a probe records it in the plan's
+        // `tool`.
+        let torch = match (&plan.model, device.kind) {
+            (crate::plan::WorkloadInfo::Model(_), DeviceKind::Cpu | DeviceKind::Cuda) => {
+                crate::workload::runner::Runner::locate()
+                    .ok()
+                    .map(|r| r.torch.version)
+            }
+            _ => None,
+        };
+        let other_torch = matches!(
+            (&plan.tool.libtorch_version, &torch),
+            (Some(then), Some(now)) if then != now
+        );
+        let elsewhere = plan.device.kind != device.kind
+            || plan.device.name != device.name
+            || plan.device.total_bytes != device.total_bytes
+            || (device.kind == DeviceKind::Sim && sim_used != plan.sim_spec)
+            || other_torch;
+        Here {
+            device,
+            sim_used,
+            torch,
+            other_torch,
+            elsewhere,
         }
-        _ => None,
-    };
-    // Proven on another torch (another version or build): its sizes allocate differently.
-    let other_torch = matches!(
-        (&plan.tool.libtorch_version, &torch_here),
-        (Some(then), Some(now)) if then != now
-    );
-    // Verified on another device (or another simulated curve: its name shows only three of the
-    // curve's numbers), or on another torch: the plan's bracket was proven there, not here.
-    let elsewhere = plan.device.kind != device.kind
-        || plan.device.name != device.name
-        || plan.device.total_bytes != device.total_bytes
-        || (device.kind == DeviceKind::Sim && sim_used != plan.sim_spec)
-        || other_torch;
-    if plan.budget_bytes > device.total_bytes {
-        return Err(ProbeError::Usage(format!(
-            "the plan's budget {} is larger than this device's {} ({}); probe here instead",
-            format_size(plan.budget_bytes),
-            format_size(device.total_bytes),
-            device.name
-        )));
     }
-    // the trials' limit, as the plan's were run: less the guard band it recorded
-    let limit = setup::guarded(
-        config::limit(plan.budget_bytes, plan.reserve_bytes, plan.margin),
-        plan.guard_band,
-    );
-    let search = SearchConfig {
+}
+
+/// The search settings of the plan's probe, without its trial and time limits or prior.
+fn search_config(plan: &Plan) -> SearchConfig {
+    SearchConfig {
         strategy: plan.search.strategy,
         steps: plan.search.steps,
         confirm_steps: plan.search.confirm_steps,
@@ -108,131 +177,126 @@ pub fn verify(
         allow_retries: plan.search.allow_retries,
         tolerance: plan.search.tolerance.unwrap_or(0.0),
         prior: None,
+    }
+}
+
+/// Confirms each distinct size of the plan's micro-batches, largest first, with its accumulation;
+/// then, when verifying elsewhere than the plan was proven, its bracket too.
+fn confirm_plan(
+    prober: &mut Prober,
+    plan: &Plan,
+    rec: &crate::plan::Recommendation,
+    here: &Here,
+    limit: u64,
+) -> Result<VerifyEnding, ProbeError> {
+    let ending = confirm_sizes(prober, rec, &here.device.name, limit)?;
+    if ending != VerifyEnding::Verified || !here.elsewhere {
+        return Ok(ending);
+    }
+    // The verified plan names this device, and its bracket (largest fitting size, first failing
+    // size) is what it claims of it: on another device that claim was proven there only, so it
+    // is checked here too, or the verification fails (a plan proven at 2247/2258 on one device,
+    // verified on one where 2162 is the largest, said "largest fitting micro-batch: 2247 (fits
+    // at 2247, 2258 runs out of memory)" of the new one).
+    let name = match &here.torch {
+        Some(v) if here.other_torch => format!("{} on PyTorch {v}", here.device.name),
+        _ => here.device.name.clone(),
     };
-    progress.line(&format!(
-        "batchfit: verifying micro-batches {} of {} on {} ({}): limit {}",
-        crate::plan::describe_micro_batches(&rec.micro_batches),
-        plan.model.name(),
-        device.kind,
-        device.name,
-        format_size(limit)
-    ));
+    Ok(check_bracket(prober, rec, plan.search.steps, &name)
+        .err()
+        .unwrap_or(ending))
+}
+
+/// Confirms each distinct size of `rec`'s micro-batches, largest first, with its accumulation: the
+/// first that does not confirm ends the verification.
+fn confirm_sizes(
+    prober: &mut Prober,
+    rec: &crate::plan::Recommendation,
+    device: &str,
+    limit: u64,
+) -> Result<VerifyEnding, ProbeError> {
     let mut sizes = rec.micro_batches.clone();
     sizes.sort_unstable_by(|a, b| b.cmp(a));
     sizes.dedup();
-    let (ending, trials) = {
-        let progress = &mut *progress;
-        let mut prober = Prober::new(backend.as_mut(), search, limit)
-            .on_trial(move |t, all| progress.trial(all.len(), t, limit));
-        let mut ending = VerifyEnding::Verified;
-        let acc = u32::try_from(rec.accumulation).unwrap_or(u32::MAX);
-        for b in sizes {
-            match prober.confirm_split(b, acc, Purpose::Confirm) {
-                Ok(Confirmation::Fits) => {}
-                Ok(Confirmation::Failed(why)) => {
-                    ending = VerifyEnding::Failed(format!(
-                        "micro-batch {b} × accumulation {acc} could not be confirmed on {}: {why}",
-                        device.name
-                    ));
-                    break;
-                }
-                Ok(Confirmation::OutOfMemory) => {
-                    let why = prober
-                        .trials()
-                        .last()
-                        .and_then(|t| t.outcome.message().map(String::from))
-                        .unwrap_or_default();
-                    ending = VerifyEnding::Failed(format!(
-                        "micro-batch {b} × accumulation {acc} did not fit under the {} limit on {} ({}): {why}",
-                        format_size(limit),
-                        device.name,
-                        prober.trials().last().map_or("", |t| t.outcome.kind())
-                    ));
-                    break;
-                }
-                Err(Stop::Interrupted(sig)) => {
-                    ending = VerifyEnding::Interrupted(sig);
-                    break;
-                }
-                Err(Stop::Fatal(m)) => return Err(ProbeError::Environment(m)),
-                Err(Stop::Reason(r)) => {
-                    ending = VerifyEnding::Failed(r.describe().to_string());
-                    break;
-                }
+    let acc = u32::try_from(rec.accumulation).unwrap_or(u32::MAX);
+    for b in sizes {
+        let ending = match prober.confirm_split(b, acc, Purpose::Confirm) {
+            Ok(Confirmation::Fits) => continue,
+            Ok(Confirmation::Failed(why)) => VerifyEnding::Failed(format!(
+                "micro-batch {b} × accumulation {acc} could not be confirmed on {device}: {why}"
+            )),
+            Ok(Confirmation::OutOfMemory) => {
+                let last = prober.trials().last();
+                let why = last
+                    .and_then(|t| t.outcome.message().map(String::from))
+                    .unwrap_or_default();
+                VerifyEnding::Failed(format!(
+                    "micro-batch {b} × accumulation {acc} did not fit under the {} limit on {device} ({}): {why}",
+                    format_size(limit),
+                    last.map_or("", |t| t.outcome.kind())
+                ))
             }
-        }
-        if ending == VerifyEnding::Verified && elsewhere {
-            // The verified plan names this device, and its bracket (largest fitting size, first
-            // failing size) is what it claims of it: on another device that claim was proven there
-            // only, so it is checked here too, or the verification fails (a plan proven
-            // at 2247/2258 on one device, verified on one where 2162 is the largest, said "largest
-            // fitting micro-batch: 2247 (fits at 2247, 2258 runs out of memory)" of the new one).
-            let here = match &torch_here {
-                Some(v) if other_torch => format!("{} on PyTorch {v}", device.name),
-                _ => device.name.clone(),
-            };
-            if let Err(e) = check_bracket(&mut prober, &rec, plan.search.steps, &here) {
-                ending = e;
-            }
-        }
-        (ending, prober.trials().to_vec())
-    };
-    let mut out = plan.clone();
-    out.trials.extend(trials.iter().cloned());
-    match &ending {
-        VerifyEnding::Verified => {
-            out.verified = Some(true);
-            if elsewhere {
-                // The plan's line was measured on the plan's device; the trials here only confirm
-                // sizes. Kept, it would be predicted from as this device's (`batchfit predict`).
-                out.capacity_model = Some(crate::plan::CapacityModel::refused(format!(
-                    "the line was measured on {}{} and this plan was verified on {}{}: its trials \
-                     here confirm sizes, they do not measure a line; probe this device (batchfit \
-                     probe) for a capacity model of it",
-                    plan.device.name,
-                    on_torch(plan.tool.libtorch_version.as_deref()),
-                    device.name,
-                    on_torch(torch_here.as_deref()),
-                )));
-            }
-            out.device = device.clone();
-            // the trials that verified it ran on this torch
-            if torch_here.is_some() {
-                out.tool.libtorch_version = torch_here.clone();
-            }
-            out.limit_bytes = limit;
-            if device.kind == DeviceKind::Sim {
-                out.sim_spec = sim_used.clone();
-            }
-            if let (Some(r), Some(t)) = (
-                out.recommendation.as_mut(),
-                trials
-                    .iter()
-                    .filter(|t| t.batch == rec.micro_batch && t.outcome.fits())
-                    .max_by_key(|t| t.steps),
-            ) {
-                r.peak_bytes = t.outcome.peak_bytes().unwrap_or(r.peak_bytes);
-                if let Some(s) = t.outcome.step_seconds().filter(|s| *s > 0.0) {
-                    r.samples_per_second = t.batch as f64 / s;
-                }
-            }
-            out.stop_detail = format!(
-                "verified on {} ({}) at {}",
-                device.name,
-                device.kind,
-                super::cache::format_date(now_unix())
-            );
-        }
-        VerifyEnding::Failed(why) => {
-            out.verified = Some(false);
-            out.warnings.push(format!("verification failed: {why}"));
-        }
-        VerifyEnding::Interrupted(_) => {
-            out.verified = Some(false);
-            out.warnings.push("verification interrupted".into());
+            Err(Stop::Interrupted(sig)) => VerifyEnding::Interrupted(sig),
+            Err(Stop::Fatal(m)) => return Err(ProbeError::Environment(m)),
+            Err(Stop::Reason(r)) => VerifyEnding::Failed(r.describe().to_string()),
+        };
+        return Ok(ending);
+    }
+    Ok(VerifyEnding::Verified)
+}
+
+/// Makes `out` the verified plan of this machine: its device, torch, limit and curve, and the
+/// recommendation's peak and speed from the trials that verified it.
+fn mark_verified(
+    out: &mut Plan,
+    plan: &Plan,
+    rec: &crate::plan::Recommendation,
+    here: &Here,
+    limit: u64,
+    trials: &[TrialRecord],
+) {
+    let device = &here.device;
+    out.verified = Some(true);
+    if here.elsewhere {
+        // The plan's line was measured on the plan's device; the trials here only confirm
+        // sizes. Kept, it would be predicted from as this device's (`batchfit predict`).
+        out.capacity_model = Some(crate::plan::CapacityModel::refused(format!(
+            "the line was measured on {}{} and this plan was verified on {}{}: its trials \
+             here confirm sizes, they do not measure a line; probe this device (batchfit \
+             probe) for a capacity model of it",
+            plan.device.name,
+            on_torch(plan.tool.libtorch_version.as_deref()),
+            device.name,
+            on_torch(here.torch.as_deref()),
+        )));
+    }
+    out.device = device.clone();
+    // the trials that verified it ran on this torch
+    if here.torch.is_some() {
+        out.tool.libtorch_version = here.torch.clone();
+    }
+    out.limit_bytes = limit;
+    if device.kind == DeviceKind::Sim {
+        out.sim_spec = here.sim_used.clone();
+    }
+    if let (Some(r), Some(t)) = (
+        out.recommendation.as_mut(),
+        trials
+            .iter()
+            .filter(|t| t.batch == rec.micro_batch && t.outcome.fits())
+            .max_by_key(|t| t.steps),
+    ) {
+        r.peak_bytes = t.outcome.peak_bytes().unwrap_or(r.peak_bytes);
+        if let Some(s) = t.outcome.step_seconds().filter(|s| *s > 0.0) {
+            r.samples_per_second = t.batch as f64 / s;
         }
     }
-    Ok(VerifyReport { plan: out, ending })
+    out.stop_detail = format!(
+        "verified on {} ({}) at {}",
+        device.name,
+        device.kind,
+        super::cache::format_date(now_unix())
+    );
 }
 
 /// ` on PyTorch VERSION`, or nothing when no torch is known.

@@ -9,7 +9,7 @@
 //! sees each micro-batch's statistics, so its results differ slightly (see docs/models.md).
 
 use super::step::{Batch, DataSource};
-use batchfit::plan::input::Dim;
+use batchfit::plan::input::{Dim, InputSpec};
 use batchfit::plan::model::{Architecture, LossSpec, ModelSpec};
 use std::path::Path;
 use tch::{Device, Kind, TchError, Tensor};
@@ -60,171 +60,15 @@ impl FileData {
             path: shown.clone(),
             reason,
         };
-        if !path.exists() {
-            return Err(DataError::Read {
-                path: shown,
-                reason: "no such file".into(),
-            });
-        }
-        // tch's readers open what the path names: a FIFO hung them, /dev/zero was read forever
-        match std::fs::metadata(path) {
-            Ok(m) if m.is_file() => {}
-            Ok(m) => {
-                let what = if m.is_dir() {
-                    "a directory"
-                } else {
-                    batchfit::platform::files::kind_of(&m.file_type())
-                };
-                return Err(DataError::Read {
-                    path: shown,
-                    reason: format!("it is {what}, not a regular file"),
-                });
-            }
-            Err(e) => {
-                return Err(DataError::Read {
-                    path: shown,
-                    reason: e.to_string(),
-                })
-            }
-        }
-        let mut named = read(path).map_err(|reason| DataError::Read {
+        check_regular_file(path, &shown)?;
+        let named = read(path).map_err(|reason| DataError::Read {
             path: shown.clone(),
             reason: batchfit::protocol::classify::first_line(&reason),
         })?;
-        let mut take = |name: &str| {
-            named
-                .iter()
-                .position(|(n, _)| n == name)
-                .map(|i| named.swap_remove(i).1)
-        };
-        // expected per-sample shapes of the inputs, and whether inputs/targets are integers
-        let (input_shapes, int_inputs, target): (Vec<Vec<i64>>, Vec<bool>, TargetKind) =
-            match &spec.architecture {
-                Architecture::Mlp { input, classes, .. } => (
-                    vec![vec![*input as i64]],
-                    vec![false],
-                    TargetKind::Classes(vec![], *classes),
-                ),
-                Architecture::Gpt { seq_len, vocab, .. } => (
-                    vec![vec![*seq_len as i64]],
-                    vec![true],
-                    TargetKind::Classes(vec![*seq_len as i64], *vocab),
-                ),
-                Architecture::Resnet18 {
-                    image_size,
-                    classes,
-                }
-                | Architecture::Resnet50 {
-                    image_size,
-                    classes,
-                }
-                | Architecture::Vit {
-                    image_size,
-                    classes,
-                    ..
-                } => {
-                    let s = *image_size as i64;
-                    (
-                        vec![vec![3, s, s]],
-                        vec![false],
-                        TargetKind::Classes(vec![], *classes),
-                    )
-                }
-                Architecture::Torchscript { inputs, loss, .. } => {
-                    let mut shapes = vec![];
-                    for (i, spec) in inputs.iter().enumerate() {
-                        if !matches!(spec.dims.first(), Some(Dim::Batch(_))) {
-                            return Err(shape_err(format!(
-                            "input {i} ({spec}) has its batch dimension B not first; data files \
-                                 hold samples along the first dimension"
-                        )));
-                        }
-                        shapes.push(spec.shape(1)[1..].to_vec());
-                    }
-                    let ints = inputs.iter().map(|s| s.dtype.is_integer()).collect();
-                    let target = match loss {
-                        LossSpec::CrossEntropy { classes } => TargetKind::AnyClasses(*classes),
-                        LossSpec::Mse => TargetKind::AnyFloat,
-                        LossSpec::Mean => TargetKind::None,
-                    };
-                    (shapes, ints, target)
-                }
-            };
-        let several = input_shapes.len() > 1;
-        let mut inputs = vec![];
-        for (i, want) in input_shapes.iter().enumerate() {
-            let name = if several {
-                format!("x{i}")
-            } else {
-                "x".to_string()
-            };
-            let t = take(&name)
-                .or_else(|| (!several).then(|| take("x0")).flatten())
-                .ok_or_else(|| {
-                    shape_err(format!("no tensor named {name:?} (the model's input)"))
-                })?;
-            let got = t.size();
-            if got.len() != want.len() + 1 || got[1..] != want[..] {
-                return Err(shape_err(format!(
-                    "{name} has shape {got:?}; the model needs [N, {}]",
-                    want.iter()
-                        .map(i64::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )));
-            }
-            let kind = if int_inputs[i] {
-                Kind::Int64
-            } else {
-                Kind::Float
-            };
-            if int_inputs[i] && t.is_floating_point() {
-                return Err(shape_err(format!(
-                    "{name} holds floats; the model takes integer ids"
-                )));
-            }
-            inputs.push(t.to_kind(kind));
-        }
-        let rows = inputs[0].size()[0];
-        if rows == 0 {
-            return Err(shape_err("x has no rows".into()));
-        }
-        if let Some((i, t)) = inputs.iter().enumerate().find(|(_, t)| t.size()[0] != rows) {
-            return Err(shape_err(format!(
-                "x{i} has {} rows but x0 has {rows}",
-                t.size()[0]
-            )));
-        }
-        let y = take("y");
-        let target = match (target, y) {
-            (TargetKind::None, _) => None,
-            (TargetKind::AnyFloat, None) | (TargetKind::AnyClasses(_), None) => None,
-            (TargetKind::Classes(..), None) => {
-                return Err(shape_err("no tensor named \"y\" (the targets)".into()))
-            }
-            (TargetKind::AnyFloat, Some(y)) => Some(y.to_kind(Kind::Float)),
-            (TargetKind::Classes(dims, classes), Some(y)) => {
-                let got = y.size();
-                if got.len() != dims.len() + 1 || got[1..] != dims[..] {
-                    return Err(shape_err(format!(
-                        "y has shape {got:?}; the model needs [N{}]",
-                        dims.iter().map(|d| format!(", {d}")).collect::<String>()
-                    )));
-                }
-                Some(check_classes(y, classes).map_err(shape_err)?)
-            }
-            (TargetKind::AnyClasses(classes), Some(y)) => {
-                Some(check_classes(y, classes).map_err(shape_err)?)
-            }
-        };
-        if let Some(y) = &target {
-            if y.size().first().copied() != Some(rows) {
-                return Err(shape_err(format!(
-                    "y has {} rows but x has {rows}",
-                    y.size().first().copied().unwrap_or(0)
-                )));
-            }
-        }
+        let mut named = Named(named);
+        let expected = Expected::of(spec).map_err(shape_err)?;
+        let (inputs, rows) = take_inputs(&mut named, &expected).map_err(shape_err)?;
+        let target = take_target(&mut named, expected.target, rows).map_err(shape_err)?;
         Ok(FileData {
             inputs,
             target,
@@ -256,6 +100,188 @@ enum TargetKind {
     /// Optional float targets.
     AnyFloat,
     None,
+}
+
+/// Refuses a path that is not a regular file: tch's readers open what the path names, and a FIFO
+/// hung them, /dev/zero was read forever.
+fn check_regular_file(path: &Path, shown: &str) -> Result<(), DataError> {
+    let read_err = |reason: String| DataError::Read {
+        path: shown.to_string(),
+        reason,
+    };
+    if !path.exists() {
+        return Err(read_err("no such file".into()));
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(m) => {
+            let what = if m.is_dir() {
+                "a directory"
+            } else {
+                batchfit::platform::files::kind_of(&m.file_type())
+            };
+            Err(read_err(format!("it is {what}, not a regular file")))
+        }
+        Err(e) => Err(read_err(e.to_string())),
+    }
+}
+
+/// The tensors of a file, taken out by name.
+struct Named(Vec<(String, Tensor)>);
+
+impl Named {
+    fn take(&mut self, name: &str) -> Option<Tensor> {
+        let i = self.0.iter().position(|(n, _)| n == name)?;
+        Some(self.0.swap_remove(i).1)
+    }
+}
+
+/// What the model takes: the per-sample shape of each input, whether each is integer ids, and
+/// its targets.
+struct Expected {
+    input_shapes: Vec<Vec<i64>>,
+    int_inputs: Vec<bool>,
+    target: TargetKind,
+}
+
+impl Expected {
+    fn of(spec: &ModelSpec) -> Result<Expected, String> {
+        let (input_shapes, int_inputs, target) = match &spec.architecture {
+            Architecture::Mlp { input, classes, .. } => (
+                vec![vec![*input as i64]],
+                vec![false],
+                TargetKind::Classes(vec![], *classes),
+            ),
+            Architecture::Gpt { seq_len, vocab, .. } => (
+                vec![vec![*seq_len as i64]],
+                vec![true],
+                TargetKind::Classes(vec![*seq_len as i64], *vocab),
+            ),
+            Architecture::Resnet18 {
+                image_size,
+                classes,
+            }
+            | Architecture::Resnet50 {
+                image_size,
+                classes,
+            }
+            | Architecture::Vit {
+                image_size,
+                classes,
+                ..
+            } => {
+                let s = *image_size as i64;
+                (
+                    vec![vec![3, s, s]],
+                    vec![false],
+                    TargetKind::Classes(vec![], *classes),
+                )
+            }
+            Architecture::Torchscript { inputs, loss, .. } => return Self::of_script(inputs, loss),
+        };
+        Ok(Expected {
+            input_shapes,
+            int_inputs,
+            target,
+        })
+    }
+
+    /// A TorchScript model's inputs as its plan declares them (each with its batch dimension
+    /// first), and targets as its loss takes them.
+    fn of_script(inputs: &[InputSpec], loss: &LossSpec) -> Result<Expected, String> {
+        let mut input_shapes = vec![];
+        for (i, spec) in inputs.iter().enumerate() {
+            if !matches!(spec.dims.first(), Some(Dim::Batch(_))) {
+                return Err(format!(
+                    "input {i} ({spec}) has its batch dimension B not first; data files \
+                         hold samples along the first dimension"
+                ));
+            }
+            input_shapes.push(spec.shape(1)[1..].to_vec());
+        }
+        let target = match loss {
+            LossSpec::CrossEntropy { classes } => TargetKind::AnyClasses(*classes),
+            LossSpec::Mse => TargetKind::AnyFloat,
+            LossSpec::Mean => TargetKind::None,
+        };
+        Ok(Expected {
+            input_shapes,
+            int_inputs: inputs.iter().map(|s| s.dtype.is_integer()).collect(),
+            target,
+        })
+    }
+}
+
+/// The model's inputs from the file (`x`, or `x0`, `x1`, … for several), checked against their
+/// expected shapes and kinds, and the number of rows they all have.
+fn take_inputs(named: &mut Named, expected: &Expected) -> Result<(Vec<Tensor>, i64), String> {
+    let several = expected.input_shapes.len() > 1;
+    let mut inputs = vec![];
+    for (i, want) in expected.input_shapes.iter().enumerate() {
+        let name = if several {
+            format!("x{i}")
+        } else {
+            "x".to_string()
+        };
+        let t = named
+            .take(&name)
+            .or_else(|| (!several).then(|| named.take("x0")).flatten())
+            .ok_or_else(|| format!("no tensor named {name:?} (the model's input)"))?;
+        let got = t.size();
+        if got.len() != want.len() + 1 || got[1..] != want[..] {
+            return Err(format!(
+                "{name} has shape {got:?}; the model needs [N, {}]",
+                want.iter()
+                    .map(i64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        let int = expected.int_inputs[i];
+        if int && t.is_floating_point() {
+            return Err(format!("{name} holds floats; the model takes integer ids"));
+        }
+        inputs.push(t.to_kind(if int { Kind::Int64 } else { Kind::Float }));
+    }
+    let rows = inputs[0].size()[0];
+    if rows == 0 {
+        return Err("x has no rows".into());
+    }
+    if let Some((i, t)) = inputs.iter().enumerate().find(|(_, t)| t.size()[0] != rows) {
+        return Err(format!("x{i} has {} rows but x0 has {rows}", t.size()[0]));
+    }
+    Ok((inputs, rows))
+}
+
+/// The targets from the file (`y`), checked against what the model takes and the inputs' `rows`;
+/// none where the model takes none, or may do without and the file has none.
+fn take_target(named: &mut Named, kind: TargetKind, rows: i64) -> Result<Option<Tensor>, String> {
+    let target = match (kind, named.take("y")) {
+        (TargetKind::None, _) => None,
+        (TargetKind::AnyFloat, None) | (TargetKind::AnyClasses(_), None) => None,
+        (TargetKind::Classes(..), None) => return Err("no tensor named \"y\" (the targets)".into()),
+        (TargetKind::AnyFloat, Some(y)) => Some(y.to_kind(Kind::Float)),
+        (TargetKind::Classes(dims, classes), Some(y)) => {
+            let got = y.size();
+            if got.len() != dims.len() + 1 || got[1..] != dims[..] {
+                return Err(format!(
+                    "y has shape {got:?}; the model needs [N{}]",
+                    dims.iter().map(|d| format!(", {d}")).collect::<String>()
+                ));
+            }
+            Some(check_classes(y, classes)?)
+        }
+        (TargetKind::AnyClasses(classes), Some(y)) => Some(check_classes(y, classes)?),
+    };
+    if let Some(y) = &target {
+        if y.size().first().copied() != Some(rows) {
+            return Err(format!(
+                "y has {} rows but x has {rows}",
+                y.size().first().copied().unwrap_or(0)
+            ));
+        }
+    }
+    Ok(target)
 }
 
 fn check_classes(y: Tensor, classes: u64) -> Result<Tensor, String> {
