@@ -463,8 +463,7 @@ fn sample_tree(
 ) {
     match group {
         Some(g) => {
-            let inside = g.pids();
-            t.sample_inside(Some(&inside));
+            t.sample_inside(Some(&|| g.pids()));
             if let Some(a) = g.anon() {
                 *cgroup_anon = Some(cgroup_anon.unwrap_or(0).max(a));
             }

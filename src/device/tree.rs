@@ -386,9 +386,11 @@ impl Tree {
         self.sample_inside(None);
     }
 
-    /// As [`Tree::sample`]; with `inside` (the PIDs of the trial's cgroup), also the anonymous memory
-    /// of the tree's processes outside it.
-    pub fn sample_inside(&mut self, inside: Option<&[u32]>) {
+    /// As [`Tree::sample`]; with `inside` (what lists the PIDs of the trial's cgroup), also the
+    /// anonymous memory of the tree's processes outside it. The group is listed after the tree's new
+    /// processes were found: a process forked between the two readings would otherwise be a process
+    /// of the tree outside the group (a DataLoader's workers, forked with the parent's memory).
+    pub fn sample_inside(&mut self, inside: Option<&dyn Fn() -> Vec<u32>>) {
         for (pid, start) in self.scan_for_escaped() {
             self.known.insert(pid, start);
         }
@@ -403,6 +405,7 @@ impl Tree {
                 }
             }
         }
+        let inside: Option<Vec<u32>> = inside.map(|list| list());
         // the processes with memory: (pid, RssAnon + RssShmem, RssShmem)
         let mut live = vec![];
         let (mut rss, mut anon) = (0, 0);
@@ -467,7 +470,7 @@ impl Tree {
         for &(pid, a, _) in &live {
             let share = estimate(self.readings.get(&pid).copied(), a);
             pss += share;
-            if inside.is_some_and(|g| !g.contains(&pid)) {
+            if inside.as_ref().is_some_and(|g| !g.contains(&pid)) {
                 escaped += share;
             }
         }
