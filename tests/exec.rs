@@ -502,11 +502,18 @@ fn summary_of(plan: &std::path::Path) -> String {
 fn the_summary_names_the_measure_of_the_limit_it_ran_under() {
     let d = tmp();
     let out = path(&d, "plan.json");
-    probe(&out, &["--cpu-limit", "rlimit", "--max-batch", "16"], &hog(200, &[]))
-        .assert()
-        .success();
+    probe(
+        &out,
+        &["--cpu-limit", "rlimit", "--max-batch", "16"],
+        &hog(200, &[]),
+    )
+    .assert()
+    .success();
     let s = summary_of(&out);
-    assert!(s.contains("peak data segment of the largest process"), "{s}");
+    assert!(
+        s.contains("peak data segment of the largest process"),
+        "{s}"
+    );
     assert!(s.contains("process tree's Pss_Anon + Pss_Shmem"), "{s}");
     assert!(!s.contains("cgroup"), "{s}");
     if !cgroup_available() {
@@ -516,9 +523,13 @@ fn the_summary_names_the_measure_of_the_limit_it_ran_under() {
         );
         return;
     }
-    probe(&out, &["--cpu-limit", "cgroup", "--max-batch", "16"], &hog(200, &[]))
-        .assert()
-        .success();
+    probe(
+        &out,
+        &["--cpu-limit", "cgroup", "--max-batch", "16"],
+        &hog(200, &[]),
+    )
+    .assert()
+    .success();
     let s = summary_of(&out);
     assert!(s.contains("the cgroup's memory peak"), "{s}");
     assert!(!s.contains("data segment"), "{s}");

@@ -134,14 +134,22 @@ fn a_daemon_left_by_a_trial_is_killed_and_recorded_under_rlimit() {
     args.retain(|a| a != "--quiet");
     c.args(args)
         .args(["--cpu-limit", "rlimit", "--exec", "--", PY])
-        .args([fake("daemon.py"), "--exit".into(), "0".into(), "--detach".into()])
+        .args([
+            fake("daemon.py"),
+            "--exit".into(),
+            "0".into(),
+            "--detach".into(),
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     let child = c.spawn().unwrap();
     let pid = child.id();
     let done = child.wait_with_output().unwrap();
     let left = survivors("daemon.py", &marker);
-    assert!(left.is_empty(), "the trials' daemons survived batchfit ({pid}): {left:?}");
+    assert!(
+        left.is_empty(),
+        "the trials' daemons survived batchfit ({pid}): {left:?}"
+    );
     let stderr = String::from_utf8_lossy(&done.stderr);
     let p = written_plan(&out);
     let t = &p["trials"][0];
@@ -170,7 +178,15 @@ fn a_daemon_holding_memory_counts_in_the_trials_footprint() {
     c.args(args)
         .args(["--cpu-limit", "rlimit", "--exec", "--", PY])
         .arg(fake("daemon.py"))
-        .args(["--exit", "0", "--detach", "--hold-mib", "160", "--wait", "1.5"])
+        .args([
+            "--exit",
+            "0",
+            "--detach",
+            "--hold-mib",
+            "160",
+            "--wait",
+            "1.5",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     let mut child = c.spawn().unwrap();

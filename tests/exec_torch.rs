@@ -273,7 +273,14 @@ fn probe_loader(limit: &str) -> serde_json::Value {
     cmd.env("BATCHFIT_CACHE_DIR", fresh_cache_dir())
         .args(["probe", "--backend", "cpu", "--memory-budget", "1GiB"])
         .args(["--quiet", "--cpu-limit", limit, "--multiple-of", "32"])
-        .args(["--tolerance", "0.05", "--steps", "2", "--confirm-steps", "2"])
+        .args([
+            "--tolerance",
+            "0.05",
+            "--steps",
+            "2",
+            "--confirm-steps",
+            "2",
+        ])
         .arg("--out")
         .arg(&out)
         .arg("--exec")
@@ -305,7 +312,10 @@ fn persistent_dataloader_workers_get_one_answer_under_both_limits_or_the_plan_sa
     let cg = probe_loader("cgroup");
     assert_eq!(rl["limit_bytes"], cg["limit_bytes"]);
     assert_eq!(rl["limit_mechanism"], "rlimit-data");
-    assert!(cg["limit_mechanism"].as_str().unwrap().starts_with("cgroup"));
+    assert!(cg["limit_mechanism"]
+        .as_str()
+        .unwrap()
+        .starts_with("cgroup"));
     let answer = |p: &serde_json::Value| {
         p["recommendation"]["max_fitting_batch"]
             .as_u64()
@@ -328,7 +338,8 @@ fn persistent_dataloader_workers_get_one_answer_under_both_limits_or_the_plan_sa
     let gap = a.abs_diff(b) as f64 / a.max(b) as f64;
     let warnings = rl["warnings"].to_string();
     assert!(
-        gap <= 0.10 || warnings.contains("counts address space a process reserved and never touched"),
+        gap <= 0.10
+            || warnings.contains("counts address space a process reserved and never touched"),
         "RLIMIT_DATA answered {a}, a memory cgroup {b}: {:.0} % apart, and the plan does not say \
          why: {warnings}",
         gap * 100.0

@@ -138,7 +138,11 @@ fn evaluate(formula: &str, vars: &[(&str, f64)]) -> f64 {
     }
     let mut i = 0;
     let v = expr(&tokens, &mut i, vars);
-    assert_eq!(i, tokens.len(), "the README's formula {formula:?} was not read to its end");
+    assert_eq!(
+        i,
+        tokens.len(),
+        "the README's formula {formula:?} was not read to its end"
+    );
     v
 }
 
@@ -154,7 +158,13 @@ fn the_readmes_trial_limit_formula_is_the_limit_batchfit_sets() {
             .args(["probe", "--backend", "cpu", "--cpu-limit", "rlimit"])
             .args(["--memory-budget", &budget.to_string()])
             .args(["--reserve", &reserve.to_string()])
-            .args(["--margin", &margin.to_string(), "--max-trials", "1", "--out"])
+            .args([
+                "--margin",
+                &margin.to_string(),
+                "--max-trials",
+                "1",
+                "--out",
+            ])
             .arg(&out)
             .args(["--exec", "--", "sh", "-c", "sleep 0.1"])
             .output()

@@ -1,6 +1,9 @@
 //! The one runner of trial processes: spawn in their own process group under a memory limit, wait
 //! with a timeout while watching for SIGINT/SIGTERM, kill the whole group when needed, and hand what
-//! came back ([`Finished`]) to the workload, which says what it means.
+//! came back ([`Finished`]) to the workload, which says what it means. Nothing a trial starts
+//! outlives it: every process carries the trial's marker ([`TRIAL_MARKER`]), so a daemon that left
+//! the session is measured with the tree while the trial runs and ended with it (recorded as what it
+//! left behind), and [`end_all`] sweeps this batchfit's markers when it exits.
 //! Two shapes: [`run`] (a fresh process per trial, the proof) and [`Worker`] (one long-lived process
 //! for exploration trials, `--isolation hybrid`). Shared by the cpu and cuda devices.
 
@@ -246,6 +249,26 @@ fn end_trial(
     ended
 }
 
+/// What the end of a trial whose root had exited found ([`Ended`]): the record of what it left
+/// running, and (into `left_behind`) the processes the tree had not named (started meanwhile).
+fn record_left_behind(
+    ended: Ended,
+    left_behind: &mut Vec<String>,
+) -> Option<crate::protocol::LeftBehind> {
+    if ended.found.is_empty() {
+        return None;
+    }
+    for p in &ended.found {
+        if !left_behind.contains(p) {
+            left_behind.push(p.clone());
+        }
+    }
+    Some(crate::protocol::LeftBehind {
+        count: ended.found.len() as u32,
+        killed: ended.all_gone,
+    })
+}
+
 /// The trials running now, so that whatever ends batchfit ends them too ([`end_all`]).
 static RUNNING: Mutex<Vec<TrialIds>> = Mutex::new(Vec::new());
 
@@ -280,10 +303,7 @@ impl Drop for Registered {
 /// carrying one of its markers): batchfit's last act, whatever its end (a plan written, an error, an
 /// interruption). Returns how many it found.
 pub fn end_all() -> usize {
-    let running: Vec<TrialIds> = RUNNING
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let running: Vec<TrialIds> = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let mut n: usize = running
         .iter()
         .map(|t| end_trial(t, None, None).found.len())
@@ -519,6 +539,22 @@ pub enum Ran {
     },
 }
 
+/// Spawns a trial's root with the trial's marker ([`TRIAL_MARKER`]: this batchfit's PID, the
+/// trial's number, its start) in its environment: what tells the trial's processes apart.
+fn spawn_marked(mut cmd: Command, opts: &Options) -> Result<(Child, TrialIds), BackendError> {
+    let since = ticks_now();
+    FIRST_TRIAL.get_or_init(|| since);
+    let marker = format!("{}-{}-{}", std::process::id(), next_trial(), since);
+    cmd.env(TRIAL_MARKER, &marker);
+    let child = spawn_limited(cmd, opts, Stdio::null())?;
+    let trial = TrialIds {
+        root: child.id(),
+        since,
+        marker: format!("{TRIAL_MARKER}={marker}").into_bytes(),
+    };
+    Ok((child, trial))
+}
+
 /// Runs `cmd` as a fresh trial process as `opts` say, calling `sample(pids)` about every 5 ms while
 /// it runs with the PIDs of the trial (its tree when `opts.tree`; the cuda device sums NVML over them).
 pub fn run(
@@ -538,18 +574,8 @@ pub fn run(
         open_log(std::path::Path::new(&name)).map(Some)
     };
     let (out_log, err_log) = (log(".stdout")?, log(".stderr")?);
-    let mut cmd = cmd;
-    let since = ticks_now();
-    FIRST_TRIAL.get_or_init(|| since);
-    let marker = format!("{}-{}-{}", std::process::id(), next_trial(), since);
-    cmd.env(TRIAL_MARKER, &marker);
-    let mut child = spawn_limited(cmd, opts, Stdio::null())?;
+    let (mut child, trial) = spawn_marked(cmd, opts)?;
     let pid = child.id();
-    let trial = TrialIds {
-        root: pid,
-        since,
-        marker: format!("{TRIAL_MARKER}={marker}").into_bytes(),
-    };
     // whatever way `run` is left, what the trial started is ended
     let _registered = Registered::new(trial.clone());
     let mut tree = opts
@@ -610,19 +636,7 @@ pub fn run(
         Some(t) => wait_for_descendants(t, pid, opts.cgroup, &mut cgroup_anon),
         None => vec![],
     };
-    let ended = kill_everything(&tree);
-    // what the end found that the tree had not (a process started meanwhile) was left behind too
-    let killed_left = (!ended.found.is_empty()).then(|| {
-        for p in &ended.found {
-            if !left_behind.contains(p) {
-                left_behind.push(p.clone());
-            }
-        }
-        crate::protocol::LeftBehind {
-            count: ended.found.len() as u32,
-            killed: ended.all_gone,
-        }
-    });
+    let killed_left = record_left_behind(kill_everything(&tree), &mut left_behind);
     let drained = Instant::now() + DRAIN;
     // In a cgroup only the group's own counter is evidence; elsewhere the machine's counter with a
     // SIGKILL is weak evidence (any process of the machine may have been the one killed), which the

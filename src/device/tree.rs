@@ -170,9 +170,7 @@ pub fn scan_proc(
 impl TrialIds {
     /// Whether a process (`pid` in group `pgrp` and session `sid`) is the trial's.
     pub fn owns(&self, pid: u32, pgrp: u32, sid: u32) -> bool {
-        sid == self.root
-            || pgrp == self.root
-            || environ_any(pid, &|e| e == self.marker.as_slice())
+        sid == self.root || pgrp == self.root || environ_any(pid, &|e| e == self.marker.as_slice())
     }
 
     /// The trial's live processes found by a scan of `/proc` (see [`scan_proc`]).

@@ -182,7 +182,8 @@ pub fn assemble(
     }
     plan.warnings.extend(non_monotone(&plan.trials));
     plan.warnings.extend(fewer_steps_than_the_job(&plan));
-    plan.warnings.extend(bounded_by_reserved_address_space(&plan));
+    plan.warnings
+        .extend(bounded_by_reserved_address_space(&plan));
     // a command's first trial, at the smallest size, already over the limit: what it needs
     let first = cfg.exec.as_ref().and(plan.trials.first());
     let too_small = first.and_then(|t| super::first_trial::over_the_limit(&plan, t));
@@ -311,8 +312,8 @@ fn fewer_steps_than_the_job(plan: &Plan) -> Option<String> {
 /// segment counts address space reserved and never touched (glibc's per-thread malloc arenas, thread
 /// stacks, allocator pools); a cgroup charges the memory in use.
 fn bounded_by_reserved_address_space(plan: &Plan) -> Option<String> {
-    use crate::platform::units::format_size;
     use crate::device::LimitMechanism;
+    use crate::platform::units::format_size;
     let f = plan.recommendation.as_ref()?.first_failing_batch?;
     if plan.limit_mechanism != Some(LimitMechanism::RlimitData) {
         return None;
@@ -322,8 +323,15 @@ fn bounded_by_reserved_address_space(plan: &Plan) -> Option<String> {
         .trials
         .iter()
         .filter(|t| t.batch == f && t.outcome.is_oom())
-        .filter_map(|t| Some((t.outcome.peak_bytes()?, t.details.as_ref()?.tree_pss_peak_bytes?)))
-        .find(|&(data, tree)| data as f64 >= 0.95 * limit as f64 && tree as f64 <= 0.85 * limit as f64)?;
+        .filter_map(|t| {
+            Some((
+                t.outcome.peak_bytes()?,
+                t.details.as_ref()?.tree_pss_peak_bytes?,
+            ))
+        })
+        .find(|&(data, tree)| {
+            data as f64 >= 0.95 * limit as f64 && tree as f64 <= 0.85 * limit as f64
+        })?;
     Some(format!(
         "micro-batch {f} ran out of RLIMIT_DATA with its largest process's data segment at {} of \
          the {} limit while the whole process tree used {} ({:.0}% of the limit, Pss_Anon + \
