@@ -484,6 +484,57 @@ fn sigint_leaves_a_partial_plan_and_no_process_nor_lock_file() {
     assert!(left.is_empty(), "processes of the trial survived: {left:?}");
 }
 
+/// The summary of a plan (`batchfit show --format text`).
+fn summary_of(plan: &std::path::Path) -> String {
+    let o = batchfit()
+        .args(["show", "--format", "text"])
+        .arg(plan)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Each limit names its own measure in the summary: under a memory cgroup the peak is the cgroup's
+/// memory peak (no data segment is measured there); under RLIMIT_DATA it is the largest process's
+/// data segment, beside the process tree's proportional set size.
+#[test]
+fn the_summary_names_the_measure_of_the_limit_it_ran_under() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    probe(
+        &out,
+        &["--cpu-limit", "rlimit", "--max-batch", "16"],
+        &hog(200, &[]),
+    )
+    .assert()
+    .success();
+    let s = summary_of(&out);
+    assert!(
+        s.contains("peak data segment of the largest process"),
+        "{s}"
+    );
+    assert!(s.contains("process tree's Pss_Anon + Pss_Shmem"), "{s}");
+    assert!(!s.contains("cgroup"), "{s}");
+    if !cgroup_available() {
+        eprintln!(
+            "NOT TESTED: no memory cgroup can be made here (needs root and a memory controller): \
+             the cgroup's wording is not checked"
+        );
+        return;
+    }
+    probe(
+        &out,
+        &["--cpu-limit", "cgroup", "--max-batch", "16"],
+        &hog(200, &[]),
+    )
+    .assert()
+    .success();
+    let s = summary_of(&out);
+    assert!(s.contains("the cgroup's memory peak"), "{s}");
+    assert!(!s.contains("data segment"), "{s}");
+}
+
 #[test]
 fn a_memory_cgroup_limits_the_whole_tree_where_one_can_be_made() {
     // hog.py without a capacity: the kernel's limit decides. Under a cgroup the plan says so and an

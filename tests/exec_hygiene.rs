@@ -114,6 +114,90 @@ fn an_escaped_daemon_is_killed_and_the_trial_ends() {
     assert_eq!(p["trials"][0]["outcome"], "error", "{}", p["trials"]);
 }
 
+/// The plan batchfit wrote to `out` (or, when the probe did not complete, its partial plan).
+fn written_plan(out: &Path) -> serde_json::Value {
+    let partial = out.with_file_name("plan.partial.json");
+    read_json(if out.exists() { out } else { &partial })
+}
+
+/// Under RLIMIT_DATA a command that exits 0 and leaves a detached daemon running (double fork,
+/// setsid, its output on /dev/null, SIGTERM ignored) leaves nothing behind once batchfit returns:
+/// every process carrying this test's marker is gone, and the plan records, per trial, the processes
+/// batchfit found still running after the command exited and killed; the progress says so.
+#[test]
+fn a_daemon_left_by_a_trial_is_killed_and_recorded_under_rlimit() {
+    let d = tmp();
+    let out = d.path().join("plan.json");
+    let marker = format!("left-daemon-{}", std::process::id());
+    let mut c = batchfit_process(&marker);
+    let mut args = probe_args(&out, "20");
+    args.retain(|a| a != "--quiet");
+    c.args(args)
+        .args(["--cpu-limit", "rlimit", "--exec", "--", PY])
+        .args([
+            fake("daemon.py"),
+            "--exit".into(),
+            "0".into(),
+            "--detach".into(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let child = c.spawn().unwrap();
+    let pid = child.id();
+    let done = child.wait_with_output().unwrap();
+    let left = survivors("daemon.py", &marker);
+    assert!(
+        left.is_empty(),
+        "the trials' daemons survived batchfit ({pid}): {left:?}"
+    );
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    let p = written_plan(&out);
+    let t = &p["trials"][0];
+    assert_eq!(t["details"]["left_behind"]["count"], 1, "{t}");
+    assert_eq!(t["details"]["left_behind"]["killed"], true, "{t}");
+    // a process left running could still allocate: not a fit
+    assert_eq!(t["outcome"], "error", "{t}");
+    assert!(
+        stderr.contains("trial 1 left 1 process running (a daemon?); batchfit killed it"),
+        "{stderr}"
+    );
+}
+
+/// Under RLIMIT_DATA a daemon the command detached while it runs is part of the job's footprint:
+/// the tree's figure of a trial whose daemon holds 160 MiB is above 160 MiB, though the main
+/// process itself holds a few MiB.
+#[test]
+fn a_daemon_holding_memory_counts_in_the_trials_footprint() {
+    let d = tmp();
+    let out = d.path().join("plan.json");
+    let marker = format!("heavy-daemon-{}", std::process::id());
+    let mut c = batchfit_process(&marker);
+    let mut args = probe_args(&out, "20");
+    let n = args.iter().position(|a| a == "--max-trials").unwrap();
+    args[n + 1] = "1".into();
+    c.args(args)
+        .args(["--cpu-limit", "rlimit", "--exec", "--", PY])
+        .arg(fake("daemon.py"))
+        .args([
+            "--exit",
+            "0",
+            "--detach",
+            "--hold-mib",
+            "160",
+            "--wait",
+            "1.5",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    wait_within(&mut child, Duration::from_secs(30));
+    assert!(survivors("daemon.py", &marker).is_empty());
+    let p = written_plan(&out);
+    let t = &p["trials"][0];
+    let tree = t["details"]["tree_pss_peak_bytes"].as_u64().unwrap_or(0);
+    assert!(tree > 160 << 20, "tree figure {tree} B: {t}");
+}
+
 /// A daemon that cleared its environment and left the session cannot be found under RLIMIT_DATA,
 /// but the pipe it holds does not hang batchfit: the output is drained for a bounded time after the
 /// trial's processes were ended.

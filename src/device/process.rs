@@ -1,9 +1,13 @@
 //! The one runner of trial processes: spawn in their own process group under a memory limit, wait
 //! with a timeout while watching for SIGINT/SIGTERM, kill the whole group when needed, and hand what
-//! came back ([`Finished`]) to the workload, which says what it means.
+//! came back ([`Finished`]) to the workload, which says what it means. Nothing a trial starts
+//! outlives it: every process carries the trial's marker ([`TRIAL_MARKER`]), so a daemon that left
+//! the session is measured with the tree while the trial runs and ended with it (recorded as what it
+//! left behind), and [`end_all`] sweeps this batchfit's markers when it exits.
 //! Two shapes: [`run`] (a fresh process per trial, the proof) and [`Worker`] (one long-lived process
 //! for exploration trials, `--isolation hybrid`). Shared by the cpu and cuda devices.
 
+use super::tree::TrialIds;
 use super::BackendError;
 use crate::platform::interrupt;
 use crate::protocol::{Finished, TreeMeasure, TrialOutcome, RESULT_PREFIX};
@@ -165,62 +169,16 @@ fn ticks_now() -> u64 {
         .map_or(0, |up| (up * hz) as u64)
 }
 
-/// A process's group, session and start time (fields 5, 6 and 22 of `/proc/PID/stat`), unless it is a
-/// zombie or gone.
-fn stat_ids(pid: u32) -> Option<(u32, u32, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    if f.first() == Some(&"Z") || f.first() == Some(&"X") {
-        return None;
-    }
-    Some((
-        f.get(2)?.parse().ok()?,
-        f.get(3)?.parse().ok()?,
-        f.get(19)?.parse().ok()?,
-    ))
-}
-
-/// Whether process `pid`'s environment holds `NAME=value` exactly.
-fn environ_has(pid: u32, entry: &[u8]) -> bool {
-    let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
-        return false;
-    };
-    env.split(|&b| b == 0).any(|e| e == entry)
-}
-
-/// Every live process of a trial: its session and process group (the root's PID, as the trial was
-/// started with `setsid`), every process carrying its marker in the environment (daemons that left
-/// the session), its followed tree and its cgroup; only processes started since the trial began, and
-/// never batchfit itself.
+/// Every live process of a trial: its session, process group and marker ([`TrialIds::processes`]:
+/// daemons that left the session carry the marker), its followed tree and its cgroup; only
+/// processes started since the trial began, and never batchfit itself.
 fn trial_processes(
-    root: u32,
-    since: u64,
-    marker: &[u8],
+    trial: &TrialIds,
     tree: Option<&super::tree::Tree>,
     cgroup: Option<&super::cgroup::Group>,
 ) -> Vec<u32> {
     let me = std::process::id();
-    let mut v: Vec<u32> = vec![];
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for e in dir.flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-                continue;
-            };
-            if pid == me {
-                continue;
-            }
-            let Some((pgrp, sid, start)) = stat_ids(pid) else {
-                continue;
-            };
-            if start + 1 < since {
-                continue;
-            }
-            if sid == root || pgrp == root || environ_has(pid, marker) {
-                v.push(pid);
-            }
-        }
-    }
+    let mut v = trial.processes();
     if let Some(t) = tree {
         v.extend(t.live_pids());
     }
@@ -233,15 +191,21 @@ fn trial_processes(
     v
 }
 
+/// What [`end_trial`] found and did: the processes it found running (`pid N (name)`), and whether
+/// none was left at the end.
+#[derive(Debug, Default)]
+struct Ended {
+    found: Vec<String>,
+    all_gone: bool,
+}
+
 /// Ends every process of a trial: SIGTERM, then SIGKILL after [`GRACE`] to those left, until none is
 /// found (bounded: a process stuck in the kernel cannot be waited for forever).
 fn end_trial(
-    root: u32,
-    since: u64,
-    marker: &[u8],
+    trial: &TrialIds,
     tree: Option<&super::tree::Tree>,
     cgroup: Option<&super::cgroup::Group>,
-) {
+) -> Ended {
     let signal = |pids: &[u32], sig: i32| {
         for &p in pids {
             // SAFETY: sending a signal to a process of the trial (found above, started after it).
@@ -250,33 +214,133 @@ fn end_trial(
             }
         }
     };
-    let found = trial_processes(root, since, marker, tree, cgroup);
+    let found = trial_processes(trial, tree, cgroup);
+    let mut ended = Ended {
+        found: found.iter().map(|&p| super::tree::describe(p)).collect(),
+        all_gone: true,
+    };
     if found.is_empty() {
-        return;
+        return ended;
     }
     signal(&found, libc::SIGTERM);
     let t0 = Instant::now();
     while t0.elapsed() < GRACE {
         std::thread::sleep(Duration::from_millis(20));
-        if trial_processes(root, since, marker, tree, cgroup).is_empty() {
-            return;
+        if trial_processes(trial, tree, cgroup).is_empty() {
+            return ended;
         }
     }
     for _ in 0..100 {
-        kill_group(root);
+        kill_group(trial.root);
         if let Some(t) = tree {
             t.kill_all();
         }
         if let Some(g) = cgroup {
             g.kill_all();
         }
-        let left = trial_processes(root, since, marker, tree, cgroup);
+        let left = trial_processes(trial, tree, cgroup);
         if left.is_empty() {
-            return;
+            return ended;
         }
         signal(&left, libc::SIGKILL);
         std::thread::sleep(Duration::from_millis(20));
     }
+    ended.all_gone = false;
+    ended
+}
+
+/// What the end of a trial whose root had exited found ([`Ended`]): the record of what it left
+/// running, and (into `left_behind`) the processes the tree had not named (started meanwhile).
+fn record_left_behind(
+    ended: Ended,
+    left_behind: &mut Vec<String>,
+) -> Option<crate::protocol::LeftBehind> {
+    if ended.found.is_empty() {
+        return None;
+    }
+    for p in &ended.found {
+        if !left_behind.contains(p) {
+            left_behind.push(p.clone());
+        }
+    }
+    Some(crate::protocol::LeftBehind {
+        count: ended.found.len() as u32,
+        killed: ended.all_gone,
+    })
+}
+
+/// The trials running now, so that whatever ends batchfit ends them too ([`end_all`]).
+static RUNNING: Mutex<Vec<TrialIds>> = Mutex::new(Vec::new());
+
+/// When this process's first trial started (clock ticks since boot), for [`end_all`].
+static FIRST_TRIAL: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
+/// A running trial, registered in [`RUNNING`]: dropped on every way out of [`run`] (an error, a
+/// panic), it ends what the trial left.
+struct Registered(TrialIds);
+
+impl Registered {
+    fn new(trial: TrialIds) -> Registered {
+        RUNNING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(trial.clone());
+        Registered(trial)
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        end_trial(&self.0, None, None);
+        RUNNING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|t| t.marker != self.0.marker);
+    }
+}
+
+/// Ends every process any trial of this batchfit left (its running trials', and every process
+/// carrying one of its markers): batchfit's last act, whatever its end (a plan written, an error, an
+/// interruption). Returns how many it found.
+pub fn end_all() -> usize {
+    let running: Vec<TrialIds> = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut n: usize = running
+        .iter()
+        .map(|t| end_trial(t, None, None).found.len())
+        .sum();
+    let Some(&since) = FIRST_TRIAL.get() else {
+        return n;
+    };
+    let prefix = format!("{TRIAL_MARKER}={}-", std::process::id()).into_bytes();
+    let marked = || -> Vec<u32> {
+        let (left, _) = super::tree::scan_proc(since, &|_| false, &|p, _, _| {
+            super::tree::has_marker_prefix(p, &prefix)
+        });
+        left.into_iter().map(|(p, _)| p).collect()
+    };
+    let signal = |pids: &[u32], sig: i32| {
+        for &p in pids {
+            // SAFETY: a process carrying this batchfit's trial marker, started after its first trial.
+            unsafe {
+                libc::kill(p as i32, sig);
+            }
+        }
+    };
+    let left = marked();
+    n += left.len();
+    signal(&left, libc::SIGTERM);
+    let t0 = Instant::now();
+    while !left.is_empty() && t0.elapsed() < GRACE * 2 {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = marked();
+        if now.is_empty() {
+            break;
+        }
+        if t0.elapsed() >= GRACE {
+            signal(&now, libc::SIGKILL);
+        }
+    }
+    n
 }
 
 /// Whether `name` is the name of a trial's log under `--logs` (`trial-….stdout` / `.stderr`).
@@ -419,8 +483,7 @@ fn sample_tree(
 ) {
     match group {
         Some(g) => {
-            let inside = g.pids();
-            t.sample_inside(Some(&inside));
+            t.sample_inside(Some(&|| g.pids()));
             if let Some(a) = g.anon() {
                 *cgroup_anon = Some(cgroup_anon.unwrap_or(0).max(a));
             }
@@ -476,6 +539,22 @@ pub enum Ran {
     },
 }
 
+/// Spawns a trial's root with the trial's marker ([`TRIAL_MARKER`]: this batchfit's PID, the
+/// trial's number, its start) in its environment: what tells the trial's processes apart.
+fn spawn_marked(mut cmd: Command, opts: &Options) -> Result<(Child, TrialIds), BackendError> {
+    let since = ticks_now();
+    FIRST_TRIAL.get_or_init(|| since);
+    let marker = format!("{}-{}-{}", std::process::id(), next_trial(), since);
+    cmd.env(TRIAL_MARKER, &marker);
+    let child = spawn_limited(cmd, opts, Stdio::null())?;
+    let trial = TrialIds {
+        root: child.id(),
+        since,
+        marker: format!("{TRIAL_MARKER}={marker}").into_bytes(),
+    };
+    Ok((child, trial))
+}
+
 /// Runs `cmd` as a fresh trial process as `opts` say, calling `sample(pids)` about every 5 ms while
 /// it runs with the PIDs of the trial (its tree when `opts.tree`; the cuda device sums NVML over them).
 pub fn run(
@@ -495,14 +574,13 @@ pub fn run(
         open_log(std::path::Path::new(&name)).map(Some)
     };
     let (out_log, err_log) = (log(".stdout")?, log(".stderr")?);
-    let mut cmd = cmd;
-    let marker = format!("{}-{}-{}", std::process::id(), next_trial(), ticks_now());
-    cmd.env(TRIAL_MARKER, &marker);
-    let marker = format!("{TRIAL_MARKER}={marker}").into_bytes();
-    let since = ticks_now();
-    let mut child = spawn_limited(cmd, opts, Stdio::null())?;
+    let (mut child, trial) = spawn_marked(cmd, opts)?;
     let pid = child.id();
-    let mut tree = opts.tree.then(|| super::tree::Tree::new(pid));
+    // whatever way `run` is left, what the trial started is ended
+    let _registered = Registered::new(trial.clone());
+    let mut tree = opts
+        .tree
+        .then(|| super::tree::Tree::new(pid).follow_marker(trial.clone()));
     // the anonymous memory charged to the trial's cgroup, sampled (the kernel keeps only the total's
     // peak, page cache included)
     let mut cgroup_anon: Option<u64> = None;
@@ -514,9 +592,8 @@ pub fn run(
     let err = read_all(child.stderr.take().expect("piped"), 64 << 10, err_log);
     // Everything the trial started goes, whatever happens: its session and group, its tree, its
     // cgroup and every process carrying its marker.
-    let kill_everything = |tree: &Option<super::tree::Tree>| {
-        end_trial(pid, since, &marker, tree.as_ref(), opts.cgroup);
-    };
+    let kill_everything =
+        |tree: &Option<super::tree::Tree>| end_trial(&trial, tree.as_ref(), opts.cgroup);
     let status = loop {
         if let Some(sig) = interrupt::pending() {
             kill_everything(&tree);
@@ -555,11 +632,11 @@ pub fn run(
     let seconds = t0.elapsed().as_secs_f64();
     // Descendants still running after the root exited are waited for a moment (still measured),
     // then killed, and named: the job left them behind.
-    let left_behind = match tree.as_mut() {
+    let mut left_behind = match tree.as_mut() {
         Some(t) => wait_for_descendants(t, pid, opts.cgroup, &mut cgroup_anon),
         None => vec![],
     };
-    kill_everything(&tree);
+    let killed_left = record_left_behind(kill_everything(&tree), &mut left_behind);
     let drained = Instant::now() + DRAIN;
     // In a cgroup only the group's own counter is evidence; elsewhere the machine's counter with a
     // SIGKILL is weak evidence (any process of the machine may have been the one killed), which the
@@ -588,6 +665,7 @@ pub fn run(
         machine_oom_kill: opts.cgroup.is_none() && machine_oom_kill,
         killed_descendants: tree.as_ref().map(|t| t.killed.clone()).unwrap_or_default(),
         left_behind,
+        left_running: killed_left,
     };
     Ok(Ran::Finished(Finished {
         status,

@@ -3,7 +3,11 @@
 //!
 //! Descendants are found through `/proc/PID/task/TID/children` from every process already known, so a
 //! grandchild that left the trial's session (`setsid`) is still found while its parent lives, and is
-//! remembered (with its start time, so a reused PID is never killed) after its parent exits. Each
+//! remembered (with its start time, so a reused PID is never killed) after its parent exits. A
+//! daemon whose parent exited before a sample saw it (a double fork) is found by a scan of `/proc`
+//! ([`Tree::follow_marker`]): the trial's session and process group, and the trial's marker in the
+//! environment of this user's processes started since the trial began; what such a daemon holds is
+//! the job's memory too. Each
 //! sample reads every known process's `VmData` and `VmRSS`: the largest data segment (what a
 //! per-process `RLIMIT_DATA` acts on) and the summed resident memory (what the machine gives up).
 //!
@@ -74,6 +78,112 @@ pub struct Tree {
     /// Descendants seen dead by a signal before their parent reaped them (`pid N (name): signal S`).
     pub killed: Vec<String>,
     killed_pids: std::collections::BTreeSet<u32>,
+    /// The trial's marker scan, when followed ([`Tree::follow_marker`]).
+    scan: Option<Scan>,
+}
+
+/// How the tree looks for processes that left it (see [`Tree::follow_marker`]).
+#[derive(Debug)]
+struct Scan {
+    trial: TrialIds,
+    /// Processes already found not to belong to the trial (with their start times).
+    strangers: Known,
+    /// When the next scan is due.
+    next: Option<Instant>,
+}
+
+/// The share of the sampler's time a scan of `/proc` for the trial's processes may take.
+const SCAN_COST_SHARE: f64 = 0.05;
+
+/// What tells a trial's processes apart on the machine: its root (session and process group
+/// leader), when it started (clock ticks since boot) and its marker (`NAME=value` in the
+/// environment, inherited across `setsid` and double forks).
+#[derive(Debug, Clone)]
+pub struct TrialIds {
+    pub root: u32,
+    pub since: u64,
+    pub marker: Vec<u8>,
+}
+
+/// A process's group, session and start time (fields 5, 6 and 22 of `/proc/PID/stat`), unless it is
+/// a zombie or gone.
+pub fn stat_ids(pid: u32) -> Option<(u32, u32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    if f.first() == Some(&"Z") || f.first() == Some(&"X") {
+        return None;
+    }
+    Some((
+        f.get(2)?.parse().ok()?,
+        f.get(3)?.parse().ok()?,
+        f.get(19)?.parse().ok()?,
+    ))
+}
+
+/// Whether process `pid`'s environment has an entry that `matches` (unreadable: no).
+fn environ_any(pid: u32, matches: &dyn Fn(&[u8]) -> bool) -> bool {
+    let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    env.split(|&b| b == 0).any(matches)
+}
+
+/// This user's live processes (not batchfit itself, not zombies) started at `since` or later, that
+/// `skip` does not rule out, with their start times, split by `belongs(pid, pgrp, sid)`: those that
+/// belong, and those that do not. Processes that vanish or cannot be read while scanned are left out.
+pub fn scan_proc(
+    since: u64,
+    skip: &dyn Fn(u32) -> bool,
+    belongs: &dyn Fn(u32, u32, u32) -> bool,
+) -> (Vec<(u32, u64)>, Vec<(u32, u64)>) {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let me = std::process::id();
+    let (mut yes, mut no) = (vec![], vec![]);
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return (yes, no);
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me || skip(pid) || e.metadata().map_or(true, |m| m.uid() != uid) {
+            continue;
+        }
+        let Some((pgrp, sid, start)) = stat_ids(pid) else {
+            continue;
+        };
+        if start + 1 < since {
+            continue;
+        }
+        if belongs(pid, pgrp, sid) {
+            yes.push((pid, start));
+        } else {
+            no.push((pid, start));
+        }
+    }
+    (yes, no)
+}
+
+impl TrialIds {
+    /// Whether a process (`pid` in group `pgrp` and session `sid`) is the trial's.
+    pub fn owns(&self, pid: u32, pgrp: u32, sid: u32) -> bool {
+        sid == self.root || pgrp == self.root || environ_any(pid, &|e| e == self.marker.as_slice())
+    }
+
+    /// The trial's live processes found by a scan of `/proc` (see [`scan_proc`]).
+    pub fn processes(&self) -> Vec<u32> {
+        let (yes, _) = scan_proc(self.since, &|_| false, &|p, g, s| self.owns(p, g, s));
+        yes.into_iter().map(|(p, _)| p).collect()
+    }
+}
+
+/// Whether `pid` carries a marker that starts with `prefix` (the markers of every trial of one
+/// probe share one).
+pub fn has_marker_prefix(pid: u32, prefix: &[u8]) -> bool {
+    environ_any(pid, &|e| e.starts_with(prefix))
 }
 
 /// The signal that ended `pid` when it is a zombie (field 52 of `/proc/PID/stat`, `exit_code`, as
@@ -219,7 +329,45 @@ impl Tree {
             rss_fallback: false,
             killed: vec![],
             killed_pids: Default::default(),
+            scan: None,
         }
+    }
+
+    /// Also follows the trial's processes that left the tree before a sample saw them (a daemon
+    /// started by a double fork whose middle process exited at once): scans of `/proc` for the
+    /// trial's session, process group and marker ([`TrialIds`]), taking at most
+    /// [`SCAN_COST_SHARE`] of the time, add them to the tree.
+    pub fn follow_marker(mut self, trial: TrialIds) -> Tree {
+        self.scan = Some(Scan {
+            trial,
+            strangers: Known::new(),
+            next: None,
+        });
+        self
+    }
+
+    /// The trial's processes not yet known, found by a scan of `/proc` when one is due.
+    fn scan_for_escaped(&mut self) -> Vec<(u32, u64)> {
+        let known = &self.known;
+        let Some(scan) = self.scan.as_mut() else {
+            return vec![];
+        };
+        let now = Instant::now();
+        if scan.next.is_some_and(|t| now < t) {
+            return vec![];
+        }
+        let strangers = &scan.strangers;
+        let skip = |pid: u32| {
+            known.contains_key(&pid)
+                || strangers
+                    .get(&pid)
+                    .is_some_and(|&t| start_time(pid) == Some(t))
+        };
+        let trial = &scan.trial;
+        let (yes, no) = scan_proc(trial.since, &skip, &|p, g, s| trial.owns(p, g, s));
+        scan.strangers.extend(no);
+        scan.next = Some(now + now.elapsed().div_f64(SCAN_COST_SHARE));
+        yes
     }
 
     /// The processes of the tree still alive (as the same processes).
@@ -236,9 +384,14 @@ impl Tree {
         self.sample_inside(None);
     }
 
-    /// As [`Tree::sample`]; with `inside` (the PIDs of the trial's cgroup), also the anonymous memory
-    /// of the tree's processes outside it.
-    pub fn sample_inside(&mut self, inside: Option<&[u32]>) {
+    /// As [`Tree::sample`]; with `inside` (what lists the PIDs of the trial's cgroup), also the
+    /// anonymous memory of the tree's processes outside it. The group is listed after the tree's new
+    /// processes were found: a process forked between the two readings would otherwise be a process
+    /// of the tree outside the group (a DataLoader's workers, forked with the parent's memory).
+    pub fn sample_inside(&mut self, inside: Option<&dyn Fn() -> Vec<u32>>) {
+        for (pid, start) in self.scan_for_escaped() {
+            self.known.insert(pid, start);
+        }
         let mut frontier = self.alive();
         while let Some(pid) = frontier.pop() {
             for c in children(pid) {
@@ -250,6 +403,7 @@ impl Tree {
                 }
             }
         }
+        let inside: Option<Vec<u32>> = inside.map(|list| list());
         // the processes with memory: (pid, RssAnon + RssShmem, RssShmem)
         let mut live = vec![];
         let (mut rss, mut anon) = (0, 0);
@@ -314,7 +468,7 @@ impl Tree {
         for &(pid, a, _) in &live {
             let share = estimate(self.readings.get(&pid).copied(), a);
             pss += share;
-            if inside.is_some_and(|g| !g.contains(&pid)) {
+            if inside.as_ref().is_some_and(|g| !g.contains(&pid)) {
                 escaped += share;
             }
         }

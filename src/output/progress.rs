@@ -35,14 +35,34 @@ pub fn progress_line(n: usize, t: &TrialRecord, limit: u64) -> String {
     } else {
         String::new()
     };
-    format!(
+    let line = format!(
         "trial {n:>3}: batch {:>8}{acc} × {} steps {:<8} {:<7} {peak} {:>7.2} s{msg}",
         t.batch,
         t.steps,
         format!("{:?}", t.purpose).to_lowercase(),
         t.outcome.kind(),
         t.seconds
-    )
+    );
+    match t.details.as_ref().and_then(|d| d.left_behind) {
+        Some(left) => format!("{line}\n{}", left_behind_line(n, left)),
+        None => line,
+    }
+}
+
+/// What trial `n` left running after its command exited, and what batchfit did about it.
+pub fn left_behind_line(n: usize, left: crate::protocol::LeftBehind) -> String {
+    let (what, them) = match left.count {
+        1 => ("1 process".to_string(), "it"),
+        k => (format!("{k} processes"), "them"),
+    };
+    if left.killed {
+        format!("trial {n} left {what} running (a daemon?); batchfit killed {them}")
+    } else {
+        format!(
+            "trial {n} left {what} running (a daemon?); batchfit could not kill {them} all (stuck \
+             in the kernel?): check `ps` for processes of the command"
+        )
+    }
 }
 
 /// Receives the probe's progress: lines for stderr, and every trial as it ends.

@@ -13,14 +13,54 @@ impl Exporter for Text {
     }
 }
 
-/// What "peak" measures on the plan's device, by the name `batchfit-train` uses too.
+/// What "peak" measures, as each limit measures it: under a memory cgroup the cgroup's memory
+/// peak (what `memory.max` acts on); under `RLIMIT_DATA` the data segment (by the name
+/// `batchfit-train` uses too), of the largest process where a command's tree was followed; on cuda
+/// NVML's figure.
 fn measure(plan: &Plan) -> &'static str {
+    use crate::device::LimitMechanism;
     use crate::plan::DeviceKind;
-    match plan.device.kind {
-        DeviceKind::Cpu => "data segment",
-        DeviceKind::Cuda => "on the card (NVML)",
-        DeviceKind::Sim => "(simulated)",
+    match (plan.device.kind, plan.limit_mechanism) {
+        (DeviceKind::Cpu, Some(LimitMechanism::CgroupV1 | LimitMechanism::CgroupV2)) => {
+            "the cgroup's memory peak"
+        }
+        (DeviceKind::Cpu, _) if tree_figure(plan, None).is_some() => {
+            "peak data segment of the largest process"
+        }
+        (DeviceKind::Cpu, _) => "peak data segment",
+        (DeviceKind::Cuda, _) => "peak on the card (NVML)",
+        (DeviceKind::Sim, _) => "peak (simulated)",
     }
+}
+
+/// The largest tree figure (`Pss_Anon + Pss_Shmem` over a command's process tree) of the fitting
+/// trials at `batch` (any batch when `None`).
+fn tree_figure(plan: &Plan, batch: Option<u64>) -> Option<u64> {
+    plan.trials
+        .iter()
+        .filter(|t| t.outcome.fits() && batch.is_none_or(|b| t.batch == b))
+        .filter_map(|t| t.details.as_ref()?.tree_pss_peak_bytes)
+        .max()
+}
+
+/// `; the process tree's Pss_Anon + Pss_Shmem X` under `RLIMIT_DATA` for a command's tree (what no
+/// limit bounded, measured beside the data segment).
+fn tree_clause(plan: &Plan, batch: u64) -> String {
+    use crate::device::LimitMechanism;
+    if matches!(
+        plan.limit_mechanism,
+        Some(LimitMechanism::CgroupV1 | LimitMechanism::CgroupV2)
+    ) {
+        return String::new();
+    }
+    tree_figure(plan, Some(batch))
+        .map(|b| {
+            format!(
+                "; the process tree's Pss_Anon + Pss_Shmem {}",
+                format_size(b)
+            )
+        })
+        .unwrap_or_default()
 }
 
 /// A human summary of a plan.
@@ -41,13 +81,14 @@ pub fn summary(plan: &Plan) -> String {
             }
             s += "\n";
             s += &format!(
-                "largest fitting micro-batch: {}{}; peak {} {} of the {} limit ({:.0}%); {:.0} samples/s\n",
+                "largest fitting micro-batch: {}{}; {} {} of the {} limit ({:.0}%){}; {:.0} samples/s\n",
                 r.max_fitting_batch,
                 r.first_failing_batch.map(|f| bracket(plan, r.max_fitting_batch, f)).unwrap_or_default(),
                 measure(plan),
                 format_size(r.peak_bytes),
                 format_size(plan.limit_bytes),
                 100.0 * r.peak_bytes as f64 / plan.limit_bytes.max(1) as f64,
+                tree_clause(plan, r.max_fitting_batch),
                 r.samples_per_second
             );
             if let Some(n) = plan.proven_steps() {

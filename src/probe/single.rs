@@ -182,6 +182,8 @@ pub fn assemble(
     }
     plan.warnings.extend(non_monotone(&plan.trials));
     plan.warnings.extend(fewer_steps_than_the_job(&plan));
+    plan.warnings
+        .extend(bounded_by_reserved_address_space(&plan));
     // a command's first trial, at the smallest size, already over the limit: what it needs
     let first = cfg.exec.as_ref().and(plan.trials.first());
     let too_small = first.and_then(|t| super::first_trial::over_the_limit(&plan, t));
@@ -302,6 +304,46 @@ fn fewer_steps_than_the_job(plan: &Plan) -> Option<String> {
             r.micro_batch
         )
     })
+}
+
+/// Why an answer under `RLIMIT_DATA` is below what a memory cgroup would give, when it is: the size
+/// that bounds it ran out of memory with its largest process's data segment at the limit while the
+/// whole process tree used far less (`Pss_Anon + Pss_Shmem` at most 85 % of the limit). The data
+/// segment counts address space reserved and never touched (glibc's per-thread malloc arenas, thread
+/// stacks, allocator pools); a cgroup charges the memory in use.
+fn bounded_by_reserved_address_space(plan: &Plan) -> Option<String> {
+    use crate::device::LimitMechanism;
+    use crate::platform::units::format_size;
+    let f = plan.recommendation.as_ref()?.first_failing_batch?;
+    if plan.limit_mechanism != Some(LimitMechanism::RlimitData) {
+        return None;
+    }
+    let limit = plan.limit_bytes;
+    let (data, tree) = plan
+        .trials
+        .iter()
+        .filter(|t| t.batch == f && t.outcome.is_oom())
+        .filter_map(|t| {
+            Some((
+                t.outcome.peak_bytes()?,
+                t.details.as_ref()?.tree_pss_peak_bytes?,
+            ))
+        })
+        .find(|&(data, tree)| {
+            data as f64 >= 0.95 * limit as f64 && tree as f64 <= 0.85 * limit as f64
+        })?;
+    Some(format!(
+        "micro-batch {f} ran out of RLIMIT_DATA with its largest process's data segment at {} of \
+         the {} limit while the whole process tree used {} ({:.0}% of the limit, Pss_Anon + \
+         Pss_Shmem): RLIMIT_DATA counts address space a process reserved and never touched \
+         (malloc arenas, thread stacks, allocator pools), so the answer is below what the job uses; \
+         a memory cgroup (--cpu-limit cgroup, as Slurm and Kubernetes limit a job) charges the \
+         memory in use and may allow a larger size",
+        format_size(data),
+        format_size(limit),
+        format_size(tree),
+        100.0 * tree as f64 / limit.max(1) as f64
+    ))
 }
 
 fn unproven_accumulation(

@@ -354,6 +354,20 @@ pub struct TreeMeasure {
     pub killed_descendants: Vec<String>,
     /// Descendants still running when the root exited (`pid N (name)`), killed by batchfit.
     pub left_behind: Vec<String>,
+    /// The trial's processes batchfit found running after the root exited and ended (escaped
+    /// daemons included), if any.
+    pub left_running: Option<LeftBehind>,
+}
+
+/// Processes a trial left running after its command exited, which batchfit ended (SIGTERM, then
+/// SIGKILL): `details.left_behind` in the plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeftBehind {
+    /// How many processes of the trial (its session, process group, tree, cgroup, or carrying its
+    /// marker) were still running.
+    pub count: u32,
+    /// Whether batchfit ended them all (false: one survived SIGKILL, stuck in the kernel).
+    pub killed: bool,
 }
 
 /// A trial process that ended, as the process runner saw it.
@@ -470,6 +484,10 @@ pub struct TrialDetails {
     /// Processes seen in its tree.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub processes: Option<u32>,
+    /// Processes the trial left running after its command exited, which batchfit ended (a
+    /// daemon, a worker that outlived the job).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left_behind: Option<LeftBehind>,
     /// Where `step_seconds` came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_time: Option<StepTime>,

@@ -43,6 +43,9 @@ fn main() -> ExitCode {
     // the lock files this process made (`--logs`, `--out`) go with it, whatever its end: success,
     // an error, an interruption that wrote a partial plan
     batchfit::platform::lock::release_all();
+    // and so does every process a trial left, whatever ended the probe (each trial ends its own;
+    // this is the last sweep for this batchfit's trial marker)
+    batchfit::device::process::end_all();
     exit::finish("batchfit", result)
 }
 

@@ -531,6 +531,7 @@ impl Workload for ExecWorkload {
             report: None,
             tree_rss_peak_bytes: m.rss_peak,
             processes: Some(m.processes),
+            left_behind: m.left_running,
             step_time: None,
             gpu_peaks: vec![],
             tree_anon_peak_bytes: m.anon_peak,

@@ -2,13 +2,16 @@
 """Fake training command that leaves a daemon behind: tests that batchfit ends every process of a
 trial, escaped ones included, and that a trial whose output pipe stays open still ends.
 
-  daemon.py [--clear-env] [--exit CODE]
+  daemon.py [--clear-env] [--exit CODE] [--detach] [--hold-mib N] [--wait S]
 
 Double-forks a daemon (fork, setsid, fork: it leaves the trial's session and process group, and its
 parent is gone before batchfit can see it in the tree) that ignores SIGTERM and SIGHUP, keeps the
 inherited stdout and stderr open and sleeps forever; prints `daemon: started` and exits with CODE
-(default 1) at once.
+(default 1) after 0.2 s.
   --clear-env  the daemon re-executes itself with an empty environment (no marker to find it by)
+  --detach     the daemon points its stdin, stdout and stderr at /dev/null (as real daemons do)
+  --hold-mib N the daemon allocates and touches N MiB and holds them
+  --wait S     the main process waits S seconds (not 0.2) before it exits
 Standard library only.
 """
 import os
@@ -17,7 +20,17 @@ import sys
 import time
 
 
+def arg(name, default):
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+
 def daemon(clear_env):
+    if "--detach" in sys.argv:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+    held = bytearray(int(arg("--hold-mib", "0")) * 1024 * 1024)
+    held[::4096] = b"\x01" * (len(held) // 4096)
     if clear_env:
         os.execve(sys.executable, [sys.executable, "-c",
                   "import signal, time\n"
@@ -39,7 +52,7 @@ def main():
             daemon(clear_env)
         os._exit(0)
     print("daemon: started", flush=True)
-    time.sleep(0.2)
+    time.sleep(float(arg("--wait", "0.2")))
     sys.exit(code)
 
 
