@@ -232,7 +232,7 @@ pub struct ProbeArgs {
 
     /// Simulated device for --backend sim: base=SIZE,per-sample=SIZE,capacity=SIZE, optionally
     /// knee=N, jump=N:SIZE (repeatable), late=SIZE (per sample, trials of > 3 steps only),
-    /// dip=N:SIZE (repeatable), noise=F (reported peak ±F), seed=N, fail-at=N (trials at N end in
+    /// dip=N:SIZE (repeatable), noise=F (reported peak ±F), seed=N, boundary-noise=SIZE (each trial's footprint ±SIZE: a noisy boundary), fail-at=N (trials at N end in
     /// error), retries=N (fits from N on need allocator retries), accumulation=SIZE (extra memory of
     /// trials with gradient accumulation).
     #[arg(long, value_name = "SPEC")]

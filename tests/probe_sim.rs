@@ -503,3 +503,55 @@ fn non_monotonic_split_is_retested_and_flagged() {
         .iter()
         .any(|t| t["batch"] == 1225 && t["accumulation"] == 4 && t["outcome"] == "fits"));
 }
+
+/// A boundary whose outcomes move by ±20 samples from one trial to the next (`boundary-noise`, a
+/// seeded draw per trial): bisection's candidate 4832 fit with the exploration's steps, ran out of
+/// memory with the confirmation's, then fit when repeated. The probe stops bisecting there and
+/// answers a size one band below that fit twice: a complete plan, the band in it, one summary line.
+#[test]
+fn a_noisy_boundary_ends_with_a_complete_plan_below_its_band() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let sim = format!("{SIM},boundary-noise=60MiB,seed=36");
+    batchfit()
+        .args(["probe", "--backend", "sim", "--sim", &sim])
+        .args(["--strategy", "bisect", "--quiet", "--out"])
+        .arg(&out)
+        .assert()
+        .success();
+    let plan = read_json(&out);
+    assert_eq!(plan["status"], "complete");
+    assert_eq!(plan["stop_reason"], "proven-below-noise");
+    let band = &plan["search"]["noisy_boundary"];
+    assert_eq!(band["lowest_bound"], 4832);
+    assert_eq!(band["band_low"], 4808);
+    assert_eq!(band["band_high"], 4832);
+    assert_eq!(band["width"], 24);
+    assert_eq!(band["contradictions"][0]["fit"], 4832);
+    assert_eq!(band["contradictions"][0]["bound"], 4832);
+    let r = &plan["recommendation"];
+    assert_eq!(r["max_fitting_batch"], 4808);
+    assert_eq!(r["first_failing_batch"], 4832);
+    let trials = plan["trials"].as_array().unwrap();
+    // within the bound: at most 4 trials after the repeat that contradicted (trial 24 of 26)
+    let first = trials
+        .iter()
+        .position(|t| t["batch"] == 4832 && t["steps"] == 5 && t["outcome"] == "fits")
+        .unwrap();
+    assert!(trials.len() - (first + 1) <= 4, "{} trials", trials.len());
+    // the answer fit twice with the confirmation's steps
+    let fits = trials
+        .iter()
+        .filter(|t| t["batch"] == 4808 && t["steps"] == 5 && t["outcome"] == "fits")
+        .count();
+    assert_eq!(fits, 2);
+    batchfit()
+        .args(["show", "--format", "text"])
+        .arg(&out)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "outcomes near 4832 disagree (4832 fit and ran out of memory): the answer stays below \
+             the noise band 4808–4832",
+        ));
+}

@@ -15,6 +15,10 @@
 //! * `noise=F`          the *reported* peak varies by up to ±F (fraction, < 0.5) of itself, deterministically
 //!   per (batch, steps, seed); the fit decision uses the true value;
 //! * `seed=N`           seed for the noise;
+//! * `boundary-noise=SIZE` the *true* footprint of each trial moves by a uniform draw in ±SIZE, drawn
+//!   afresh for every trial (from the seed, the batch, the steps and the trial's number), so a size
+//!   near the limit fits in some trials and not in others, as a real job's peak does from one fresh
+//!   run to the next (a noisy boundary: docs/how-it-works.md, "A noisy boundary");
 //! * `fail-at=N`        trials at exactly N samples end in `error` (to exercise error handling);
 //! * `retries=N`        fitting trials at N samples or more complete only with caching-allocator retries
 //!   (outcome `retries`, as a CUDA trial near the limit; see `--allow-retries`);
@@ -54,6 +58,9 @@ pub struct SimSpec {
     pub noise: f64,
     #[serde(default)]
     pub seed: u64,
+    /// Run-to-run noise of the true footprint, in bytes (`boundary-noise=SIZE`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub boundary_noise: u64,
     #[serde(default)]
     pub fail_at: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -79,6 +86,7 @@ impl SimSpec {
             late_per_sample: 0,
             noise: 0.0,
             seed: 0,
+            boundary_noise: 0,
             fail_at: None,
             retries_from: None,
             accumulation_extra: 0,
@@ -151,6 +159,7 @@ impl SimSpec {
                     s.noise = f;
                 }
                 "seed" => s.seed = count(v)?,
+                "boundary-noise" => s.boundary_noise = size(v)?,
                 "fail-at" => s.fail_at = Some(count(v)?),
                 "retries" => s.retries_from = Some(count(v)?),
                 "accumulation" => s.accumulation_extra = size(v)?,
@@ -205,16 +214,26 @@ impl SimSpec {
         if self.noise == 0.0 {
             return p;
         }
-        // splitmix64 of (seed, batch, steps) → uniform in [-1, 1)
-        let mut z = self
-            .seed
-            .wrapping_add(batch.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-            .wrapping_add(steps as u64);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        let u = (z >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
+        let u = uniform(
+            self.seed
+                .wrapping_add(batch.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                .wrapping_add(steps as u64),
+        );
         (p as f64 * (1.0 + self.noise * u)).max(0.0) as u64
+    }
+
+    /// The signed move of trial number `n`'s footprint (`boundary-noise`): uniform in ±SIZE.
+    pub fn boundary_offset(&self, batch: u64, steps: u32, n: u64) -> i64 {
+        if self.boundary_noise == 0 {
+            return 0;
+        }
+        let key = self
+            .seed
+            .wrapping_mul(0xD1B5_4A32_D192_ED03)
+            .wrapping_add(batch.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .wrapping_add((steps as u64) << 32)
+            .wrapping_add(n.wrapping_mul(0xA24B_AED4_963E_E407));
+        (uniform(key) * self.boundary_noise.min(i64::MAX as u64) as f64) as i64
     }
 
     /// Largest batch in [1, cap] whose true peak (at `steps`) is ≤ limit, by scanning; 0 if none.
@@ -244,6 +263,15 @@ impl SimSpec {
             format_size(self.capacity)
         )
     }
+}
+
+/// splitmix64 of `key`, as a uniform draw in [-1, 1).
+fn uniform(key: u64) -> f64 {
+    let mut z = key;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
 }
 
 /// The simulated device.
@@ -298,9 +326,16 @@ impl Backend for SimBackend {
                 message: format!("simulated failure at batch {}", req.batch),
             });
         }
-        let peak = self.spec.peak_at(req.batch, req.steps, req.accumulation);
-        let reported = self.spec.reported_peak(req.batch, req.steps)
-            + (peak - self.spec.peak(req.batch, req.steps));
+        let offset = self
+            .spec
+            .boundary_offset(req.batch, req.steps, self.trials_run);
+        let moved = |p: u64| p.saturating_add_signed(offset);
+        let peak = moved(self.spec.peak_at(req.batch, req.steps, req.accumulation));
+        let reported = moved(
+            self.spec.reported_peak(req.batch, req.steps)
+                + (self.spec.peak_at(req.batch, req.steps, req.accumulation)
+                    - self.spec.peak(req.batch, req.steps)),
+        );
         let step_seconds = 1e-3 + 1e-6 * req.batch as f64;
         Ok(
             if peak <= self.limit && self.spec.retries_from.is_some_and(|r| req.batch >= r) {

@@ -124,6 +124,9 @@ pub fn summary(plan: &Plan) -> String {
             s += &line;
         }
     }
+    if let Some(n) = &plan.search.noisy_boundary {
+        s += &format!("{}\n", n.describe());
+    }
     s += &format!("stopped: {}\n", plan.stop_detail);
     s += &format!("{}, {secs:.1} s of trials\n", count(n, "trial", "trials"));
     for w in &plan.warnings {

@@ -628,6 +628,11 @@ pub struct SearchSettings {
     /// `max(multiple_of, ⌊tolerance × max_fitting_batch⌋)` above it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerance: Option<f64>,
+    /// Outcomes near the boundary that disagreed (a size fit at or above one that ran out of memory),
+    /// and the band the answer stayed below (docs/how-it-works.md, "A noisy boundary"); absent when
+    /// the outcomes never disagreed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noisy_boundary: Option<crate::search::noise::NoisyBoundary>,
 }
 
 impl SearchSettings {
@@ -649,6 +654,7 @@ impl SearchSettings {
             isolation,
             allow_retries: c.allow_retries,
             tolerance: Some(c.tolerance),
+            noisy_boundary: None,
         }
     }
 }

@@ -125,6 +125,7 @@ pub fn assemble(
 ) -> (Plan, Ending) {
     let mut plan = skeleton.clone();
     plan.trials = outcome.trials.clone();
+    plan.search.noisy_boundary = outcome.noisy_boundary.clone();
     plan.stop_reason = outcome.stop_reason;
     plan.stop_detail = outcome
         .fatal
@@ -180,7 +181,10 @@ pub fn assemble(
             };
         }
     }
-    plan.warnings.extend(non_monotone(&plan.trials));
+    // Disagreeing outcomes near a noisy boundary are said by its own line, not as non-monotone memory.
+    if plan.search.noisy_boundary.is_none() {
+        plan.warnings.extend(non_monotone(&plan.trials));
+    }
     plan.warnings.extend(fewer_steps_than_the_job(&plan));
     plan.warnings
         .extend(bounded_by_reserved_address_space(&plan));

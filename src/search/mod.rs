@@ -29,6 +29,12 @@
 //! so that memory that appears only after the exploration steps (late memory) is not read as a miss
 //! of its line.
 //!
+//! **A noisy boundary** ([`noise`]): when outcomes disagree (a size fits at or above one that ran
+//! out of memory, with no more steps), the job's run-to-run noise is larger than the step between
+//! them; the engine then stops bisecting and answers a size that fit twice at least one noise band
+//! below every failure, within [`noise::NOISY_TRIALS`] more trials
+//! ([`StopReason::ProvenBelowNoise`]). Searches whose outcomes never disagree keep the proof above.
+//!
 //! A [`Prior`] (a predicted line from earlier probes, e.g. the points before this one in a
 //! `--sweep`) only helps the strategy choose sizes; it is never evidence of a fit or of a failure.
 //!
@@ -37,6 +43,7 @@
 
 pub mod bisect;
 pub mod guided;
+pub mod noise;
 
 use crate::device::{Backend, BackendError};
 use crate::protocol::{Isolation, TrialDetails, TrialOutcome, TrialRequest};
@@ -228,6 +235,12 @@ pub enum StopReason {
     Interrupted,
     /// Fit at b (confirmed) and oom at b' with b + 1 < b' ≤ b + max(1, ⌊tolerance·b⌋): complete.
     ProvenWithinTolerance,
+    /// Outcomes near the boundary disagreed; b fit twice with the confirmation's steps, at least one
+    /// noise band below every failure ([`noise`]): complete.
+    ProvenBelowNoise,
+    /// Outcomes near the boundary disagreed and no size below the noise band fit twice within the
+    /// trials allowed ([`noise::NOISY_TRIALS`]): partial.
+    NoisyBoundary,
 }
 
 impl StopReason {
@@ -247,6 +260,14 @@ impl StopReason {
                 "proven within the tolerance: the size fits and a size at most max(1, ⌊tolerance × \
                  size⌋) above it runs out of memory"
             }
+            StopReason::ProvenBelowNoise => {
+                "proven below the noise: outcomes near the boundary disagree, so the size fit twice \
+                 in fresh processes at least one noise band below every size that ran out of memory"
+            }
+            StopReason::NoisyBoundary => {
+                "outcomes near the boundary disagree and no size below their noise band fit twice \
+                 within the trials allowed, so no size is proven"
+            }
         }
     }
     /// Whether the answer is a finished result (vs. partial).
@@ -257,6 +278,7 @@ impl StopReason {
                 | StopReason::MaxBatch
                 | StopReason::PowerResolution
                 | StopReason::ProvenWithinTolerance
+                | StopReason::ProvenBelowNoise
         )
     }
 }
@@ -407,6 +429,8 @@ pub struct SearchOutcome {
     pub interrupted_by: Option<i32>,
     /// Environment failure that stopped the search.
     pub fatal: Option<String>,
+    /// Outcomes that disagreed near the boundary, and the band the answer stayed below.
+    pub noisy_boundary: Option<noise::NoisyBoundary>,
 }
 
 impl SearchOutcome {
@@ -444,6 +468,8 @@ pub struct Prober<'b> {
     gpu: Option<u32>,
     /// A strategy given by the caller instead of `cfg.strategy`'s (tests of the engine's bracket).
     strategy: Option<Box<dyn Strategy + 'b>>,
+    /// The noisy boundary the search answered below, once outcomes disagreed.
+    noise: Option<noise::NoisyBoundary>,
 }
 
 /// Why a run of trials stopped early.
@@ -480,6 +506,7 @@ impl<'b> Prober<'b> {
             accumulation: 1,
             gpu: None,
             strategy: None,
+            noise: None,
         }
     }
 
@@ -624,6 +651,7 @@ impl<'b> Prober<'b> {
             stop_reason: reason,
             interrupted_by: sig,
             fatal,
+            noisy_boundary: self.noise.clone(),
         }
     }
 
@@ -709,6 +737,10 @@ impl<'b> Prober<'b> {
         let (mut lo, mut hi, mut ceiling): (Option<u64>, Option<u64>, Option<u64>) =
             (None, None, None);
         loop {
+            // Outcomes that disagree: no more bisection inside the noise.
+            if let Some(band) = self.noisy_band(&grid) {
+                return self.below_noise(&grid, band, found);
+            }
             // Is the bracket closed?
             let upper = upper_bound(hi, ceiling);
             let closed = match (lo, upper) {
@@ -797,9 +829,18 @@ impl<'b> Prober<'b> {
                         return Stop::Reason(reason);
                     }
                     Ok(Confirmation::OutOfMemory) => {
-                        // More memory appears with more steps: the bound moves down, and from now on
-                        // only fits with the confirm steps count (a walk down one size at a time,
-                        // confirming each, would cost hundreds of trials).
+                        // More memory appears with more steps, unless a repeat fits (noise).
+                        match self.repeat_of_late_memory(b, confirm_steps) {
+                            Err(s) => {
+                                found.0 = None;
+                                return s;
+                            }
+                            Ok(false) => continue,
+                            Ok(true) => {}
+                        }
+                        // The bound moves down, and from now on only fits with the confirm steps
+                        // count (a walk down one size at a time, confirming each, would cost
+                        // hundreds of trials).
                         hi = Some(l);
                         steps = confirm_steps;
                         lo = self.largest_fit_below(b, steps, &grid);
@@ -843,6 +884,14 @@ impl<'b> Prober<'b> {
                         }
                         Ok(Confirmation::Fits) => continue,
                         Ok(Confirmation::OutOfMemory) => {
+                            match self.repeat_of_late_memory(b, confirm_steps) {
+                                Err(s) => {
+                                    found.0 = None;
+                                    return s;
+                                }
+                                Ok(false) => continue,
+                                Ok(true) => {}
+                            }
                             hi = Some(l);
                             steps = confirm_steps;
                             lo = self.largest_fit_below(b, steps, &grid);

@@ -904,3 +904,225 @@ fn an_over_budget_size_closes_the_bracket_like_an_oom() {
     let out = Prober::new(&mut be, SearchConfig::default(), 1000 * MIB).search();
     assert_eq!(out.stop_reason, StopReason::NothingFits);
 }
+
+/// A sim device whose `n`-th trial at a size runs out of memory although the size fits, for each
+/// `(size, n)` listed: a job whose peak moves from one fresh run to the next.
+struct Flaky {
+    sim: SimBackend,
+    flips: Vec<(u64, usize)>,
+    seen: Vec<u64>,
+}
+
+impl Backend for Flaky {
+    fn device(&self) -> &crate::device::DeviceInfo {
+        self.sim.device()
+    }
+    fn default_budget(&self) -> u64 {
+        self.sim.default_budget()
+    }
+    fn set_limit(&mut self, l: u64) {
+        self.sim.set_limit(l)
+    }
+    fn isolation(&self, req: &TrialRequest) -> Isolation {
+        self.sim.isolation(req)
+    }
+    fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
+        assert!(self.seen.len() < TRIAL_CAP as usize, "it does not end");
+        self.seen.push(req.batch);
+        let n = self.seen.iter().filter(|&&b| b == req.batch).count();
+        let o = self.sim.run_trial(req.clone())?;
+        Ok(if self.flips.contains(&(req.batch, n)) {
+            TrialOutcome::Oom {
+                message: format!("flaky out of memory at {}", req.batch),
+                peak_bytes: None,
+                rss_peak_bytes: None,
+                gpu: None,
+            }
+        } else {
+            o
+        })
+    }
+}
+
+/// Bisection on a device whose boundary is at 1000, with a measurement 10 below the largest fit
+/// once that is at least 512 (the first size that can contradict it), on a device flaky at `flips`.
+fn flaky_search(flips: Vec<(u64, usize)>) -> SearchOutcome {
+    let mut be = Flaky {
+        sim: SimBackend::new(SimSpec::affine(0, MIB, 1000 * MIB)),
+        flips,
+        seen: vec![],
+    };
+    let out = Prober::new(&mut be, exact(SearchConfig::default()), 1000 * MIB)
+        .with_strategy(Box::new(MeasureBelow {
+            from: 512,
+            done: false,
+        }))
+        .search();
+    out
+}
+
+/// Doubling and bisection, with one measurement 10 below the largest fit once that is at least
+/// `from`.
+struct MeasureBelow {
+    from: u64,
+    done: bool,
+}
+
+impl Strategy for MeasureBelow {
+    fn propose(&mut self, st: &SearchState) -> Proposal {
+        if let Some(l) = st
+            .lo
+            .filter(|&l| !self.done && st.grid.batch(l) >= self.from)
+        {
+            self.done = true;
+            return Proposal::measure(st.grid.index_at_or_below(st.grid.batch(l) - 10));
+        }
+        bisect::DoublingBisection::default().propose(st)
+    }
+}
+
+/// How many trials ran after the first one that contradicted an earlier one.
+fn trials_after_first_contradiction(trials: &[TrialRecord]) -> Option<usize> {
+    (1..=trials.len())
+        .find(|&k| !noise::contradictions(&trials[..k]).is_empty())
+        .map(|k| trials.len() - k)
+}
+
+#[test]
+fn a_fit_above_an_out_of_memory_stops_the_bisection_and_answers_one_band_below() {
+    // 1, 2, 4, … 512 fit, then the measurement at 502 runs out of memory (the noise): 512 fit above
+    // it. The band: 502..512, 10 wide; the answer is 492, fit twice with the confirmation's steps.
+    let out = flaky_search(vec![(502, 1)]);
+    assert_eq!(
+        out.stop_reason,
+        StopReason::ProvenBelowNoise,
+        "{:?}",
+        sequence(&out)
+    );
+    assert!(out.stop_reason.is_complete());
+    assert_eq!((out.max_fitting, out.first_failing), (Some(492), Some(502)));
+    let band = out.noisy_boundary.clone().expect("the band is recorded");
+    assert_eq!(
+        band,
+        noise::NoisyBoundary {
+            band_low: 492,
+            band_high: 512,
+            lowest_bound: 502,
+            width: 10,
+            contradictions: vec![noise::Contradiction {
+                fit: 512,
+                bound: 502
+            }],
+        }
+    );
+    let at: Vec<_> = out.trials.iter().filter(|t| t.batch == 492).collect();
+    assert_eq!(at.len(), 2, "run twice");
+    assert!(at.iter().all(|t| t.outcome.fits() && t.steps == 5));
+    assert_eq!(trials_after_first_contradiction(&out.trials), Some(2));
+    assert_eq!(
+        band.describe(),
+        "outcomes near 502 disagree (fit at 512 above an out-of-memory at 502): the answer stays \
+         below the noise band 492–512"
+    );
+}
+
+#[test]
+fn a_repeat_that_fails_steps_down_one_band() {
+    // 492 fits once, then fails: the noise is wider than the band showed; it doubles (20) and the
+    // answer steps down below 492 by it.
+    let out = flaky_search(vec![(502, 1), (492, 2)]);
+    assert_eq!(
+        out.stop_reason,
+        StopReason::ProvenBelowNoise,
+        "{:?}",
+        sequence(&out)
+    );
+    assert_eq!((out.max_fitting, out.first_failing), (Some(472), Some(492)));
+    let band = out.noisy_boundary.unwrap();
+    assert_eq!(
+        (band.band_low, band.lowest_bound, band.width),
+        (472, 492, 20)
+    );
+    assert!(band.contradictions.contains(&noise::Contradiction {
+        fit: 492,
+        bound: 492
+    }));
+    assert_eq!(trials_after_first_contradiction(&out.trials), Some(4));
+}
+
+#[test]
+fn a_noisy_boundary_gives_up_after_its_trials_without_an_answer() {
+    let out = flaky_search(vec![(502, 1), (492, 2), (472, 2)]);
+    assert_eq!(
+        out.stop_reason,
+        StopReason::NoisyBoundary,
+        "{:?}",
+        sequence(&out)
+    );
+    assert!(!out.stop_reason.is_complete());
+    assert_eq!(out.max_fitting, None);
+    assert_eq!(
+        trials_after_first_contradiction(&out.trials),
+        Some(noise::NOISY_TRIALS as usize)
+    );
+}
+
+#[test]
+fn outcomes_that_agree_keep_the_exact_proof() {
+    // The same search on a device that is never flaky: no band, the exact answer.
+    let out = flaky_search(vec![]);
+    assert_eq!(out.stop_reason, StopReason::Proven);
+    assert_eq!(out.max_fitting, Some(1000));
+    assert_eq!(out.noisy_boundary, None);
+}
+
+proptest! {
+    /// A device whose footprint moves by up to `noise` samples from one trial to the next: the search
+    /// ends within its bound (at most NOISY_TRIALS after the first contradiction), and any answer fit
+    /// with the confirmation's steps below every size that failed; after a contradiction, twice in
+    /// fresh processes and at least one band below every failure.
+    #[test]
+    fn a_noisy_boundary_ends_within_its_bound_below_every_failure(
+            base in 0u64..(2u64<<30), per in (64*1024u64)..(16*MIB), samples in 64u64..20_000,
+            noise in 1u64..60, seed in 0u64..1000,
+            tolerance in prop::sample::select(vec![0.0, DEFAULT_TOLERANCE]),
+            strategy in prop::sample::select(vec![StrategyKind::Bisect, StrategyKind::Guided]),
+            measure in any::<bool>()) {
+        let cap = base + per * samples;
+        let mut spec = SimSpec::affine(base, per, cap);
+        spec.boundary_noise = noise * per;
+        spec.seed = seed;
+        let cfg = SearchConfig { strategy, tolerance, ..SearchConfig::default() };
+        let mut be = Capped(SimBackend::new(spec));
+        let prober = Prober::new(&mut be, cfg.clone(), cap);
+        let prober = if measure {
+            prober.with_strategy(Box::new(MeasureBelow { from: 64, done: false }))
+        } else {
+            prober
+        };
+        let mut prober = prober;
+        let out = prober.search();
+        prop_assert!(out.trials.len() <= 80, "{} trials", out.trials.len());
+        let failures: Vec<u64> = out.trials.iter().filter(|t| t.outcome.is_bound()).map(|t| t.batch).collect();
+        if let Some(b) = out.max_fitting {
+            let rec = out.best_record(b).expect("tested");
+            prop_assert!(rec.steps >= cfg.confirm_steps);
+            prop_assert!(failures.iter().all(|&f| f > b), "answer {} at or above a failure {:?}", b, failures);
+        }
+        match &out.noisy_boundary {
+            None => prop_assert_eq!(trials_after_first_contradiction(&out.trials), None),
+            Some(band) => {
+                let after = trials_after_first_contradiction(&out.trials).expect("a contradiction");
+                prop_assert!(after <= noise::NOISY_TRIALS as usize, "{} trials after it", after);
+                prop_assert!(matches!(out.stop_reason, StopReason::ProvenBelowNoise | StopReason::NoisyBoundary));
+                if let Some(b) = out.max_fitting {
+                    let fits = out.trials.iter().filter(|t| t.batch == b && t.outcome.fits() && t.steps >= cfg.confirm_steps).count();
+                    prop_assert!(fits >= 2, "the answer fit {} times", fits);
+                    let lowest = *failures.iter().min().unwrap();
+                    prop_assert_eq!(band.lowest_bound, lowest);
+                    prop_assert!(b + band.width <= lowest, "answer {} within a band ({}) of {}", b, band.width, lowest);
+                }
+            }
+        }
+    }
+}
