@@ -222,6 +222,17 @@ pub struct ExecInfo {
     /// environment variable every trial also gets it in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep_point: Option<ExecSweepPoint>,
+    /// SHA-256 of the probe's environment less the variables that do not change a job
+    /// ([`crate::probe::cache::IGNORED_ENVIRONMENT`]): part of the cache key. The values are not
+    /// stored (they may hold secrets).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub environment_sha256: String,
+    /// The files the command read, by its trials' reports (the helper's `read_files`), with their
+    /// hashes when the plan was made: a cached plan is used only while every one is unchanged.
+    /// Absent when no trial wrote a report that says (the job does not use the helper): then the
+    /// cache is not used for it unless `--fingerprint-file` names what it reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_files: Option<Vec<FileHash>>,
 }
 
 /// The point of a `--sweep` an exec plan was probed at.
