@@ -243,7 +243,8 @@ pub fn non_monotone(trials: &[TrialRecord]) -> Option<String> {
 }
 
 /// Why the trials of a user's command do not show that the batch size reaches it, if they do not:
-/// between the smallest and the largest fitting size the peak must rise by more than the
+/// from the largest fitting size at most half the largest fit (else the smallest fit) to the
+/// largest fit, the peak must rise by more than the
 /// measurement noise (the spread of repeated trials of one size, at least
 /// [`crate::search::guided::MIN_RISE`] of the top peak), or a report of the largest fit must say
 /// the job read its size from batchfit and ran it (the helper's `reads_batch`). A job that ignores
@@ -256,8 +257,10 @@ pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
         .filter(|t| t.outcome.fits())
         .filter_map(|t| Some((t.batch, t.outcome.peak_bytes()?)))
         .collect();
-    let lo = fits.iter().map(|f| f.0).min()?;
     let hi = fits.iter().map(|f| f.0).max()?;
+    // the top: a job that retries smaller grows up to its real limit and is flat above it
+    let lo = (fits.iter().map(|f| f.0).filter(|&b| b <= hi / 2).max())
+        .or_else(|| fits.iter().map(|f| f.0).min())?;
     if lo == hi {
         return None;
     }
@@ -283,7 +286,7 @@ pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
     }
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     Some(format!(
-        "refused: the batch size is not shown to reach the job: every size from {lo} to {hi} fit \
+        "refused: the batch size is not shown to reach the job: sizes {lo} and {hi} both fit \
          with about the same peak ({:.0} MiB at {lo}, {:.0} MiB at {hi}; a rise of {:.1} MiB, within \
          the {:.1} MiB noise), and no report says the job ran the size it was given. Likely causes: \
          the script does not use the {{batch}} placeholder (nor BATCHFIT_BATCH), or the job adjusts \
