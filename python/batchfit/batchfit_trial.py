@@ -199,9 +199,8 @@ def _read_files():
             f = os.path.abspath(f)
             if f != here and f not in out and os.path.isfile(f) and not _is_library(f, dirs):
                 out.append(f)
-        result_dir = os.path.dirname(os.path.abspath(os.environ.get(ENV_RESULT, "") or "."))
         for f in list(_opened):
-            if f not in out and os.path.isfile(f) and not f.startswith(result_dir + os.sep):
+            if f not in out and os.path.isfile(f):
                 out.append(f)
     except Exception:
         pass
