@@ -991,6 +991,8 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
         threads,
         auto_fingerprint_files: crate::plan::schema::auto_fingerprint(&a.command),
         sweep_point: None,
+        environment_sha256: crate::plan::schema::environment_sha256(),
+        read_files: None,
     };
     Ok((
         Some(ExecConfig {

@@ -120,9 +120,10 @@ fn placeholders_and_environment_reach_the_command() {
     let seen = path(&d, "seen.txt");
     let script = format!(
         "echo \"$1 $2 $3 $BATCHFIT_BATCH $BATCHFIT_STEPS $BATCHFIT_ACCUMULATION $BATCHFIT_TRIAL ${{BATCHFIT_RESULT:+result}}\" >> {}; \
-         [ \"$1\" -le 7 ] || {}; sleep 0.1",
+         [ \"$1\" -le 7 ] || {}; {}",
         seen.display(),
-        run_out_sh()
+        run_out_sh(),
+        hold_sh("$1")
     );
     let cmd: Vec<String> = [
         "sh",
@@ -671,9 +672,12 @@ fn a_command_given_as_one_string_is_split_like_a_shell_and_probed_the_same() {
     // above 7 the job runs out of memory for real (a text alone is no out-of-memory); the path of
     // oom.py goes unquoted inside the single-quoted script
     let script = format!(
-        r#"[ "$1" -le 7 ] || exec /usr/bin/python3 {}; sleep 0.05"#,
-        repo().join("tests/support/exec/oom.py").display()
+        r#"[ "$1" -le 7 ] || exec /usr/bin/python3 {}; {}"#,
+        repo().join("tests/support/exec/oom.py").display(),
+        hold_sh("$1")
     );
+    // no helper: the cache answers a command only with --fingerprint-file naming what it reads
+    let hold = repo().join("tests/support/exec/hold.py");
     let script = script.as_str();
     let words = ["sh", "-c", script, "sh", "{batch}"];
     let line = format!("sh -c '{script}' sh {{batch}}");
@@ -682,6 +686,8 @@ fn a_command_given_as_one_string_is_split_like_a_shell_and_probed_the_same() {
             .env("BATCHFIT_CACHE_DIR", &cache)
             .args(["probe", "--backend", "cpu", "--memory-budget", "2GiB"])
             .args(["--cpu-limit", "rlimit", "--quiet", "--max-batch", "16"])
+            .arg("--fingerprint-file")
+            .arg(&hold)
             .arg("--out")
             .arg(out)
             .args(form)
@@ -801,8 +807,9 @@ fn a_command_without_batch_is_warned() {
         "-c".into(),
         // (a fit lasts long enough to be measured: only samples after the exec measure a trial)
         format!(
-            "[ \"$BATCHFIT_BATCH\" -le 3 ] || {}; sleep 0.1",
-            run_out_sh()
+            "[ \"$BATCHFIT_BATCH\" -le 3 ] || {}; {}",
+            run_out_sh(),
+            hold_sh("$BATCHFIT_BATCH")
         ),
     ];
     let o = batchfit()
@@ -848,7 +855,7 @@ fn the_trainer_refuses_verify_reruns_and_the_cache_knows_the_files() {
     let script = path(&d, "train.sh");
     std::fs::write(
         &script,
-        format!("[ \"$1\" -le 5 ] || {}; sleep 0.1\n", run_out_sh()),
+        format!("[ \"$1\" -le 5 ] || {}; {}\n", run_out_sh(), hold_sh("$1")),
     )
     .unwrap();
     let cache = fresh_cache_dir();
@@ -902,7 +909,7 @@ fn the_trainer_refuses_verify_reruns_and_the_cache_knows_the_files() {
     // another version of the script: verify refuses, and the cache does not answer for it
     std::fs::write(
         &script,
-        format!("[ \"$1\" -le 9 ] || {}; sleep 0.1\n", run_out_sh()),
+        format!("[ \"$1\" -le 9 ] || {}; {}\n", run_out_sh(), hold_sh("$1")),
     )
     .unwrap();
     batchfit()

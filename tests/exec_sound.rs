@@ -23,6 +23,12 @@ fn sneaky(mode: &str, extra: &[&str]) -> Vec<String> {
 /// Probes `cmd` (sizes 1–16 unless `flags` give `--max-batch`) under `flags`; the plan written
 /// (complete or partial) and stderr.
 fn run(flags: &[&str], cmd: &[String]) -> (Value, String) {
+    let (plan, err, _) = run_code(flags, cmd);
+    (plan, err)
+}
+
+/// [`run`], with the exit code.
+fn run_code(flags: &[&str], cmd: &[String]) -> (Value, String, i32) {
     let d = tmp();
     let out = path(&d, "plan.json");
     let max = if flags.contains(&"--max-batch") {
@@ -50,7 +56,7 @@ fn run(flags: &[&str], cmd: &[String]) -> (Value, String) {
         assert!(partial.exists(), "no plan: {o:?}");
         read_json(&partial)
     };
-    (plan, err)
+    (plan, err, o.status.code().unwrap_or(-1))
 }
 
 fn trials(p: &Value) -> Vec<Value> {
@@ -364,8 +370,9 @@ fn the_no_batch_warning_is_said_once_and_only_when_unproven() {
         "sh".into(),
         "-c".into(),
         format!(
-            "[ \"$BATCHFIT_BATCH\" -le 3 ] || {}; sleep 0.1",
-            run_out_sh()
+            "[ \"$BATCHFIT_BATCH\" -le 3 ] || {}; {}",
+            run_out_sh(),
+            hold_sh("$BATCHFIT_BATCH")
         ),
     ];
     let d = tmp();
@@ -677,4 +684,92 @@ fn forks_command(args: &[&str]) -> Vec<String> {
     .into_iter()
     .chain(args.iter().map(|a| a.to_string()))
     .collect()
+}
+
+/// The limits the batch tests run under: RLIMIT_DATA, and a memory cgroup where one can be made.
+fn limits() -> Vec<Vec<&'static str>> {
+    let mut v = vec![rlimit()];
+    if cgroup_available() {
+        v.push(vec!["--cpu-limit", "cgroup", "--memory-budget", "2GiB"]);
+    } else {
+        eprintln!("no memory cgroup here: the cgroup variant is skipped");
+    }
+    v
+}
+
+/// A plan refused because the batch size is not shown to reach the job: exit 4, partial, no
+/// recommendation, and the message names the likely causes.
+fn refused_for_its_batch(p: &Value, err: &str, code: i32) {
+    assert_eq!(code, 4, "{err}");
+    assert_eq!(p["status"], "partial", "{p}");
+    assert_eq!(p["stop_reason"], "batch-not-shown", "{p}");
+    assert!(p["recommendation"].is_null(), "{}", p["recommendation"]);
+    let detail = p["stop_detail"].as_str().unwrap();
+    assert!(
+        detail.contains("{batch} placeholder") && detail.contains("adjusts its own batch size"),
+        "{detail}"
+    );
+}
+
+/// A script that ignores its `{batch}` fits at every size with the same peak: the plan is refused,
+/// not complete at the `--max-batch` cap.
+#[test]
+fn a_job_that_ignores_its_batch_size_is_refused() {
+    for flags in limits() {
+        let (p, err, code) = run_code(&flags, &sneaky("ignore-batch", &[]));
+        refused_for_its_batch(&p, &err, code);
+    }
+}
+
+/// A job that catches its out-of-memory and retries at a smaller size without a word fits at every
+/// size where it retried, each peak at the limit its first attempt reached: among those sizes
+/// (`--min-batch 9`, above its real limit of 8) the plan is refused. (RLIMIT_DATA only: the fake's
+/// attempt reaches no limit under a cgroup.)
+#[test]
+fn a_job_that_retries_smaller_in_silence_is_refused() {
+    let mut flags = rlimit();
+    flags.extend(["--min-batch", "9"]);
+    let (p, err, code) = run_code(&flags, &sneaky("retry-silent", &[]));
+    refused_for_its_batch(&p, &err, code);
+}
+
+/// A job that logs the out-of-memory it caught before retrying smaller is no fit at any size where
+/// it retried: an error that says it carried on.
+#[test]
+fn a_job_that_logs_a_caught_oom_and_retries_is_no_fit_where_it_retried() {
+    for flags in limits() {
+        let (p, _) = run(&flags, &sneaky("retry-logged", &[]));
+        let above: Vec<Value> = trials(&p)
+            .into_iter()
+            .filter(|t| t["batch"].as_u64().unwrap() > 8)
+            .collect();
+        assert!(!above.is_empty(), "{p}");
+        for t in &above {
+            assert_eq!(t["outcome"], "error", "{t}");
+            assert!(
+                t["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("caught an out-of-memory and carried on"),
+                "{t}"
+            );
+        }
+        assert!(p["recommendation"].is_null() || p["recommendation"]["max_fitting_batch"] == 8);
+    }
+}
+
+/// An honest job whose memory grows with its batch still gets its complete plan (the refusal
+/// above is about the evidence, not about every command).
+#[test]
+fn a_job_whose_memory_grows_with_its_batch_gets_a_complete_plan() {
+    for mut flags in limits() {
+        if flags.contains(&"cgroup") {
+            // (the fake's out-of-memory above 8 is RLIMIT_DATA's: under a cgroup, sizes up to 8)
+            flags.extend(["--max-batch", "8"]);
+        }
+        let (p, err, code) = run_code(&flags, &sneaky("grows", &[]));
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(p["status"], "complete", "{p}");
+        assert_eq!(p["recommendation"]["max_fitting_batch"], 8, "{p}");
+    }
 }

@@ -37,7 +37,10 @@ The report (JSON, written atomically: a temporary file in the same directory, th
                               #     "reserved_bytes": ..., "alloc_retries": ..., "ooms": ...}
      "python": "3.11.7", "torch": "2.11.0+cu130"}  # torch: its __version__ when the script imported it, else null
 
-plus ``"samples": N`` (the largest micro-batch counted with ``step(samples=len(x))``) only when counted, and
+plus ``"read_files": [...]`` (absolute paths, at most 500: the files of the modules the job imported from
+outside the standard library and site-packages/dist-packages, then the files under the working directory
+it opened for reading after this module was imported; batchfit hashes them, so a cached plan is not
+used once one of them changed), ``"samples": N`` (the largest micro-batch counted with ``step(samples=len(x))``) only when counted, and
 ``"extra": {...}`` only when ``report(**extra)`` was given extra keywords. A block or script that ends
 with an exception writes no report (the exit status says what happened).
 
@@ -74,6 +77,7 @@ import math
 import os
 import platform
 import sys
+import sysconfig
 import tempfile
 import time
 
@@ -120,6 +124,87 @@ _state = {
     "step_seconds": [],  # wall seconds of each optimizer step marked with step()
     "last_mark": time.perf_counter(),  # at import, start() or the last step(): where the next step began
 }
+
+
+#: At most this many paths in a report's ``read_files`` (and this many opened files recorded).
+READ_FILES_MAX = 500
+_OPENED_MAX = 200
+_opened = []  # files under the working directory opened for reading (audit hook), in order
+
+
+def _record_open(event, args):
+    """Audit hook: remember a file under the working directory opened for reading. Never raises."""
+    if event != "open" or len(_opened) >= _OPENED_MAX:
+        return
+    try:
+        path, mode, flags = args
+        if isinstance(path, int):
+            return
+        if mode is not None:
+            if any(c in str(mode) for c in "wax+"):
+                return
+        elif flags is not None and (flags & os.O_ACCMODE) != os.O_RDONLY:
+            return
+        path = os.path.abspath(os.fsdecode(path))
+        if path.startswith(os.getcwd() + os.sep) and path not in _opened:
+            _opened.append(path)
+    except Exception:
+        pass
+
+
+def _install_open_hook():
+    """Record the files the job reads (only under batchfit; an audit hook cannot be removed)."""
+    if not os.environ.get(ENV_RESULT):
+        return
+    try:
+        sys.addaudithook(_record_open)
+    except Exception:
+        pass
+
+
+_install_open_hook()
+
+
+def _library_dirs():
+    dirs = set()
+    for name in ("stdlib", "platstdlib", "purelib", "platlib"):
+        try:
+            d = sysconfig.get_paths().get(name)
+        except Exception:
+            d = None
+        if d:
+            dirs.add(os.path.realpath(d))
+    return dirs
+
+
+def _is_library(path, dirs):
+    parts = path.split(os.sep)
+    if "site-packages" in parts or "dist-packages" in parts:
+        return True
+    real = os.path.realpath(path)
+    return any(real == d or real.startswith(d + os.sep) for d in dirs)
+
+
+def _read_files():
+    """The job's own module files (not the standard library's nor installed packages'), then the files
+    under the working directory it opened for reading; absolute, at most READ_FILES_MAX. Never raises."""
+    out = []
+    try:
+        dirs = _library_dirs()
+        here = os.path.abspath(__file__)
+        for module in list(sys.modules.values()):
+            f = getattr(module, "__file__", None)
+            if not isinstance(f, str) or not f:
+                continue
+            f = os.path.abspath(f)
+            if f != here and f not in out and os.path.isfile(f) and not _is_library(f, dirs):
+                out.append(f)
+        for f in list(_opened):
+            if f not in out and os.path.isfile(f):
+                out.append(f)
+    except Exception:
+        pass
+    return sorted(out[:READ_FILES_MAX])
 
 
 def _reset_for_tests():
@@ -299,6 +384,7 @@ def _build_report(batch, steps_done, accum, step_seconds, rank, world_size, extr
         "python": platform.python_version(),
         "torch": str(getattr(torch, "__version__", None)) if torch is not None else None,
     }
+    report_obj["read_files"] = _read_files()
     if _state["samples"] is not None:
         report_obj["samples"] = _state["samples"]
     if _state["job_steps"] is not None:

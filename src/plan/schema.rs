@@ -222,6 +222,17 @@ pub struct ExecInfo {
     /// environment variable every trial also gets it in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep_point: Option<ExecSweepPoint>,
+    /// SHA-256 of the probe's environment less the variables that do not change a job
+    /// ([`IGNORED_ENVIRONMENT`]): part of the cache key. The values are not
+    /// stored (they may hold secrets).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub environment_sha256: String,
+    /// The files the command read, by its trials' reports (the helper's `read_files`), with their
+    /// hashes when the plan was made: a cached plan is used only while every one is unchanged.
+    /// Absent when no trial wrote a report that says (the job does not use the helper): then the
+    /// cache is not used for it unless `--fingerprint-file` names what it reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_files: Option<Vec<FileHash>>,
 }
 
 /// The point of a `--sweep` an exec plan was probed at.
@@ -272,6 +283,74 @@ impl ExecInfo {
         let more = if self.argv.len() > 2 { " …" } else { "" };
         format!("exec: {}{more}", words.join(" "))
     }
+}
+
+/// The environment variables that do not change what a command does, left out of the cache key:
+/// the shell's and terminal's state, the login session, per-job ids of a scheduler, and where the
+/// cache is. Every other variable of the probe's environment is in the key (by a hash: values may be
+/// secrets), so `WIDTH_MULT=3` read by the job is another probe. A name ending in `*` is a prefix.
+pub const IGNORED_ENVIRONMENT: [&str; 32] = [
+    "PWD",
+    "OLDPWD",
+    "SHLVL",
+    "_",
+    "TERM",
+    "TERMCAP",
+    "TERM_PROGRAM*",
+    "COLORTERM",
+    "COLUMNS",
+    "LINES",
+    "DISPLAY",
+    "WINDOWID",
+    "SSH_*",
+    "XDG_SESSION_*",
+    "XDG_VTNR",
+    "TMUX*",
+    "STY",
+    "PS1",
+    "PS2",
+    "PROMPT_COMMAND",
+    "LS_COLORS",
+    "MAIL",
+    "HISTFILE",
+    "HISTSIZE",
+    "LESSOPEN",
+    "LESSCLOSE",
+    "SLURM_JOB_ID",
+    "SLURM_JOBID",
+    "SLURM_TASK_PID",
+    "PBS_JOBID",
+    "LSB_JOBID",
+    "BATCHFIT_CACHE_DIR",
+];
+
+/// Whether `name` is one of [`IGNORED_ENVIRONMENT`].
+fn ignored_variable(name: &str) -> bool {
+    IGNORED_ENVIRONMENT.iter().any(|p| match p.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => name == *p,
+    })
+}
+
+/// SHA-256 of this process's environment (each variable's name and value, sorted) less
+/// [`IGNORED_ENVIRONMENT`]: what an `--exec` probe's trials inherit and may read.
+pub fn environment_sha256() -> String {
+    let env: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = std::env::vars_os()
+        .filter(|(k, _)| !ignored_variable(&k.to_string_lossy()))
+        .map(|(k, v)| {
+            use std::os::unix::ffi::OsStrExt;
+            (k.as_bytes().to_vec(), v.as_bytes().to_vec())
+        })
+        .collect();
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for (k, v) in &env {
+        h.update((k.len() as u64).to_le_bytes());
+        h.update(k);
+        h.update((v.len() as u64).to_le_bytes());
+        h.update(v);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The fingerprint of a command: SHA-256 of the canonical JSON of its argv and its files' hashes.

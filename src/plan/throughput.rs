@@ -328,6 +328,7 @@ mod tests {
                 samples: None,
                 reads_batch: false,
                 job_steps: None,
+                read_files: None,
             }),
             ..Default::default()
         });

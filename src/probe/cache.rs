@@ -102,58 +102,81 @@ struct KeyInput<'a> {
     exec: Option<ExecKey<'a>>,
 }
 
-/// The environment variables of a command's trials that go into the cache key (the values the
-/// command would see; absent ones are recorded as absent), plus every `BATCHFIT_*` the user set
-/// except `BATCHFIT_CACHE_DIR` (where the cache is, not what it holds).
-pub const EXEC_KEY_ENVIRONMENT: [&str; 12] = [
-    "PATH",
-    "PYTHONPATH",
-    "PYTHONHOME",
-    "VIRTUAL_ENV",
-    "CONDA_PREFIX",
-    "LD_LIBRARY_PATH",
-    "LD_PRELOAD",
-    "CUDA_VISIBLE_DEVICES",
-    "PYTORCH_CUDA_ALLOC_CONF",
-    "OMP_NUM_THREADS",
-    "MALLOC_ARENA_MAX",
-    "MALLOC_MMAP_THRESHOLD_",
-];
+pub use crate::plan::schema::{environment_sha256, IGNORED_ENVIRONMENT};
 
 /// What an `--exec` probe's answer depends on beyond the command's fingerprint.
 #[derive(Serialize)]
 struct ExecKey<'a> {
     /// The working directory the command runs in.
     cwd: String,
-    environment: std::collections::BTreeMap<String, Option<String>>,
+    /// [`environment_sha256`] of the probe.
+    environment_sha256: &'a str,
     /// The auto-fingerprinted files' hashes (the command's script, its configs).
     files: &'a [crate::plan::schema::FileHash],
     oom_patterns: &'a [String],
 }
 
 fn exec_key(info: &crate::plan::schema::ExecInfo) -> ExecKey<'_> {
-    let mut environment = std::collections::BTreeMap::new();
-    for k in EXEC_KEY_ENVIRONMENT {
-        environment.insert(
-            k.to_string(),
-            std::env::var_os(k).map(|v| v.to_string_lossy().into_owned()),
-        );
-    }
-    for (k, v) in std::env::vars_os() {
-        let k = k.to_string_lossy().into_owned();
-        if k.starts_with("BATCHFIT_") && k != DIR_ENV {
-            environment.insert(k, Some(v.to_string_lossy().into_owned()));
-        }
-    }
     ExecKey {
         cwd: std::env::current_dir()
             .map(|d| d.display().to_string())
             .unwrap_or_default(),
-        environment,
+        environment_sha256: &info.environment_sha256,
         files: &info.auto_fingerprint_files,
         oom_patterns: &info.oom_patterns,
     }
 }
+
+/// The files the trials' reports say the command read, with their hashes now (a file that cannot
+/// be read is left out); `None` when no trial's report says (the job does not use the helper).
+pub fn read_files(trials: &[crate::search::TrialRecord]) -> Option<Vec<crate::plan::schema::FileHash>> {
+    let mut paths: Option<std::collections::BTreeSet<&str>> = None;
+    for t in trials {
+        let Some(d) = t.details.as_ref() else {
+            continue;
+        };
+        for r in d.report.iter().chain(&d.rank_reports) {
+            if let Some(files) = &r.read_files {
+                paths
+                    .get_or_insert_with(Default::default)
+                    .extend(files.iter().map(String::as_str));
+            }
+        }
+    }
+    Some(
+        paths?
+            .into_iter()
+            .filter_map(|p| {
+                let sha256 = crate::platform::files::sha256(Path::new(p)).ok()?;
+                Some(crate::plan::schema::FileHash {
+                    path: p.to_string(),
+                    sha256,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// Why a cached `--exec` plan does not hold for the command as it is now, if it does not: a file it
+/// read changed or is gone, or it reported nothing of what it reads and no `--fingerprint-file` was
+/// given.
+fn stale_exec(plan: &Plan) -> Option<String> {
+    let info = plan.model.exec()?;
+    let Some(files) = &info.read_files else {
+        return info.fingerprint_files.is_empty().then(|| NO_HELPER_DATA.to_string());
+    };
+    files.iter().find_map(|f| {
+        match crate::platform::files::sha256(Path::new(&f.path)) {
+            Ok(h) if h == f.sha256 => None,
+            Ok(_) => Some(format!("{} changed since the plan was made (the command reads it)", f.path)),
+            Err(e) => Some(format!("{}, which the command read, cannot be read now ({e})", f.path)),
+        }
+    })
+}
+
+/// Why an `--exec` plan of a job without the helper's report is never answered from the cache.
+pub const NO_HELPER_DATA: &str = "cache not used: the command reports no helper data, so batchfit \
+     cannot see which files it reads; add --fingerprint-file FILE... or use the helper";
 
 /// The cache key of a probe: `skeleton` is the plan before any trial (device, model, budget, search
 /// flags, runtime), `cfg` adds the split and advice settings.
@@ -239,6 +262,8 @@ pub fn lookup(dir: &Path, key: &str, skeleton: Option<&Plan>) -> Lookup {
         ))
     } else if let Err(e) = crate::plan::check::evidence(&plan) {
         Some(format!("its trials do not back its recommendation: {e}"))
+    } else if let Some(why) = stale_exec(&plan) {
+        Some(why)
     } else {
         skeleton.and_then(|s| other_conditions(&plan, s))
     };

@@ -151,8 +151,15 @@ fn finish(
     key: Option<&String>,
     mut notices: Vec<String>,
 ) -> Result<ProbeReport, ProbeError> {
+    let mut plan = plan;
+    let cacheable = record_read_files(&mut plan);
     let written = report::write(cfg.out.as_deref(), &plan)?;
-    if let (Some(c), Some(key), Status::Complete) = (cache.filter(|c| c.write), key, plan.status) {
+    let cache = cache.filter(|c| c.write);
+    if let (Some(_), Status::Complete, false) = (cache, plan.status, cacheable) {
+        notices.push(format!("batchfit: {}", cache::NO_HELPER_DATA));
+    }
+    let cache = cache.filter(|_| cacheable);
+    if let (Some(c), Some(key), Status::Complete) = (cache, key, plan.status) {
         if let Err(e) = cache::store(&c.dir, key, &plan) {
             notices.push(format!("batchfit: warning: the plan was not cached: {e}"));
         }
@@ -163,6 +170,24 @@ fn finish(
         written,
         notices,
     })
+}
+
+/// An `--exec` plan records the files its trials' reports say the command read, with their hashes
+/// (moved out of each trial's report). Whether the plan may be answered from the cache later: not
+/// an `--exec` plan, or one that knows what the command reads (the helper's reports or
+/// `--fingerprint-file`).
+fn record_read_files(plan: &mut Plan) -> bool {
+    let read = cache::read_files(&plan.trials);
+    for d in plan.trials.iter_mut().filter_map(|t| t.details.as_mut()) {
+        for r in d.report.iter_mut().chain(d.rank_reports.iter_mut()) {
+            r.read_files = None;
+        }
+    }
+    let plan::WorkloadInfo::Exec(info) = &mut plan.model else {
+        return true;
+    };
+    info.read_files = read;
+    info.read_files.is_some() || !info.fingerprint_files.is_empty()
 }
 
 fn one_device(

@@ -132,10 +132,17 @@ pub fn assemble(
         .clone()
         .unwrap_or_else(|| outcome.stop_reason.describe().to_string());
     let mut ending = Ending::of(outcome.stop_reason, outcome.interrupted_by);
+    let unshown = cfg.exec.as_ref().and(batch_not_shown(&outcome.trials));
     match split {
         Some(SplitOutcome { split, warnings }) => {
             plan.warnings.extend(warnings);
             match split {
+                Ok(_) if unshown.is_some() => {
+                    plan.stop_reason = StopReason::BatchNotShown;
+                    plan.stop_detail = unshown.unwrap_or_default();
+                    plan.status = Status::Partial;
+                    ending = Ending::TrialErrors;
+                }
                 Ok(s) => {
                     let max = outcome.max_fitting.expect("split only with a fit");
                     let rec =
@@ -239,6 +246,64 @@ pub fn non_monotone(trials: &[TrialRecord]) -> Option<String> {
             f.batch, o.batch
         )
     })
+}
+
+/// Why the trials of a user's command do not show that the batch size reaches it, if they do not:
+/// from the largest fitting size at most half the largest fit (else the smallest fit) to the
+/// largest fit, the peak must rise by more than the
+/// measurement noise (the spread of repeated trials of one size, at least
+/// [`crate::search::guided::MIN_RISE`] of the top peak), or a report of the largest fit must say
+/// the job read its size from batchfit and ran it (the helper's `reads_batch`). A job that ignores
+/// `{batch}`, or lowers its own batch after an out-of-memory (a batch-size finder, a retry), fits at
+/// every size with the same peak: its "fits" prove nothing. Fewer than two fitting sizes: nothing
+/// to compare.
+pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
+    let fits: Vec<(u64, u64)> = trials
+        .iter()
+        .filter(|t| t.outcome.fits())
+        .filter_map(|t| Some((t.batch, t.outcome.peak_bytes()?)))
+        .collect();
+    let hi = fits.iter().map(|f| f.0).max()?;
+    // the top: a job that retries smaller grows up to its real limit and is flat above it
+    let lo = (fits.iter().map(|f| f.0).filter(|&b| b <= hi / 2).max())
+        .or_else(|| fits.iter().map(|f| f.0).min())?;
+    if lo == hi {
+        return None;
+    }
+    let read = trials
+        .iter()
+        .filter(|t| t.batch == hi && t.outcome.fits())
+        .filter_map(|t| t.details.as_ref()?.report.as_ref())
+        .any(|r| r.reads_batch && r.batch == hi);
+    if read {
+        return None;
+    }
+    let peaks = |b: u64| fits.iter().filter(move |f| f.0 == b).map(|f| f.1);
+    let spread = fits
+        .iter()
+        .map(|&(b, _)| peaks(b).max().unwrap_or(0) - peaks(b).min().unwrap_or(0))
+        .max()
+        .unwrap_or(0);
+    let (low, high) = (peaks(lo).max()?, peaks(hi).min()?);
+    let noise = (spread as f64).max(crate::search::guided::MIN_RISE * high as f64);
+    let rise = high.saturating_sub(low);
+    if rise as f64 > noise {
+        return None;
+    }
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    Some(format!(
+        "refused: the batch size is not shown to reach the job: sizes {lo} and {hi} both fit \
+         with about the same peak ({:.0} MiB at {lo}, {:.0} MiB at {hi}; a rise of {:.1} MiB, within \
+         the {:.1} MiB noise), and no report says the job ran the size it was given. Likely causes: \
+         the script does not use the {{batch}} placeholder (nor BATCHFIT_BATCH), or the job adjusts \
+         its own batch size (a batch-size finder, or an out-of-memory retry inside the job); pass \
+         the size through and let an out-of-memory end the job (or report it with the helper's \
+         batch_size())",
+        mib(low),
+        mib(high),
+        mib(rise),
+        mib(noise as u64)
+    ))
 }
 
 /// Records in `plan` why a stage after the search stopped; returns the ending.

@@ -246,6 +246,16 @@ fn disagreement(e: &Evidence, line: &str) -> Option<String> {
     ))
 }
 
+/// The allocators' own out-of-memory messages (PyTorch's CUDA and CPU allocators, its exception
+/// class): on any line of a command that exited 0 they say the job caught an out-of-memory and went
+/// on (a batch-size finder, a retry at a smaller size), wherever it printed them. A hint that only
+/// names the problem (`if you see CUDA out of memory, lower the batch`) has none of them.
+const CAUGHT_OOM: [&str; 3] = [
+    "CUDA out of memory. Tried to allocate",
+    "OutOfMemoryError",
+    "DefaultCPUAllocator: can't allocate memory",
+];
+
 /// What a command that exited 0 proves, if anything stops it from being a fit (see the module doc).
 pub fn classify_clean_exit(c: &CleanExit) -> Option<Verdict> {
     if c.group_oom_kills > 0 {
@@ -265,13 +275,14 @@ pub fn classify_clean_exit(c: &CleanExit) -> Option<Verdict> {
     // only an exception line (the job's last, per rank) or the user's own --oom-pattern: a clean
     // run's last lines may be any log (`Tip: if you see CUDA out of memory, lower the batch`)
     let caught = oom_line(&exception_lines(c.output).join("\n"), &[])
-        .or_else(|| matching_line(c.output, |l| c.extra_markers.iter().any(|r| r.is_match(l))));
+        .or_else(|| matching_line(c.output, |l| c.extra_markers.iter().any(|r| r.is_match(l))))
+        .or_else(|| matching_line(c.output, |l| CAUGHT_OOM.iter().any(|m| l.contains(m))));
     if let Some(line) = caught {
         return Some(Verdict::Error(format!(
-            "the command exited 0, but its output reports an out-of-memory ({line}): a job that \
-             catches it (or a wrapper that hides its exit code) may not have trained this size; not \
-             a fit, and not counted as out of memory. Let the job exit non-zero when it runs out of \
-             memory"
+            "the command exited 0, but its output reports an out-of-memory ({line}): the job caught \
+             an out-of-memory and carried on (or a wrapper hides its exit code); batchfit cannot \
+             tell what batch it finally ran; not a fit, and not counted as out of memory. Let the \
+             job exit non-zero when it runs out of memory"
         )));
     }
     if !c.killed_descendants.is_empty() {
@@ -699,6 +710,34 @@ mod tests {
             !v.is_oom() && v.message().contains("left processes behind"),
             "{v:?}"
         );
+    }
+
+    /// Exit 0 after an allocator's out-of-memory message anywhere in the output, not only in the
+    /// last exception line (a job that caught it, logged it and retried at a smaller size), is an
+    /// error that says so; a hint that only names the problem is not.
+    #[test]
+    fn a_job_that_caught_an_oom_and_carried_on_is_no_fit() {
+        for out in [
+            "caught torch.OutOfMemoryError at batch 64, retrying with 32\nstep 1 done\n",
+            "warning: CUDA out of memory. Tried to allocate 2.00 GiB; halving the batch\nepoch 1\n",
+            "retry: DefaultCPUAllocator: can't allocate memory: you tried 8 GiB\nok\n",
+        ] {
+            let v = classify_clean_exit(&CleanExit {
+                output: out,
+                ..Default::default()
+            })
+            .unwrap_or_else(|| panic!("a fit: {out:?}"));
+            assert!(
+                !v.is_oom() && v.message().contains("caught an out-of-memory and carried on"),
+                "{v:?}"
+            );
+        }
+        let tip = "Tip: if you see CUDA out of memory, lower the batch\nINFO MemoryErrorHandler\n";
+        assert!(classify_clean_exit(&CleanExit {
+            output: tip,
+            ..Default::default()
+        })
+        .is_none());
     }
 
     /// Exit 0 whose decisive lines say memory ran out (a caught `torch.OutOfMemoryError`, a

@@ -418,6 +418,12 @@ pub struct TrialReport {
     /// it said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_steps: Option<u64>,
+    /// The files the job read (the helper's: its own modules outside the standard library and
+    /// installed packages, and the files under the working directory it opened for reading), as
+    /// absolute paths. Absent in a report that does not say (the plan then keeps them in
+    /// `model.read_files`, not per trial).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_files: Option<Vec<String>>,
 }
 
 fn one_u32() -> u32 {

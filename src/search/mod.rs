@@ -241,6 +241,9 @@ pub enum StopReason {
     /// Outcomes near the boundary disagreed and no size below the noise band fit twice within the
     /// trials allowed ([`noise::NOISY_TRIALS`]): partial.
     NoisyBoundary,
+    /// `--exec`: the fitting trials' peaks do not grow with the batch size and no report shows
+    /// the job ran the size it was given, so the size is not shown to reach the job: no answer.
+    BatchNotShown,
 }
 
 impl StopReason {
@@ -256,6 +259,10 @@ impl StopReason {
                 "trials failed with errors or timeouts, so no limit could be proven"
             }
             StopReason::Interrupted => "interrupted",
+            StopReason::BatchNotShown => {
+                "the batch size is not shown to reach the job: the fitting trials' peaks do not \
+                 grow with it, and no report says the job ran the size it was given"
+            }
             StopReason::ProvenWithinTolerance => {
                 "proven within the tolerance: the size fits and a size at most max(1, ⌊tolerance × \
                  size⌋) above it runs out of memory"

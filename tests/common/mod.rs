@@ -114,6 +114,15 @@ pub fn run_out_sh() -> String {
     )
 }
 
+/// A shell command that holds `mib` MiB (a shell word: `"$1"`) for a moment: the memory of a fake
+/// job that grows with its batch (tests/support/exec/hold.py), so the batch is shown to reach it.
+pub fn hold_sh(mib: &str) -> String {
+    format!(
+        "/usr/bin/python3 {} {mib}",
+        repo().join("tests/support/exec/hold.py").display()
+    )
+}
+
 /// This repository's root.
 pub fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -4,7 +4,7 @@
   cuda_oom.py [--batch {batch}] [--threshold T] [--style plain|torchrun-rank] [--reach-limit]
 
 Batch from --batch, else BATCHFIT_BATCH. batch > T (default 32): the traceback below on stderr, exit 1
-(what an uncaught torch.OutOfMemoryError does); otherwise exit 0. Standard library only. The message is
+(what an uncaught torch.OutOfMemoryError does); otherwise it holds `batch` MiB a moment and exits 0. Standard library only. The message is
 torch 2.11's (c10/cuda/CUDACachingAllocator.cpp), numbers made up for an H200. With --reach-limit the
 data segment is first taken to RLIMIT_DATA (oom.py), so that a cpu probe's measurements agree with the
 message (batchfit counts an out-of-memory message only then); without it the message comes at a tiny
@@ -45,6 +45,9 @@ def main():
         sys.exit("cuda_oom.py: no batch size: pass --batch N or set BATCHFIT_BATCH")
     print(f"cuda_oom: batch {args.batch}, fits up to {args.threshold}", flush=True)
     if args.batch <= args.threshold:
+        import hold  # next to this file: memory that grows with the batch
+
+        hold.hold(args.batch)
         return 0
     if args.reach_limit:
         import oom  # next to this file

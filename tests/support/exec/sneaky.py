@@ -21,6 +21,12 @@ either way. Modes (applied to every size):
   ranks-batch    reports world size 2; rank 1's report says another batch
   ranks-world    reports world size 3 (all three ranks' reports), while the plan is for 1
   maxrss         does nothing (a trial shorter than anything it could allocate)
+  grows          holds `batch` MiB a moment (hold.py): an honest job whose memory grows
+  ignore-batch   holds 8 MiB at every size and never runs out (a script that ignores its {batch})
+  retry-silent   above N each attempt takes the data segment to RLIMIT_DATA (its allocation fails
+                 there), then the job halves its batch until it is at most N (an out-of-memory
+                 retry inside the job, saying nothing), holds that many MiB, exits 0
+  retry-logged   the same, logging each caught out-of-memory in PyTorch's words on stderr
 """
 import json
 import mmap
@@ -45,6 +51,25 @@ if mode == "log-lines":
     print("Tip: if you see CUDA out of memory, lower the batch", file=sys.stderr, flush=True)
     if batch > fits_up_to:
         raise ValueError(f"label {batch} is out of range")
+    sys.exit(0)
+
+if mode in ("grows", "ignore-batch", "retry-silent", "retry-logged"):
+    import hold  # next to this file
+
+    ran = 8 if mode == "ignore-batch" else batch
+    while mode.startswith("retry") and ran > fits_up_to:
+        import oom
+
+        del oom.reach_limit(hold=0.1)[:]  # the attempt ran out at the limit (RLIMIT_DATA only)
+        if mode == "retry-logged":
+            print(f"caught torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {ran} MiB; "
+                  f"retrying with batch {ran // 2}", file=sys.stderr, flush=True)
+        ran //= 2
+    if ran > fits_up_to:
+        import oom
+
+        oom.run_out()
+    hold.hold(ran)
     sys.exit(0)
 
 if batch > fits_up_to:

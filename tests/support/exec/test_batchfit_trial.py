@@ -21,7 +21,7 @@ sys.path.insert(0, HELPER_DIR)
 import batchfit_trial as bt  # noqa: E402
 
 REPORT_KEYS = {"schema", "batch", "steps", "accumulation", "reads_accumulation", "reads_batch", "step_seconds",
-               "rank", "world_size", "cuda", "python", "torch"}
+               "rank", "world_size", "cuda", "python", "torch", "read_files"}
 
 
 class HelperCase(unittest.TestCase):
@@ -94,6 +94,40 @@ class InsideBatchfit(HelperCase):
             os.environ["BATCHFIT_BATCH"] = raw
             with self.assertRaisesRegex(bt.BatchfitError, "BATCHFIT_BATCH", msg=raw):
                 bt.batch_size(default=1)
+
+    def test_read_files_are_the_jobs_own_modules_and_the_files_it_read_under_the_working_directory(self):
+        import importlib
+        self.trial_env()
+        os.makedirs(os.path.join(self.tmp.name, "src"))
+        with open(os.path.join(self.tmp.name, "src", "local_model_for_test.py"), "w") as f:
+            f.write("WIDTH = 3\n")
+        sys.path.insert(0, os.path.join(self.tmp.name, "src"))
+        self.addCleanup(sys.path.remove, os.path.join(self.tmp.name, "src"))
+        self.addCleanup(sys.modules.pop, "local_model_for_test", None)
+        importlib.import_module("local_model_for_test")
+        cwd = os.getcwd()
+        os.chdir(self.tmp.name)
+        self.addCleanup(os.chdir, cwd)
+        with open("cfg.toml", "w") as f:
+            f.write("x = 1\n")
+        del bt._opened[:]
+        bt._record_open("open", ("cfg.toml", "r", 0))
+        bt._record_open("open", ("out.log", "w", 0))  # written, not read
+        bt._record_open("open", (3, "r", 0))  # a descriptor, not a path
+        files = bt.report(batch=16, steps=3) and self.read()["read_files"]
+        real = os.path.realpath(self.tmp.name)
+        names = [os.path.relpath(os.path.realpath(f), real) for f in files]
+        self.assertIn(os.path.join("src", "local_model_for_test.py"), names)
+        self.assertIn("cfg.toml", names)
+        self.assertNotIn("out.log", names)
+        self.assertFalse(any(f.endswith(os.sep + "json" + os.sep + "__init__.py") for f in files), files)
+
+    def test_a_failure_finding_the_read_files_leaves_the_report_whole(self):
+        self.trial_env()
+        with mock.patch.object(bt.sysconfig, "get_paths", side_effect=RuntimeError("broken")):
+            bt.report(batch=16, steps=3)
+        self.assertEqual(self.read()["batch"], 16)
+        bt._record_open("open", None)  # a malformed event never raises
 
     def test_report_has_exactly_the_schema(self):
         self.trial_env(batch=16, steps=3, accumulation=2)

@@ -1,0 +1,136 @@
+//! `batchfit probe --exec` and the plan cache: a cached plan answers only while what the job reads
+//! is unchanged. The helper reports the job's own modules and the files it opened under the working
+//! directory (the plan keeps their hashes, rechecked at every lookup); the environment, less the
+//! variables that do not change a job, is in the key; a job without the helper is answered from the
+//! cache only with `--fingerprint-file`. Each job is a fast standard-library fake (tests/support/exec).
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::path::Path;
+
+/// A job in `dir`: imports the local module `model.py` (its WIDTH), reads `cfg.toml` (its scale)
+/// and `$WIDTH_MULT`, holds batch × width × scale × mult MiB, and runs out of memory above 6 of them.
+fn write_job(dir: &Path) {
+    let support = repo().join("tests/support/exec");
+    let helper = repo().join("python/batchfit");
+    std::fs::write(dir.join("model.py"), "WIDTH = 1\n").unwrap();
+    std::fs::write(dir.join("cfg.toml"), "scale = 1\n").unwrap();
+    std::fs::write(
+        dir.join("job.py"),
+        format!(
+            "import os, sys\n\
+             sys.path[:0] = [{helper:?}, {support:?}]\n\
+             import batchfit_trial as bt\n\
+             import hold, model\n\
+             with open('cfg.toml') as f:\n    scale = int(f.read().split('=')[1])\n\
+             b = bt.batch_size(default=4)\n\
+             need = b * model.WIDTH * scale * int(os.environ.get('WIDTH_MULT', '1'))\n\
+             if need > 6:\n    import oom; oom.run_out()\n\
+             held = hold.hold(need, 0.1)\n\
+             with bt.Trial() as t:\n    for _ in range(bt.steps(default=1)): t.step()\n",
+            helper = helper.display().to_string(),
+            support = support.display().to_string(),
+        ),
+    )
+    .unwrap();
+}
+
+/// Probes `cmd` in `dir` with the plan cache `cache` and the variables `env`: the plan and stderr.
+fn probe(dir: &Path, cache: &Path, env: &[(&str, &str)], flags: &[&str], cmd: &[&str]) -> (Value, String) {
+    let out = dir.join("plan.json");
+    let _ = std::fs::remove_file(&out);
+    let o = batchfit()
+        .current_dir(dir)
+        .env("BATCHFIT_CACHE_DIR", cache)
+        .envs(env.iter().copied())
+        .args(["probe", "--backend", "cpu", "--cpu-limit", "rlimit"])
+        .args(["--memory-budget", "2GiB", "--max-batch", "16", "--out"])
+        .arg(&out)
+        .args(flags)
+        .arg("--exec")
+        .arg("--")
+        .args(cmd)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{err}");
+    (read_json(&out), err)
+}
+
+const JOB: [&str; 2] = ["/usr/bin/python3", "job.py"];
+
+/// Probes the job once, changes it with `change`, probes again: the second plan and stderr.
+fn probe_changed(change: impl FnOnce(&Path), env: [(&str, &str); 2]) -> (Value, Value, String) {
+    let d = tmp();
+    let cache = fresh_cache_dir();
+    write_job(d.path());
+    let (first, _) = probe(d.path(), &cache, &env[..1], &[], &JOB);
+    assert_eq!(first["recommendation"]["max_fitting_batch"], 6, "{first}");
+    change(d.path());
+    let (second, err) = probe(d.path(), &cache, &env[1..], &[], &JOB);
+    (first, second, err)
+}
+
+#[test]
+fn an_unchanged_job_is_answered_from_the_cache() {
+    let (first, _, err) = probe_changed(|_| {}, [("WIDTH_MULT", "1"), ("WIDTH_MULT", "1")]);
+    assert!(err.contains("plan from cache"), "{err}");
+    let read = first["model"]["read_files"].to_string();
+    for f in ["model.py", "cfg.toml", "job.py"] {
+        assert!(read.contains(f), "{f} not in {read}");
+    }
+    assert!(first["model"]["environment_sha256"].is_string(), "{}", first["model"]);
+}
+
+#[test]
+fn a_changed_local_module_is_not_answered_from_the_cache() {
+    let (_, second, err) = probe_changed(
+        |d| std::fs::write(d.join("model.py"), "WIDTH = 2\n").unwrap(),
+        [("WIDTH_MULT", "1"), ("WIDTH_MULT", "1")],
+    );
+    assert!(!err.contains("plan from cache"), "{err}");
+    assert!(err.contains("model.py changed since the plan was made"), "{err}");
+    assert_eq!(second["recommendation"]["max_fitting_batch"], 3, "{second}");
+}
+
+#[test]
+fn a_changed_config_file_the_job_reads_is_not_answered_from_the_cache() {
+    let (_, second, err) = probe_changed(
+        |d| std::fs::write(d.join("cfg.toml"), "scale = 3\n").unwrap(),
+        [("WIDTH_MULT", "1"), ("WIDTH_MULT", "1")],
+    );
+    assert!(!err.contains("plan from cache"), "{err}");
+    assert!(err.contains("cfg.toml changed since the plan was made"), "{err}");
+    assert_eq!(second["recommendation"]["max_fitting_batch"], 2, "{second}");
+}
+
+#[test]
+fn a_changed_environment_variable_is_not_answered_from_the_cache() {
+    let (_, second, err) = probe_changed(|_| {}, [("WIDTH_MULT", "1"), ("WIDTH_MULT", "2")]);
+    assert!(!err.contains("plan from cache"), "{err}");
+    assert_eq!(second["recommendation"]["max_fitting_batch"], 3, "{second}");
+}
+
+/// A job without the helper says nothing of what it reads: its plan is not answered from the cache
+/// (said in one line) unless `--fingerprint-file` names what it reads.
+#[test]
+fn a_job_without_the_helper_is_answered_from_the_cache_only_with_fingerprint_files() {
+    let d = tmp();
+    let cache = fresh_cache_dir();
+    let script = format!("[ \"$1\" -le 5 ] || {}; {}", run_out_sh(), hold_sh("$1"));
+    let cmd = ["sh", "-c", script.as_str(), "sh", "{batch}"];
+    for _ in 0..2 {
+        let (_, err) = probe(d.path(), &cache, &[], &[], &cmd);
+        assert!(!err.contains("plan from cache"), "{err}");
+        assert!(
+            err.contains("cache not used: the command reports no helper data"),
+            "{err}"
+        );
+    }
+    let hold = repo().join("tests/support/exec/hold.py");
+    let flags = ["--fingerprint-file", hold.to_str().unwrap()];
+    probe(d.path(), &cache, &[], &flags, &cmd);
+    let (_, err) = probe(d.path(), &cache, &[], &flags, &cmd);
+    assert!(err.contains("plan from cache"), "{err}");
+}
