@@ -685,7 +685,13 @@ fn stale_trial_cgroups_of_dead_batchfits_are_removed() {
 fn the_cache_key_of_a_command_covers_what_it_depends_on() {
     let d = tmp();
     let script = d.path().join("train.sh");
-    let fits_to = |n: u32| format!("[ \"$1\" -le {n} ] || {}; sleep 0.1\n", run_out_sh());
+    let fits_to = |n: u32| {
+        format!(
+            "[ \"$1\" -le {n} ] || {}; exec {}\n",
+            run_out_sh(),
+            hold_sh("$1")
+        )
+    };
     std::fs::write(&script, fits_to(5)).unwrap();
     let other_dir = d.path().join("elsewhere");
     std::fs::create_dir(&other_dir).unwrap();
@@ -710,6 +716,9 @@ fn the_cache_key_of_a_command_covers_what_it_depends_on() {
                 ])
                 .args(["--max-batch", "8", "--out"])
                 .arg(&out)
+                // the fake writes no helper report: its cache answer needs a fingerprint file
+                .arg("--fingerprint-file")
+                .arg(&script)
                 .args(flags)
                 .args(["--exec", "--", "/bin/sh"])
                 .arg(&script)
@@ -812,7 +821,11 @@ fn a_flood_of_output_costs_no_more_than_reading_it() {
 fn a_global_batch_caps_the_search_of_a_command() {
     let d = tmp();
     let out = d.path().join("plan.json");
-    let script = format!("[ \"$1\" -le 100 ] || {}; sleep 0.1", run_out_sh());
+    let script = format!(
+        "[ \"$1\" -le 100 ] || {}; exec {}",
+        run_out_sh(),
+        hold_sh("$1")
+    );
     let cmd = ["/bin/sh", "-c", &script, "sh", "{batch}"];
     let run = |flags: &[&str]| {
         let a = batchfit()
@@ -860,8 +873,9 @@ fn escaped_placeholders_and_trial_numbers() {
     let out = d.path().join("plan.json");
     let logs = d.path().join("logs");
     let script = format!(
-        "echo \"got $1 $2 trial=$BATCHFIT_TRIAL\"; [ \"$1\" -le 3 ] || {}; sleep 0.1",
-        run_out_sh()
+        "echo \"got $1 $2 trial=$BATCHFIT_TRIAL\"; [ \"$1\" -le 3 ] || {}; exec {}",
+        run_out_sh(),
+        hold_sh("$1")
     );
     let a = batchfit()
         .args([
