@@ -179,9 +179,10 @@ fn exec_sweep_passes_each_point_as_seq() {
     let seen = path(&d, "seen.txt");
     let script = format!(
         "echo \"$1 $2 $BATCHFIT_SEQ\" >> {}; \
-         [ $((8 + $1 * $2)) -le 200 ] || {}; sleep 0.1",
+         [ $((8 + $1 * $2)) -le 200 ] || {}; exec {}",
         seen.display(),
-        run_out_sh()
+        run_out_sh(),
+        hold_sh("$1")
     );
     batchfit()
         .args(["probe", "--backend", "cpu", "--memory-budget", "2GiB"])
