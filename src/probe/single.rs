@@ -253,7 +253,8 @@ pub fn non_monotone(trials: &[TrialRecord]) -> Option<String> {
 /// largest fit, the peak must rise by more than the
 /// measurement noise (the spread of repeated trials of one size, at least
 /// [`crate::search::guided::MIN_RISE`] of the top peak), or a report of the largest fit must say
-/// the job read its size from batchfit and ran it (the helper's `reads_batch`). A job that ignores
+/// the job read its size from batchfit and ran it (the helper's `reads_batch`), or a size above the
+/// largest fit must have run out of memory or over the budget. A job that ignores
 /// `{batch}`, or lowers its own batch after an out-of-memory (a batch-size finder, a retry), fits at
 /// every size with the same peak: its "fits" prove nothing. Fewer than two fitting sizes: nothing
 /// to compare.
@@ -275,7 +276,13 @@ pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
         .filter(|t| t.batch == hi && t.outcome.fits())
         .filter_map(|t| t.details.as_ref()?.report.as_ref())
         .any(|r| r.reads_batch && r.batch == hi);
-    if read {
+    // a size above the largest fit ran out of memory (or over the budget): the outcome changes with
+    // the size, so the size reaches the job even where its peak barely moves (a small model whose
+    // fixed part is most of the limit); a job that ignores its size or lowers it itself never fails
+    let bounded_above = trials
+        .iter()
+        .any(|t| t.batch > hi && t.outcome.is_bound());
+    if read || bounded_above {
         return None;
     }
     let peaks = |b: u64| fits.iter().filter(move |f| f.0 == b).map(|f| f.1);
