@@ -37,7 +37,13 @@ fn write_job(dir: &Path) {
 }
 
 /// Probes `cmd` in `dir` with the plan cache `cache` and the variables `env`: the plan and stderr.
-fn probe(dir: &Path, cache: &Path, env: &[(&str, &str)], flags: &[&str], cmd: &[&str]) -> (Value, String) {
+fn probe(
+    dir: &Path,
+    cache: &Path,
+    env: &[(&str, &str)],
+    flags: &[&str],
+    cmd: &[&str],
+) -> (Value, String) {
     let out = dir.join("plan.json");
     let _ = std::fs::remove_file(&out);
     let o = batchfit()
@@ -80,7 +86,11 @@ fn an_unchanged_job_is_answered_from_the_cache() {
     for f in ["model.py", "cfg.toml", "job.py"] {
         assert!(read.contains(f), "{f} not in {read}");
     }
-    assert!(first["model"]["environment_sha256"].is_string(), "{}", first["model"]);
+    assert!(
+        first["model"]["environment_sha256"].is_string(),
+        "{}",
+        first["model"]
+    );
 }
 
 #[test]
@@ -90,7 +100,10 @@ fn a_changed_local_module_is_not_answered_from_the_cache() {
         [("WIDTH_MULT", "1"), ("WIDTH_MULT", "1")],
     );
     assert!(!err.contains("plan from cache"), "{err}");
-    assert!(err.contains("model.py changed since the plan was made"), "{err}");
+    assert!(
+        err.contains("model.py changed since the plan was made"),
+        "{err}"
+    );
     assert_eq!(second["recommendation"]["max_fitting_batch"], 3, "{second}");
 }
 
@@ -101,7 +114,10 @@ fn a_changed_config_file_the_job_reads_is_not_answered_from_the_cache() {
         [("WIDTH_MULT", "1"), ("WIDTH_MULT", "1")],
     );
     assert!(!err.contains("plan from cache"), "{err}");
-    assert!(err.contains("cfg.toml changed since the plan was made"), "{err}");
+    assert!(
+        err.contains("cfg.toml changed since the plan was made"),
+        "{err}"
+    );
     assert_eq!(second["recommendation"]["max_fitting_batch"], 2, "{second}");
 }
 

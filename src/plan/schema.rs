@@ -326,10 +326,12 @@ pub const IGNORED_ENVIRONMENT: [&str; 32] = [
 
 /// Whether `name` is one of [`IGNORED_ENVIRONMENT`].
 fn ignored_variable(name: &str) -> bool {
-    IGNORED_ENVIRONMENT.iter().any(|p| match p.strip_suffix('*') {
-        Some(prefix) => name.starts_with(prefix),
-        None => name == *p,
-    })
+    IGNORED_ENVIRONMENT
+        .iter()
+        .any(|p| match p.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => name == *p,
+        })
 }
 
 /// SHA-256 of this process's environment (each variable's name and value, sorted) less

@@ -279,9 +279,7 @@ pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
     // a size above the largest fit ran out of memory (or over the budget): the outcome changes with
     // the size, so the size reaches the job even where its peak barely moves (a small model whose
     // fixed part is most of the limit); a job that ignores its size or lowers it itself never fails
-    let bounded_above = trials
-        .iter()
-        .any(|t| t.batch > hi && t.outcome.is_bound());
+    let bounded_above = trials.iter().any(|t| t.batch > hi && t.outcome.is_bound());
     if read || bounded_above {
         return None;
     }

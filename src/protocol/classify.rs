@@ -728,7 +728,9 @@ mod tests {
             })
             .unwrap_or_else(|| panic!("a fit: {out:?}"));
             assert!(
-                !v.is_oom() && v.message().contains("caught an out-of-memory and carried on"),
+                !v.is_oom()
+                    && v.message()
+                        .contains("caught an out-of-memory and carried on"),
                 "{v:?}"
             );
         }
