@@ -16,6 +16,7 @@
 pub mod cgroup;
 pub mod cpu;
 pub mod cuda;
+pub mod lanes;
 pub mod process;
 pub mod sim;
 pub mod tree;
@@ -128,5 +129,41 @@ pub trait Backend {
     /// tree measurements); `None` when there is nothing more.
     fn take_details(&mut self) -> Option<TrialDetails> {
         None
+    }
+    /// How many trials this device runs at once: 1, or the number of identical devices behind it
+    /// ([`lanes::Lanes`]: identical GPUs, `--parallel N`).
+    fn width(&self) -> usize {
+        1
+    }
+    /// Runs `reqs` (at most [`Backend::width`] of them) at once, each on its own device, and
+    /// returns their results in the order of `reqs`. One device runs them one after another.
+    fn run_round(&mut self, reqs: &[TrialRequest]) -> Vec<RoundTrial> {
+        reqs.iter().map(|r| run_one(self, *r, None)).collect()
+    }
+}
+
+/// One trial of a round ([`Backend::run_round`]) and what its record needs.
+#[derive(Debug)]
+pub struct RoundTrial {
+    pub outcome: Result<TrialOutcome, BackendError>,
+    pub isolation: Isolation,
+    pub details: Option<TrialDetails>,
+    /// Wall seconds of the trial, process start included.
+    pub seconds: f64,
+    /// The GPU it ran on, when the device is one of several.
+    pub gpu: Option<u32>,
+}
+
+/// Runs `req` on `b` and collects what its record needs.
+pub fn run_one<B: Backend + ?Sized>(b: &mut B, req: TrialRequest, gpu: Option<u32>) -> RoundTrial {
+    let isolation = b.isolation(&req);
+    let t0 = std::time::Instant::now();
+    let outcome = b.run_trial(req);
+    RoundTrial {
+        outcome,
+        isolation,
+        details: b.take_details(),
+        seconds: t0.elapsed().as_secs_f64(),
+        gpu,
     }
 }

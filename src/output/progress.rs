@@ -214,6 +214,7 @@ mod tests {
             seconds: 1.0,
             gpu_index: None,
             details: None,
+            round: None,
         };
         let s = status_line(5, &t, 2 << 30);
         assert!(

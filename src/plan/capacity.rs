@@ -1231,6 +1231,7 @@ mod tests {
             seconds: 1.0,
             gpu_index: None,
             details: None,
+            round: None,
         }
     }
 

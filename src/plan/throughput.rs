@@ -254,6 +254,7 @@ mod tests {
             seconds: 0.1,
             gpu_index: None,
             details: None,
+            round: None,
         }
     }
 

@@ -488,6 +488,7 @@ mod tests {
             seconds: 0.1,
             gpu_index: None,
             details: None,
+            round: None,
         }
     }
 

@@ -44,6 +44,7 @@
 pub mod bisect;
 pub mod guided;
 pub mod noise;
+pub mod rounds;
 
 use crate::device::{Backend, BackendError};
 use crate::protocol::{Isolation, TrialDetails, TrialOutcome, TrialRequest};
@@ -207,6 +208,10 @@ pub struct TrialRecord {
     /// More about a trial of a user's command (its output's tail, its report, its process tree).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub details: Option<TrialDetails>,
+    /// The round the trial ran in, when trials run several at once ([`rounds`]): trials of one
+    /// round ran side by side on identical devices; a trial alone in its round ran by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round: Option<u32>,
 }
 
 fn one() -> u32 {
@@ -413,6 +418,14 @@ pub fn upper_bound(hi: Option<u64>, ceiling: Option<u64>) -> Option<u64> {
 /// [`Proposal::measure`] of a never-tried size below `lo`.
 pub trait Strategy {
     fn propose(&mut self, st: &SearchState) -> Proposal;
+    /// Up to `k` distinct proposals for one round of trials run at once (`k` identical devices),
+    /// chosen to shrink the bracket the most; the first is what [`Strategy::propose`] would run
+    /// alone. The default: that proposal, the size whose out-of-memory would prove it, and sizes
+    /// spread over the rest of the bracket ([`rounds::around`]).
+    fn propose_round(&mut self, st: &SearchState, k: usize) -> Vec<Proposal> {
+        let first = self.propose(st);
+        rounds::around(st, first, k)
+    }
 }
 
 pub fn make_strategy(kind: StrategyKind) -> Box<dyn Strategy> {
@@ -477,6 +490,8 @@ pub struct Prober<'b> {
     strategy: Option<Box<dyn Strategy + 'b>>,
     /// The noisy boundary the search answered below, once outcomes disagreed.
     noise: Option<noise::NoisyBoundary>,
+    /// Rounds run so far, when the device runs several trials at once (`None`: one at a time).
+    round: Option<u32>,
 }
 
 /// Why a run of trials stopped early.
@@ -501,7 +516,9 @@ pub enum Confirmation {
 impl<'b> Prober<'b> {
     pub fn new(backend: &'b mut dyn Backend, cfg: SearchConfig, limit_bytes: u64) -> Self {
         backend.set_limit(limit_bytes);
+        let round = (backend.width() > 1).then_some(0);
         Prober {
+            round,
             backend,
             cfg,
             limit_bytes,
@@ -574,16 +591,36 @@ impl<'b> Prober<'b> {
         purpose: Purpose,
     ) -> Result<TrialOutcome, Stop> {
         self.budget_left()?;
-        let t0 = Instant::now();
         let req = TrialRequest {
             batch,
             steps,
             fresh: purpose != Purpose::Explore || !self.worker_trusted,
             accumulation: self.accumulation,
         };
-        let isolation = self.backend.isolation(&req);
         (self.on_start)(self.trials.len() + 1, &req);
-        let outcome = match self.backend.run_trial(req) {
+        let ran = crate::device::run_one(&mut *self.backend, req, None);
+        let round = self.next_round();
+        self.record(&req, purpose, ran, round)
+    }
+
+    /// The number of the next round, when trials run several at once.
+    fn next_round(&mut self) -> Option<u32> {
+        self.round.as_mut().map(|r| {
+            *r += 1;
+            *r
+        })
+    }
+
+    /// Records a trial that ran for `req` and returns its outcome (a trial with allocator retries
+    /// is a fit under `--allow-retries`).
+    fn record(
+        &mut self,
+        req: &TrialRequest,
+        purpose: Purpose,
+        ran: crate::device::RoundTrial,
+        round: Option<u32>,
+    ) -> Result<TrialOutcome, Stop> {
+        let outcome = match ran.outcome {
             Ok(o) => o,
             Err(BackendError::Interrupted(sig)) => return Err(Stop::Interrupted(sig)),
             Err(BackendError::Environment(m)) => return Err(Stop::Fatal(m)),
@@ -603,15 +640,16 @@ impl<'b> Prober<'b> {
             o => o,
         };
         let rec = TrialRecord {
-            batch,
-            steps,
+            batch: req.batch,
+            steps: req.steps,
             purpose,
-            isolation,
-            accumulation: self.accumulation,
+            isolation: ran.isolation,
+            accumulation: req.accumulation,
             outcome: outcome.clone(),
-            seconds: t0.elapsed().as_secs_f64(),
-            gpu_index: self.gpu,
-            details: self.backend.take_details(),
+            seconds: ran.seconds,
+            gpu_index: ran.gpu.or(self.gpu),
+            details: ran.details,
+            round,
         };
         self.trials.push(rec);
         (self.on_trial)(self.trials.last().unwrap(), &self.trials);
@@ -921,71 +959,153 @@ impl<'b> Prober<'b> {
                 confirm_ooms,
                 prior: self.cfg.prior.as_ref(),
             };
-            let proposal = strategy.propose(&state);
-            let i = proposal.index;
-            if proposal.measure {
-                // A measurement below the largest fit: only a size never tried (so a strategy
-                // cannot loop on it), run for its peak; whatever its outcome, the bracket stays.
-                let b = grid.batch(i);
-                if lo.is_none_or(|l| i >= l) || self.trials.iter().any(|t| t.batch == b) {
-                    found.0 = None;
-                    return Stop::Fatal(format!(
-                        "internal error: the {:?} strategy asked to measure size {b}, which is not \
-                         an untried size below the largest fit {:?}",
-                        self.cfg.strategy,
-                        lo.map(|l| grid.batch(l))
-                    ));
+            if self.backend.width() > 1 {
+                // Several trials at once: the strategy proposes a round, each checked as one.
+                let proposals = strategy.propose_round(&state, self.backend.width());
+                let planned: Result<Vec<_>, _> =
+                    proposals.iter().map(|p| self.plan_trial(&state, *p)).collect();
+                let outcomes = match planned.map_err(Stop::Fatal) {
+                    Ok(planned) => self.explore_round(&planned).map(|o| (planned, o)),
+                    Err(s) => Err(s),
+                };
+                match outcomes {
+                    Err(s) => {
+                        found.0 = None;
+                        return s;
+                    }
+                    Ok((planned, outcomes)) => {
+                        for (p, o) in planned.iter().zip(&outcomes) {
+                            if !p.measure {
+                                apply(o, p.index, &mut lo, &mut hi, &mut ceiling);
+                            }
+                        }
+                    }
                 }
-                if let Err(s) = self.trial(b, steps, Purpose::Explore) {
+                continue;
+            }
+            let proposal = strategy.propose(&state);
+            let p = match self.plan_trial(&state, proposal) {
+                Ok(p) => p,
+                Err(m) => {
+                    found.0 = None;
+                    return Stop::Fatal(m);
+                }
+            };
+            if p.measure {
+                // whatever its outcome, the bracket stays
+                if let Err(s) = self.trial(p.batch, p.steps, p.purpose) {
                     found.0 = None;
                     return s;
                 }
                 continue;
             }
-            // The engine owns the bracket: a proposal outside it would re-run a settled size (and a
-            // strategy that keeps doing so would never end), so it stops the search instead.
-            if lo.is_some_and(|l| i <= l) || upper.is_some_and(|u| i >= u) || i > grid.last_index {
-                found.0 = None;
-                return Stop::Fatal(format!(
-                    "internal error: the {:?} strategy proposed size {} outside the open bracket \
-                     (largest fit {:?}, smallest bound {:?})",
-                    self.cfg.strategy,
-                    grid.batch(i),
-                    lo.map(|l| grid.batch(l)),
-                    upper.map(|u| grid.batch(u))
-                ));
-            }
-            let b = grid.batch(i);
-            // A size whose fit would close the bracket is the answer if it fits: run it with the
-            // confirm steps at once (its fit is then also its confirmation), as a strategy may ask
-            // for a size it predicts to be the answer.
-            // Once the largest fit is confirmed, every trial above it runs so too: a fit there is then a
-            // confirmed bound at once, and an out-of-memory closes the proof just as well.
-            let lo_confirmed = lo.is_some_and(|l| self.confirmed(grid.batch(l)));
-            let as_candidate = (proposal.confirm || lo_confirmed || state.fit_would_close(i))
-                && confirm_steps > steps;
-            // A trial next to either end of the bracket may close it: run it fresh, so it is already
-            // the proof (saves the worker trial plus its fresh re-run under hybrid isolation).
-            let closing = as_candidate
-                || lo.is_some_and(|l| closes(l, i))
-                || state.fit_would_close(i)
-                || upper.is_some_and(|u| i + 1 == u);
-            let purpose = if closing {
-                Purpose::Proof
-            } else {
-                Purpose::Explore
-            };
-            let trial_steps = if as_candidate { confirm_steps } else { steps };
-            match self.trial_with_retry(b, trial_steps, purpose) {
+            match self.trial_with_retry(p.batch, p.steps, p.purpose) {
                 Err(s) => {
                     found.0 = None;
                     return s;
                 }
-                Ok(TrialOutcome::Fits { .. }) => lo = Some(i),
-                Ok(o) if o.is_bound() => hi = Some(hi.map_or(i, |h| h.min(i))),
-                Ok(_) => ceiling = Some(ceiling.map_or(i, |c| c.min(i))),
+                Ok(o) => apply(&o, p.index, &mut lo, &mut hi, &mut ceiling),
             }
         }
+    }
+
+    /// How a proposal runs: its size, steps and purpose; an error when the engine refuses it (a
+    /// measurement of a tried size or one not below the largest fit, a size outside the open
+    /// bracket).
+    fn plan_trial(&self, st: &SearchState, proposal: Proposal) -> Result<Planned, String> {
+        let (grid, lo, steps, confirm_steps) = (st.grid, st.lo, st.steps, st.confirm_steps);
+        let upper = upper_bound(st.hi, st.ceiling);
+        let closes = |l: u64, h: u64| {
+            h > l && within_tolerance(grid.batch(l), grid.batch(h), st.tolerance, grid.step)
+        };
+        let i = proposal.index;
+        let b = grid.batch(i);
+        if proposal.measure {
+            // A measurement below the largest fit: only a size never tried (so a strategy
+            // cannot loop on it), run for its peak; whatever its outcome, the bracket stays.
+            if lo.is_none_or(|l| i >= l) || self.trials.iter().any(|t| t.batch == b) {
+                return Err(format!(
+                    "internal error: the {:?} strategy asked to measure size {b}, which is not \
+                     an untried size below the largest fit {:?}",
+                    self.cfg.strategy,
+                    lo.map(|l| grid.batch(l))
+                ));
+            }
+            return Ok(Planned {
+                index: i,
+                batch: b,
+                steps,
+                purpose: Purpose::Explore,
+                measure: true,
+            });
+        }
+        // The engine owns the bracket: a proposal outside it would re-run a settled size (and a
+        // strategy that keeps doing so would never end), so it stops the search instead.
+        if lo.is_some_and(|l| i <= l) || upper.is_some_and(|u| i >= u) || i > grid.last_index {
+            return Err(format!(
+                "internal error: the {:?} strategy proposed size {} outside the open bracket \
+                 (largest fit {:?}, smallest bound {:?})",
+                self.cfg.strategy,
+                b,
+                lo.map(|l| grid.batch(l)),
+                upper.map(|u| grid.batch(u))
+            ));
+        }
+        // A size whose fit would close the bracket is the answer if it fits: run it with the
+        // confirm steps at once (its fit is then also its confirmation), as a strategy may ask
+        // for a size it predicts to be the answer.
+        // Once the largest fit is confirmed, every trial above it runs so too: a fit there is then a
+        // confirmed bound at once, and an out-of-memory closes the proof just as well.
+        let lo_confirmed = lo.is_some_and(|l| self.confirmed(grid.batch(l)));
+        let as_candidate =
+            (proposal.confirm || lo_confirmed || st.fit_would_close(i)) && confirm_steps > steps;
+        // A trial next to either end of the bracket may close it: run it fresh, so it is already
+        // the proof (saves the worker trial plus its fresh re-run under hybrid isolation).
+        let closing = as_candidate
+            || lo.is_some_and(|l| closes(l, i))
+            || st.fit_would_close(i)
+            || upper.is_some_and(|u| i + 1 == u);
+        Ok(Planned {
+            index: i,
+            batch: b,
+            steps: if as_candidate { confirm_steps } else { steps },
+            purpose: if closing {
+                Purpose::Proof
+            } else {
+                Purpose::Explore
+            },
+            measure: false,
+        })
+    }
+}
+
+/// A proposal as the engine runs it.
+#[derive(Debug, Clone, Copy)]
+struct Planned {
+    index: u64,
+    batch: u64,
+    steps: u32,
+    purpose: Purpose,
+    /// A measurement below the largest fit: its outcome never moves the bracket.
+    measure: bool,
+}
+
+/// Moves the bracket by one trial's outcome at grid index `i`: a fit raises the largest fit, an
+/// out-of-memory lowers the smallest bound, an error or a timeout (after its retry) only caps the
+/// exploration.
+fn apply(
+    o: &TrialOutcome,
+    i: u64,
+    lo: &mut Option<u64>,
+    hi: &mut Option<u64>,
+    ceiling: &mut Option<u64>,
+) {
+    if o.fits() {
+        *lo = Some(lo.map_or(i, |l| l.max(i)));
+    } else if o.is_bound() {
+        *hi = Some(hi.map_or(i, |h| h.min(i)));
+    } else {
+        *ceiling = Some(ceiling.map_or(i, |c| c.min(i)));
     }
 }
 

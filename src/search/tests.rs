@@ -117,7 +117,7 @@ fn the_trial_cap_fails_a_search_that_does_not_end() {
 /// Every reported size must have been tested with the confirm steps and fit, and a size above it
 /// (the next one, or one within the tolerance) must have been tested and run out of memory (or the
 /// cap reached).
-fn check_invariant(out: &SearchOutcome, cfg: &SearchConfig) {
+pub(super) fn check_invariant(out: &SearchOutcome, cfg: &SearchConfig) {
     if let Some(b) = out.max_fitting {
         let rec = out.best_record(b).expect("reported size was tested");
         assert!(rec.steps >= cfg.confirm_steps, "reported size confirmed");

@@ -1,0 +1,171 @@
+use super::super::tests::check_invariant;
+use crate::device::lanes::{Lane, Lanes};
+use crate::device::Backend;
+use crate::protocol::TrialOutcome;
+use crate::search::{
+    bisect, tolerance_gap, Grid, Prober, Purpose, SearchConfig, SearchOutcome, SearchState, Strategy, StrategyKind,
+};
+use crate::device::sim::{SimBackend, SimSpec};
+use proptest::prelude::*;
+
+const MIB: u64 = 1 << 20;
+
+/// A search over `k` copies of the sim device `spec` (one trial per copy per round), with the
+/// number of trials each copy ran.
+fn search_on(spec: &SimSpec, cfg: &SearchConfig, k: usize) -> (SearchOutcome, Vec<u64>) {
+    let mut sims: Vec<SimBackend> = (0..k).map(|_| SimBackend::new(spec.clone())).collect();
+    let lanes = sims
+        .iter_mut()
+        .enumerate()
+        .map(|(i, s)| Lane {
+            backend: s as &mut (dyn Backend + Send),
+            gpu: Some(i as u32),
+        })
+        .collect();
+    let mut set = Lanes::new(lanes);
+    let out = Prober::new(&mut set, cfg.clone(), spec.capacity).search();
+    drop(set);
+    (out, sims.iter().map(|s| s.trials_run).collect())
+}
+
+/// Rounds of a search: its trials' distinct round numbers (every trial is its own round when the
+/// trials ran one at a time).
+fn rounds(out: &SearchOutcome) -> usize {
+    let mut r: Vec<u32> = out.trials.iter().filter_map(|t| t.round).collect();
+    r.dedup();
+    r.len() + out.trials.iter().filter(|t| t.round.is_none()).count()
+}
+
+#[test]
+fn one_device_runs_no_rounds() {
+    let spec = SimSpec::affine(0, MIB, 1000 * MIB);
+    let (out, _) = search_on(&spec, &SearchConfig::default(), 1);
+    assert!(out.trials.iter().all(|t| t.round.is_none()));
+    assert_eq!(out.max_fitting, Some(spec.true_max(1000 * MIB, 5, 1_000_000)));
+}
+
+#[test]
+fn a_round_runs_one_trial_per_device_and_records_its_number() {
+    let spec = SimSpec::parse("base=1GiB,per-sample=3MiB,capacity=16GiB").unwrap();
+    let (out, per_lane) = search_on(&spec, &SearchConfig::default(), 4);
+    let mut last = 0;
+    for t in &out.trials {
+        let r = t.round.expect("every trial of a parallel search has a round");
+        assert!(r >= last, "rounds are numbered in order");
+        last = r;
+        let same: Vec<_> = out.trials.iter().filter(|u| u.round == t.round).collect();
+        assert!(same.len() <= 4);
+        let mut gpus: Vec<_> = same.iter().map(|u| u.gpu_index).collect();
+        gpus.sort();
+        gpus.dedup();
+        assert_eq!(gpus.len(), same.len(), "one trial per device in round {r}");
+    }
+    assert!(per_lane.iter().skip(1).all(|&n| n > 0), "{per_lane:?}");
+    assert_eq!(per_lane.iter().sum::<u64>(), out.trials.len() as u64);
+}
+
+#[test]
+fn bisection_spreads_a_round_evenly_over_the_bracket() {
+    let grid = Grid::new(1, 1000, 1).unwrap();
+    let st = SearchState {
+        grid,
+        lo: Some(99),
+        hi: Some(199),
+        ceiling: None,
+        trials: &[],
+        limit_bytes: 1,
+        steps: 2,
+        base_steps: 2,
+        confirm_steps: 5,
+        tolerance: 0.0,
+        confirm_ooms: false,
+        prior: None,
+    };
+    let mut s = bisect::DoublingBisection::default();
+    let got: Vec<u64> = s.propose_round(&st, 4).iter().map(|p| p.index).collect();
+    assert_eq!(got, vec![119, 139, 159, 179]);
+    // a bracket with fewer sizes than devices: each size once
+    let st = SearchState {
+        hi: Some(102),
+        ..st
+    };
+    let got: Vec<u64> = s.propose_round(&st, 8).iter().map(|p| p.index).collect();
+    assert_eq!(got, vec![100, 101]);
+}
+
+/// Rounds and trials for k = 1, 2, 4, 8 devices on one scripted curve, both strategies: more devices,
+/// fewer rounds; every answer proven, within the tolerance of the truth (printed with
+/// `--nocapture` for the record).
+#[test]
+fn more_devices_need_fewer_rounds_for_the_same_answer() {
+    let spec = SimSpec::parse("base=4GiB,per-sample=300MiB,capacity=141GiB,knee=8").unwrap();
+    for strategy in [StrategyKind::Guided, StrategyKind::Bisect] {
+        let cfg = SearchConfig {
+            strategy,
+            ..SearchConfig::default()
+        };
+        let truth = spec.true_max(spec.capacity, cfg.confirm_steps, cfg.max_batch);
+        let mut seen = vec![];
+        for k in [1, 2, 4, 8] {
+            let (out, _) = search_on(&spec, &cfg, k);
+            check_invariant(&out, &cfg);
+            let b = out.max_fitting.expect("an answer");
+            assert!(b <= truth && b + tolerance_gap(b, cfg.tolerance, 1) >= truth);
+            println!(
+                "{strategy:?} k={k}: {} rounds, {} trials, answer {:?}",
+                rounds(&out),
+                out.trials.len(),
+                out.max_fitting
+            );
+            seen.push((rounds(&out), out.max_fitting));
+        }
+        assert!(seen[3].0 < seen[0].0, "{strategy:?}: {seen:?}");
+        assert!(seen.windows(2).all(|w| w[1].0 <= w[0].0), "{seen:?}");
+    }
+}
+
+#[test]
+fn errors_in_a_round_are_retried_and_never_evidence() {
+    // every trial at 256 (on the doubling ladder) ends in an error: never a fit, never an
+    // out-of-memory; the search on one device says the same
+    let spec = SimSpec::parse("base=0,per-sample=1MiB,capacity=1000MiB,fail-at=256").unwrap();
+    let cfg = SearchConfig {
+        strategy: StrategyKind::Bisect,
+        tolerance: 0.0,
+        ..SearchConfig::default()
+    };
+    let (out, _) = search_on(&spec, &cfg, 3);
+    let (one, _) = search_on(&spec, &cfg, 1);
+    let at: Vec<_> = out.trials.iter().filter(|t| t.batch == 256).collect();
+    assert!(at.len() >= 2, "an error in a round is retried: {:?}", out.trials);
+    assert!(at.iter().all(|t| matches!(t.outcome, TrialOutcome::Error { .. })));
+    assert!(at[1..].iter().all(|t| t.purpose == Purpose::Retry));
+    assert_eq!(out.max_fitting, one.max_fitting);
+    assert_eq!(out.stop_reason, one.stop_reason);
+    assert_ne!(out.first_failing, Some(256));
+}
+
+proptest! {
+    /// For random monotone devices, the search on k devices at once answers what the search on one
+    /// answers, and the proof holds: the answer fit with the confirmation's steps and the next size
+    /// up ran out of memory.
+    #[test]
+    fn k_way_search_answers_as_the_one_way_search(
+        base in 0u64..(4u64<<30), per in 1u64..(64*MIB), cap in (64*MIB)..(100u64<<30),
+        knee in 0u64..200, jump_at in 1u64..100_000, jump in 0u64..(512*MIB),
+        late in 0u64..(64*1024), mult in prop::sample::select(vec![1u64, 2, 8]),
+        k in 2usize..9,
+        strategy in prop::sample::select(vec![StrategyKind::Bisect, StrategyKind::Guided])) {
+        let mut spec = SimSpec::affine(base, per, cap);
+        spec.knee = knee;
+        spec.jumps = vec![(jump_at, jump)];
+        spec.late_per_sample = late;
+        let cfg = SearchConfig { multiple_of: mult, strategy, tolerance: 0.0, ..SearchConfig::default() };
+        let (one, _) = search_on(&spec, &cfg, 1);
+        let (many, per_lane) = search_on(&spec, &cfg, k);
+        prop_assert!(per_lane.iter().sum::<u64>() <= 200, "{:?} trials", per_lane);
+        prop_assert_eq!(many.max_fitting, one.max_fitting);
+        prop_assert_eq!(many.stop_reason, one.stop_reason);
+        check_invariant(&many, &cfg);
+    }
+}
