@@ -348,6 +348,11 @@ pub struct ProbeArgs {
     /// Default: 0.
     #[arg(long, value_name = "all|0,2,…")]
     pub gpus: Option<String>,
+    /// cpu and sim: run N trials at once, each its own process under its own limit (the search
+    /// proposes N sizes per round). On the cpu, N budgets must fit in the memory available now. On
+    /// cuda, identical GPUs of --gpus run one trial each per round by themselves.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub parallel: u32,
     /// cuda: count a trial that completes only after the caching allocator flushed its cache and
     /// retried (outcome `retries`: slow, and close to an OOM) as a fit.
     #[arg(long)]

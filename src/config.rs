@@ -46,6 +46,8 @@ pub struct ProbeConfig {
     pub world_size_given: bool,
     /// `--gpus` as given (checked for syntax here, against NVML when the backend starts).
     pub gpus: Option<String>,
+    /// `--parallel N`: trials at once on the cpu or sim device (1: one at a time).
+    pub parallel: u32,
     /// `--compare-alloc-conf`.
     pub compare_alloc_conf: bool,
     /// `PYTORCH_CUDA_ALLOC_CONF` for cuda trials (from the environment; recorded in the plan).
@@ -325,6 +327,33 @@ fn size(flag: &str, v: &str) -> Result<u64, ConfigError> {
 /// durations near the top of the range overflow clocks.
 pub const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
 
+/// Why `--parallel N` cannot run as given, if it cannot: N is 0, the trials share one worker
+/// (`--isolation hybrid`), or the device is a GPU (identical GPUs of `--gpus` run in rounds by
+/// themselves).
+fn parallel_refused(a: &ProbeArgs, backend: &BackendChoice) -> Option<String> {
+    if a.parallel == 0 {
+        return Some("--parallel 0: give the number of trials to run at once (1 or more)".into());
+    }
+    if a.parallel == 1 {
+        return None;
+    }
+    if a.isolation == IsolationArg::Hybrid {
+        return Some(format!(
+            "--parallel {} runs each trial in its own process, and --isolation hybrid runs \
+             exploration in one worker; drop one of them",
+            a.parallel
+        ));
+    }
+    if *backend == BackendChoice::Cuda || a.gpus.is_some() {
+        return Some(format!(
+            "--parallel {} is for the cpu and sim backends: on cuda, give --gpus (identical GPUs \
+             run one trial each per round by themselves)",
+            a.parallel
+        ));
+    }
+    None
+}
+
 /// Why `--isolation hybrid` is refused on cuda (explicit, or chosen by `--backend auto`).
 pub const HYBRID_ON_CUDA: &str = "--isolation hybrid is for the cpu backend: on cuda every trial runs \
      in a fresh process, because a long-lived worker keeps its CUDA context and whatever the caching \
@@ -426,6 +455,9 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     }
     if a.isolation == IsolationArg::Hybrid && backend == BackendChoice::Cuda {
         return err(HYBRID_ON_CUDA.into());
+    }
+    if let Some(why) = parallel_refused(a, &backend) {
+        return err(why);
     }
     if let Some(g) = &a.gpus {
         let ok = g.trim() == "all"
@@ -618,6 +650,7 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         world_size,
         world_size_given: a.world_size.is_some(),
         gpus: a.gpus.clone(),
+        parallel: a.parallel,
         compare_alloc_conf: a.compare_alloc_conf,
         alloc_conf: std::env::var("PYTORCH_CUDA_ALLOC_CONF")
             .ok()

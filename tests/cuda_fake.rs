@@ -457,3 +457,118 @@ fn several_gpus_use_the_cache_write_partial_plans_and_refuse_compare() {
         .code(2)
         .stderr(predicate::str::contains("give one GPU"));
 }
+
+/// `n` identical idle H200s.
+fn identical(dir: &tempfile::TempDir, n: u32, sim: &str) -> PathBuf {
+    let total = 141 * GIB;
+    let gpus: Vec<Value> = (0..n)
+        .map(|i| {
+            json!({"index": i, "name": "NVIDIA H200", "uuid": format!("GPU-{i}{i}{i}{i}"),
+                   "total_bytes": total, "free_bytes": total - GIB / 2,
+                   "used_bytes": GIB / 2, "processes": []})
+        })
+        .collect();
+    let p = dir.path().join("identical.json");
+    write_json(&p, &json!({"driver": "580.95", "gpus": gpus, "sim": [sim]}));
+    p
+}
+
+/// Rounds of trials before the first confirmation of the answer (its split on every GPU).
+fn rounds_before_confirmation(p: &Value) -> usize {
+    let mut rounds: Vec<u64> = p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .take_while(|t| t["purpose"] != "split" && t["purpose"] != "confirm")
+        .map(|t| t["round"].as_u64().expect("every trial has its round"))
+        .collect();
+    rounds.dedup();
+    rounds.len()
+}
+
+/// Eight identical GPUs search together, one trial per GPU per round: at most three rounds before
+/// the confirmation, the answer the search of one GPU gives under the same limit (the exact proof's,
+/// which is one size; within the tolerance, each may stop at another size of its last gap),
+/// confirmed on every GPU.
+#[test]
+fn eight_identical_gpus_search_in_rounds_and_answer_as_one() {
+    let d = tmp();
+    let curves = [CURVE, "base=4GiB,per-sample=300MiB,capacity=141GiB,knee=16"];
+    for (curve, tolerance) in curves.iter().flat_map(|c| [(c, "0"), (c, "0.005")]) {
+        let f = identical(&d, 8, curve);
+        let p = plan_of(probe(&f).args(["--gpus", "all", "--tolerance", tolerance]));
+        assert_eq!(p["search"]["parallel"], 8, "{}", p["search"]);
+        assert!(p["search"].get("parallel_fallback").is_none());
+        let rounds = rounds_before_confirmation(&p);
+        assert!(rounds <= 3, "{rounds} rounds: {}", p["trials"]);
+        let trials = p["trials"].as_array().unwrap();
+        // each round ran at most one trial per GPU, and more than one GPU explored
+        let explored: std::collections::BTreeSet<u64> = trials
+            .iter()
+            .filter(|t| t["purpose"] != "split")
+            .map(|t| t["gpu_index"].as_u64().unwrap())
+            .collect();
+        assert!(explored.len() > 1, "{explored:?}");
+        for t in trials {
+            let same: Vec<u64> = trials
+                .iter()
+                .filter(|u| u["round"] == t["round"])
+                .map(|u| u["gpu_index"].as_u64().unwrap())
+                .collect();
+            let distinct: std::collections::BTreeSet<_> = same.iter().collect();
+            assert_eq!(distinct.len(), same.len(), "{same:?}");
+        }
+        // confirmed on every GPU
+        let per = p["gpu"]["per_gpu"].as_array().unwrap();
+        assert_eq!(per.len(), 8);
+        assert!(per.iter().all(|g| g["confirmed"] == true), "{per:?}");
+        // one GPU, searched one trial at a time under the same limit (world size 8: the same DDP
+        // reserve), answers the same
+        let one =
+            plan_of(probe(&f).args(["--gpus", "0", "--world-size", "8", "--tolerance", tolerance]));
+        assert_eq!(one["limit_bytes"], p["limit_bytes"]);
+        assert!(one["search"].get("parallel").is_none());
+        let (ours, theirs) = (
+            p["recommendation"]["max_fitting_batch"].as_u64().unwrap(),
+            one["recommendation"]["max_fitting_batch"].as_u64().unwrap(),
+        );
+        if tolerance == "0" {
+            assert_eq!(ours, theirs, "{curve}");
+        } else {
+            assert!(ours.abs_diff(theirs) <= ours / 200, "{ours} vs {theirs}");
+        }
+        assert!(
+            rounds < one["trials"].as_array().unwrap().len(),
+            "{rounds} rounds vs {} trials",
+            one["trials"]
+        );
+    }
+}
+
+/// GPUs that differ (another job's 20 GiB on GPU 0) search each on their own, and the plan says why.
+#[test]
+fn gpus_that_differ_search_each_and_the_plan_says_why() {
+    let d = tmp();
+    let f = fake(&d, &[CURVE]);
+    let p = plan_of(probe(&f).args(["--gpus", "all"]));
+    let why = p["search"]["parallel_fallback"].as_str().expect("says why");
+    assert!(why.contains("GPU 0 has") && why.contains("free"), "{why}");
+    assert!(p["search"].get("parallel").is_none());
+    assert!(p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|t| t.get("round").is_none()));
+}
+
+/// `--parallel` is for the cpu and sim devices: on cuda, identical GPUs run in rounds by themselves.
+#[test]
+fn parallel_on_cuda_is_a_usage_error() {
+    let d = tmp();
+    let f = fake(&d, &[CURVE]);
+    probe(&f)
+        .args(["--parallel", "2"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--gpus"));
+}

@@ -19,6 +19,7 @@ use super::{Backend, BackendError, DeviceInfo, DeviceKind, IsolationMode, LimitM
 use crate::platform::sysmem;
 use crate::protocol::{Isolation, Placement, TrialDetails, TrialOutcome, TrialRequest, Workload};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,7 +38,8 @@ pub struct CpuBackend {
     cgroup: Option<cgroup::Parent>,
     /// `--logs DIR`: each trial's whole output.
     logs: Option<PathBuf>,
-    trials: u32,
+    /// Trials started, shared with the other devices of `--parallel` (cgroup and log names).
+    trials: Arc<AtomicU32>,
     details: Option<TrialDetails>,
 }
 
@@ -77,7 +79,7 @@ impl CpuBackend {
             worker: None,
             cgroup: None,
             logs: None,
-            trials: 0,
+            trials: Arc::new(AtomicU32::new(0)),
             details: None,
         })
     }
@@ -87,6 +89,13 @@ impl CpuBackend {
     pub fn with_cgroup(mut self, parent: cgroup::Parent) -> Self {
         cgroup::remove_stale(&parent);
         self.cgroup = Some(parent);
+        self
+    }
+
+    /// Numbers its trials together with `other`'s (`--parallel`: devices of one probe running
+    /// trials at once), so that no two trials share a cgroup's or a log's name.
+    pub fn numbered_with(mut self, other: &CpuBackend) -> Self {
+        self.trials = other.trials.clone();
         self
     }
 
@@ -106,13 +115,13 @@ impl CpuBackend {
     }
 
     fn run_fresh(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
-        self.trials += 1;
+        let n = self.trials.fetch_add(1, Ordering::SeqCst) + 1;
         let tree = self.workload.measured_by_device();
         let group = match &self.cgroup {
             Some(parent) => Some(
                 Group::create(
                     parent,
-                    &format!("batchfit-{}-{}", std::process::id(), self.trials),
+                    &format!("batchfit-{}-{n}", std::process::id()),
                     self.limit,
                 )
                 .map_err(BackendError::Environment)?,
@@ -126,7 +135,7 @@ impl CpuBackend {
             log: self.logs.as_ref().map(|d| {
                 d.join(format!(
                     "trial-{:03}-b{}-a{}",
-                    self.trials, req.batch, req.accumulation
+                    n, req.batch, req.accumulation
                 ))
             }),
             own_child: !tree,

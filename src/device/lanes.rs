@@ -57,7 +57,10 @@ impl Backend for Lanes<'_> {
         self.lanes.len()
     }
     fn run_round(&mut self, reqs: &[TrialRequest]) -> Vec<RoundTrial> {
-        assert!(reqs.len() <= self.lanes.len(), "a round has one trial per device");
+        assert!(
+            reqs.len() <= self.lanes.len(),
+            "a round has one trial per device"
+        );
         std::thread::scope(|s| {
             let handles: Vec<_> = self
                 .lanes

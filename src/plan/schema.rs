@@ -714,6 +714,14 @@ pub struct SearchSettings {
     /// the outcomes never disagreed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub noisy_boundary: Option<crate::search::noise::NoisyBoundary>,
+    /// Trials run at once in each round of the search (identical GPUs, `--parallel N`); each
+    /// trial's `round` says which round it ran in. Absent: one trial at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<u32>,
+    /// Why several GPUs were not searched together in rounds (they differ), when they were not:
+    /// each then ran its own search, as `gpu.per_gpu` shows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_fallback: Option<String>,
 }
 
 impl SearchSettings {
@@ -736,6 +744,8 @@ impl SearchSettings {
             allow_retries: c.allow_retries,
             tolerance: Some(c.tolerance),
             noisy_boundary: None,
+            parallel: None,
+            parallel_fallback: None,
         }
     }
 }

@@ -26,6 +26,7 @@ pub mod verify;
 pub use report::{progress_line, Ending, ProbeError, ProbeReport, Progress};
 
 use crate::config::ProbeConfig;
+use crate::device::lanes::{Lane, Lanes};
 use crate::device::sim::SimBackend;
 use crate::device::Backend;
 use crate::plan::{self, GpuSection, Plan, Status};
@@ -77,16 +78,25 @@ pub fn run_cached(
     let cache = cache.filter(|_| cfg.fault.is_none());
     match devices {
         Devices::Sim(spec) => {
-            let mut b = SimBackend::new(spec);
-            one_device(cfg, &mut b, None, None, progress, cache)
+            let mut sims: Vec<SimBackend> = (0..cfg.parallel.max(1))
+                .map(|_| SimBackend::new(spec.clone()))
+                .collect();
+            let mut set = side_by_side(&mut sims);
+            one_device(cfg, &mut set, None, None, progress, cache)
         }
         Devices::Cpu => {
-            let mut b = setup::cpu_backend(cfg, &mut notices)?;
+            let mut cpus = setup::cpu_backends(cfg, &mut notices)?;
             for n in notices.drain(..) {
                 progress.line(&n);
             }
-            one_device(cfg, &mut b, None, None, progress, cache)
+            let mut set = side_by_side(&mut cpus);
+            one_device(cfg, &mut set, None, None, progress, cache)
         }
+        Devices::Cuda(_) if cfg.parallel > 1 => Err(ProbeError::Usage(format!(
+            "--parallel {} is for the cpu and sim backends, and --backend auto chose cuda: give \
+             --gpus (identical GPUs run one trial each per round by themselves), or --backend cpu",
+            cfg.parallel
+        ))),
         Devices::Cuda(gpus) => {
             let (c, note) = setup::cuda_effective(cfg, &gpus)?;
             if gpus.indices.len() > 1 && c.exec.is_some() {
@@ -100,6 +110,20 @@ pub fn run_cached(
             one_device(&c, &mut b, Some(section), note, progress, cache)
         }
     }
+}
+
+/// `devices` as one device that runs a round of trials at once, one on each (one device: trials
+/// one at a time, as always).
+fn side_by_side<B: Backend + Send>(devices: &mut [B]) -> Lanes<'_> {
+    Lanes::new(
+        devices
+            .iter_mut()
+            .map(|b| Lane {
+                backend: b as &mut (dyn Backend + Send),
+                gpu: None,
+            })
+            .collect(),
+    )
 }
 
 /// The plan for `key` from the cache, written to `--out`, when the cache has a usable one; a

@@ -10,6 +10,12 @@
 //! while the searches run, the partial plan beside `--out` holds every GPU's trials so far (each
 //! trial records its `gpu`).
 //!
+//! **Identical GPUs** (one model, the same total memory, free memory within [`SAME_FREE`] of the
+//! total) do not need a search each: they run one search together, in rounds of one trial per GPU
+//! at once ([`crate::search::rounds`]), every GPU under the smallest GPU's limit, and the answer is
+//! then confirmed on every GPU as above. GPUs that differ search each on their own, and the plan's
+//! `search.parallel_fallback` says why.
+//!
 //! Beyond one machine, `batchfit merge` combines the plans of several nodes (see docs/recipes.md).
 
 use super::report::{self, Ending, ProbeError, Progress};
@@ -18,7 +24,10 @@ use super::single::{self, best_fit};
 use super::split;
 use crate::config::ProbeConfig;
 use crate::device::cuda::CudaBackend;
+use crate::device::lanes::{Lane, Lanes};
+use crate::device::Backend;
 use crate::plan::{PerGpu, Plan, Recommendation, Status};
+use crate::platform::units::format_size;
 use crate::search::{Confirmation, Prober, Purpose, SearchOutcome, TrialRecord};
 use std::sync::{mpsc, Mutex};
 
@@ -108,20 +117,82 @@ fn per_gpu_entries(gpus: &[Gpu], outcomes: &[Option<SearchOutcome>]) -> Vec<PerG
         .collect()
 }
 
+/// How far the GPUs' free memory may differ, as a fraction of their total, for them to search
+/// together: every GPU runs under the smallest one's limit, so a GPU with a little more free memory
+/// only gives up that little.
+pub const SAME_FREE: f64 = 0.01;
+
+/// Why `gpus` cannot search together in rounds, if they cannot: another model, another total
+/// memory, or free memory that differs by more than [`SAME_FREE`] of the total.
+pub fn differ(gpus: &[Gpu]) -> Option<String> {
+    let d0 = &gpus.first()?.skeleton.device;
+    gpus.iter().skip(1).find_map(|g| {
+        let d = &g.skeleton.device;
+        let (a, b) = (d0.free_bytes_at_start, d.free_bytes_at_start);
+        if d.name != d0.name {
+            Some(format!(
+                "GPU {} is a {} and GPU {} a {}",
+                gpus[0].index, d0.name, g.index, d.name
+            ))
+        } else if d.total_bytes != d0.total_bytes {
+            Some(format!(
+                "GPU {} has {} and GPU {} {} in all",
+                gpus[0].index,
+                format_size(d0.total_bytes),
+                g.index,
+                format_size(d.total_bytes)
+            ))
+        } else if a.abs_diff(b) as f64 > SAME_FREE * d0.total_bytes as f64 {
+            Some(format!(
+                "GPU {} has {} free and GPU {} {} (more than {:.0}% of {} apart: another job holds \
+                 memory on one of them)",
+                gpus[0].index,
+                format_size(a),
+                g.index,
+                format_size(b),
+                SAME_FREE * 100.0,
+                format_size(d0.total_bytes)
+            ))
+        } else {
+            None
+        }
+    })
+}
+
 pub fn run(
     cfg: &ProbeConfig,
     setup: &CudaSetup,
     gpus: &mut [Gpu],
     progress: &mut dyn Progress,
 ) -> Result<(Plan, Ending), ProbeError> {
-    progress.line(&format!(
-        "batchfit: probing {} GPUs in parallel ({}); the plan takes the smallest answer and confirms it on \
-         each",
-        setup.indices.len(),
-        setup.list()
-    ));
-    // 1. Each GPU's largest fitting micro-batch.
-    let outcomes = search_each(cfg, gpus, progress)?;
+    let fallback = differ(gpus);
+    match &fallback {
+        None => progress.line(&format!(
+            "batchfit: probing {} identical GPUs together ({}): each round runs one size on each \
+             GPU at once, and the answer is confirmed on each",
+            setup.indices.len(),
+            setup.list()
+        )),
+        Some(why) => progress.line(&format!(
+            "batchfit: probing {} GPUs in parallel ({}), a search on each as they differ ({why}); \
+             the plan takes the smallest answer and confirms it on each",
+            setup.indices.len(),
+            setup.list()
+        )),
+    }
+    // 1. Each GPU's largest fitting micro-batch (one search of them all when they are identical).
+    let together = fallback.is_none();
+    let (outcomes, shared) = if together {
+        let (outcomes, shared) = search_together(cfg, gpus, progress)?;
+        (outcomes, Some(shared))
+    } else {
+        (search_each(cfg, gpus, progress)?, None)
+    };
+    let width = gpus.len() as u32;
+    let mark = |plan: &mut Plan| {
+        plan.search.parallel = together.then_some(width);
+        plan.search.parallel_fallback = fallback.clone();
+    };
     let mut per_gpu = per_gpu_entries(gpus, &outcomes);
     // A GPU whose search did not complete makes the whole plan partial (its reason is the plan's).
     if let Some((i, o)) = outcomes
@@ -132,21 +203,42 @@ pub fn run(
     {
         let (mut plan, ending) = single::assemble(cfg, &gpus[i].skeleton, o, None);
         // what every GPU measured, each trial tagged with its GPU
-        plan.trials = gpus.iter().flat_map(|g| g.trials.clone()).collect();
+        plan.trials = match &shared {
+            Some(s) => s.clone(),
+            None => gpus.iter().flat_map(|g| g.trials.clone()).collect(),
+        };
+        mark(&mut plan);
         if let Some(g) = plan.gpu.as_mut() {
             g.per_gpu = per_gpu;
         }
         return Ok((plan, ending));
     }
     // 2. The smallest answer, split for the global batch, confirmed on every GPU.
+    // (searching together, every GPU ran under the smallest limit: that GPU's skeleton)
     let base = (0..gpus.len())
-        .min_by_key(|&i| outcomes[i].as_ref().and_then(|o| o.max_fitting))
+        .min_by_key(|&i| {
+            (
+                outcomes[i].as_ref().and_then(|o| o.max_fitting),
+                gpus[i].limit,
+            )
+        })
         .expect("at least two GPUs");
     let base_outcome = outcomes[base].clone().expect("searched");
+    let searched: Vec<usize> = gpus.iter().map(|g| g.trials.len()).collect();
     let (outcome, failures) = confirm_on_each(cfg, gpus, &base_outcome, progress);
-    // 3. The plan: the smallest GPU's measurements, every GPU's result, the confirmed split.
+    // 3. The plan: the smallest GPU's measurements (all of them, searching together, with every
+    // GPU's confirmations), every GPU's result, the confirmed split.
     let mut plan = gpus[base].skeleton.clone();
-    plan.trials = gpus[base].trials.clone();
+    plan.trials = match shared {
+        Some(mut all) => {
+            for (g, n) in gpus.iter().zip(&searched) {
+                all.extend(g.trials[*n..].iter().cloned());
+            }
+            all
+        }
+        None => gpus[base].trials.clone(),
+    };
+    mark(&mut plan);
     plan.capacity_model = crate::plan::CapacityModel::fit(&plan.trials, plan.limit_bytes);
     plan.warnings.extend(outcome.warnings);
     plan.warnings.extend(failures);
@@ -213,6 +305,57 @@ fn search_each(
         g.trials = o.as_ref().map(|o| o.trials.clone()).unwrap_or_default();
     }
     Ok(outcomes)
+}
+
+/// One search of identical GPUs, in rounds of one trial per GPU at once, every GPU under the
+/// smallest limit (which becomes each GPU's limit, for its confirmations too). Each GPU keeps the
+/// trials it ran; every GPU's outcome is the search's; the search's trials in order come second.
+fn search_together(
+    cfg: &ProbeConfig,
+    gpus: &mut [Gpu],
+    progress: &mut dyn Progress,
+) -> Result<(Vec<Option<SearchOutcome>>, Vec<TrialRecord>), ProbeError> {
+    let limit = gpus.iter().map(|g| g.limit).min().expect("GPUs");
+    for g in gpus.iter_mut() {
+        g.limit = limit;
+    }
+    let smallest = gpus.iter().position(|g| g.limit == limit).unwrap_or(0);
+    let mut snap = gpus[smallest].skeleton.clone();
+    snap.search.parallel = Some(gpus.len() as u32);
+    let first = gpus[0].index;
+    let mut write_error = None;
+    let outcome = {
+        let write_error = &mut write_error;
+        let lanes = gpus
+            .iter_mut()
+            .map(|g| Lane {
+                backend: &mut g.backend as &mut (dyn Backend + Send),
+                gpu: Some(g.index),
+            })
+            .collect();
+        let mut set = Lanes::new(lanes);
+        let searched = single::search(cfg, &mut set, limit, Some(first), |t, all| {
+            progress.trial(all.len(), t, limit);
+            snap.trials = all.to_vec();
+            if let Err(e) = report::write(cfg.out.as_deref(), &snap) {
+                *write_error = Some(e);
+            }
+        });
+        searched.outcome
+    };
+    if let Some(e) = write_error {
+        return Err(e);
+    }
+    for g in gpus.iter_mut() {
+        g.trials = outcome
+            .trials
+            .iter()
+            .filter(|t| t.gpu_index == Some(g.index))
+            .cloned()
+            .collect();
+    }
+    let trials = outcome.trials.clone();
+    Ok((vec![Some(outcome); gpus.len()], trials))
 }
 
 /// The smallest answer split for the global batch and confirmed, with its accumulation, on every

@@ -333,6 +333,48 @@ pub fn cpu_backend(cfg: &ProbeConfig, notices: &mut Vec<String>) -> Result<CpuBa
     })
 }
 
+/// `--parallel N` on the cpu: `N` cpu devices, each running its own trials under its own limit
+/// (its own cgroup or `RLIMIT_DATA`), numbered together so that their trials' cgroups and logs
+/// never share a name. Refused (a usage error) when `N` budgets do not fit in the memory
+/// available now: trials at once each take up to the budget.
+pub fn cpu_backends(
+    cfg: &ProbeConfig,
+    notices: &mut Vec<String>,
+) -> Result<Vec<CpuBackend>, ProbeError> {
+    let first = cpu_backend(cfg, notices)?;
+    let n = cfg.parallel.max(1);
+    if n > 1 {
+        let budget = cfg.budget.unwrap_or_else(|| first.default_budget());
+        let available = sysmem::available_bytes()
+            .map_err(|e| ProbeError::Environment(format!("cannot read /proc/meminfo: {e}")))?;
+        if budget.saturating_mul(u64::from(n)) > available {
+            return Err(ProbeError::Usage(format!(
+                "--parallel {n} runs {n} trials at once, each up to the budget of {} ({}): {} in \
+                 all, but {} is available now; give --memory-budget {} or less, or a smaller \
+                 --parallel",
+                format_size(budget),
+                if cfg.budget.is_some() {
+                    "--memory-budget".to_string()
+                } else {
+                    format!(
+                        "{:.0}% of the memory available, as no --memory-budget was given",
+                        crate::device::cpu::DEFAULT_BUDGET_FRACTION * 100.0
+                    )
+                },
+                format_size(budget.saturating_mul(u64::from(n))),
+                format_size(available),
+                format_size(available / u64::from(n)),
+            )));
+        }
+    }
+    let mut all = vec![];
+    for _ in 1..n {
+        all.push(cpu_backend(cfg, &mut vec![])?.numbered_with(&first));
+    }
+    all.insert(0, first);
+    Ok(all)
+}
+
 /// Gradient bytes per parameter (DDP's buckets hold one copy of the gradients).
 fn gradient_bytes(cfg: &ProbeConfig) -> u64 {
     match cfg.model.precision {
@@ -481,6 +523,7 @@ pub fn skeleton(
         capacity_model: None,
         sweep: None,
     };
+    plan.search.parallel = (backend.width() > 1).then_some(backend.width() as u32);
     if let Some(b) = guard_band_bytes(backend.limit_mechanism(), cfg.exec.is_some())
         .filter(|&b| guard_band.is_some() && b > unguarded / 4)
     {

@@ -962,8 +962,10 @@ impl<'b> Prober<'b> {
             if self.backend.width() > 1 {
                 // Several trials at once: the strategy proposes a round, each checked as one.
                 let proposals = strategy.propose_round(&state, self.backend.width());
-                let planned: Result<Vec<_>, _> =
-                    proposals.iter().map(|p| self.plan_trial(&state, *p)).collect();
+                let planned: Result<Vec<_>, _> = proposals
+                    .iter()
+                    .map(|p| self.plan_trial(&state, *p))
+                    .collect();
                 let outcomes = match planned.map_err(Stop::Fatal) {
                     Ok(planned) => self.explore_round(&planned).map(|o| (planned, o)),
                     Err(s) => Err(s),

@@ -115,8 +115,10 @@ impl Prober<'_> {
     /// a timeout (not of a measurement) is retried once, the retries again side by side. Fewer
     /// outcomes than trials when `--max-trials` leaves room for fewer.
     pub(super) fn explore_round(&mut self, planned: &[Planned]) -> Result<Vec<TrialOutcome>, Stop> {
-        let runs: Vec<(u64, u32, Purpose)> =
-            planned.iter().map(|p| (p.batch, p.steps, p.purpose)).collect();
+        let runs: Vec<(u64, u32, Purpose)> = planned
+            .iter()
+            .map(|p| (p.batch, p.steps, p.purpose))
+            .collect();
         let mut outcomes = self.round_of(&runs)?;
         let again: Vec<usize> = (0..outcomes.len())
             .filter(|&j| !planned[j].measure)

@@ -1,11 +1,12 @@
 use super::super::tests::check_invariant;
 use crate::device::lanes::{Lane, Lanes};
+use crate::device::sim::{SimBackend, SimSpec};
 use crate::device::Backend;
 use crate::protocol::TrialOutcome;
 use crate::search::{
-    bisect, tolerance_gap, Grid, Prober, Purpose, SearchConfig, SearchOutcome, SearchState, Strategy, StrategyKind,
+    bisect, tolerance_gap, Grid, Prober, Purpose, SearchConfig, SearchOutcome, SearchState,
+    Strategy, StrategyKind,
 };
-use crate::device::sim::{SimBackend, SimSpec};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
@@ -41,7 +42,10 @@ fn one_device_runs_no_rounds() {
     let spec = SimSpec::affine(0, MIB, 1000 * MIB);
     let (out, _) = search_on(&spec, &SearchConfig::default(), 1);
     assert!(out.trials.iter().all(|t| t.round.is_none()));
-    assert_eq!(out.max_fitting, Some(spec.true_max(1000 * MIB, 5, 1_000_000)));
+    assert_eq!(
+        out.max_fitting,
+        Some(spec.true_max(1000 * MIB, 5, 1_000_000))
+    );
 }
 
 #[test]
@@ -50,7 +54,9 @@ fn a_round_runs_one_trial_per_device_and_records_its_number() {
     let (out, per_lane) = search_on(&spec, &SearchConfig::default(), 4);
     let mut last = 0;
     for t in &out.trials {
-        let r = t.round.expect("every trial of a parallel search has a round");
+        let r = t
+            .round
+            .expect("every trial of a parallel search has a round");
         assert!(r >= last, "rounds are numbered in order");
         last = r;
         let same: Vec<_> = out.trials.iter().filter(|u| u.round == t.round).collect();
@@ -137,8 +143,14 @@ fn errors_in_a_round_are_retried_and_never_evidence() {
     let (out, _) = search_on(&spec, &cfg, 3);
     let (one, _) = search_on(&spec, &cfg, 1);
     let at: Vec<_> = out.trials.iter().filter(|t| t.batch == 256).collect();
-    assert!(at.len() >= 2, "an error in a round is retried: {:?}", out.trials);
-    assert!(at.iter().all(|t| matches!(t.outcome, TrialOutcome::Error { .. })));
+    assert!(
+        at.len() >= 2,
+        "an error in a round is retried: {:?}",
+        out.trials
+    );
+    assert!(at
+        .iter()
+        .all(|t| matches!(t.outcome, TrialOutcome::Error { .. })));
     assert!(at[1..].iter().all(|t| t.purpose == Purpose::Retry));
     assert_eq!(out.max_fitting, one.max_fitting);
     assert_eq!(out.stop_reason, one.stop_reason);
