@@ -1,0 +1,181 @@
+//! Several trials at once on one machine: `--parallel N` on the sim and cpu devices (each trial its
+//! own process under its own limit), through the real binary. Identical GPUs, which run in rounds by
+//! themselves, are in tests/cuda_fake.rs.
+
+mod common;
+use common::*;
+use predicates::prelude::*;
+use serde_json::Value;
+
+const SIM: &str = "base=1GiB,per-sample=3MiB,capacity=16GiB";
+
+fn plan_of(c: &mut assert_cmd::Command) -> Value {
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Rounds of a plan's trials: trials of one round share its number; a trial without one ran alone.
+fn rounds(p: &Value) -> usize {
+    let trials = p["trials"].as_array().unwrap();
+    let mut numbered: Vec<u64> = trials.iter().filter_map(|t| t["round"].as_u64()).collect();
+    numbered.dedup();
+    numbered.len() + trials.iter().filter(|t| t.get("round").is_none()).count()
+}
+
+fn sim(extra: &[&str]) -> Value {
+    plan_of(
+        batchfit()
+            .args(["probe", "--backend", "sim", "--sim", SIM, "--quiet"])
+            .args(["--global-batch", "8192", "--tolerance", "0"])
+            .args(extra),
+    )
+}
+
+#[test]
+fn parallel_two_on_the_sim_gives_the_sequential_answer_in_fewer_rounds() {
+    let one = sim(&[]);
+    for strategy in ["guided", "bisect"] {
+        let one = if strategy == "guided" {
+            one.clone()
+        } else {
+            sim(&["--strategy", strategy])
+        };
+        let two = sim(&["--parallel", "2", "--strategy", strategy]);
+        assert_eq!(two["status"], "complete");
+        assert_eq!(two["search"]["parallel"], 2);
+        assert_eq!(two["recommendation"], one["recommendation"], "{strategy}");
+        assert!(
+            rounds(&two) < rounds(&one),
+            "{strategy}: {} rounds with --parallel 2, {} without",
+            rounds(&two),
+            rounds(&one)
+        );
+        // at most two trials per round
+        let trials = two["trials"].as_array().unwrap();
+        for t in trials {
+            let n = trials.iter().filter(|u| u["round"] == t["round"]).count();
+            assert!(n <= 2, "{t}");
+        }
+        assert!(one["search"].get("parallel").is_none());
+    }
+}
+
+/// hog.py under RLIMIT_DATA, each trial its own process with its own limit, two at once: the
+/// answer of one at a time (fits exactly while 8 + b ≤ 200 MiB).
+#[test]
+fn parallel_two_on_the_cpu_runs_each_trial_under_its_own_limit() {
+    let d = tmp();
+    let probe = |extra: &[&str]| {
+        let out = path(&d, &format!("plan{}.json", extra.len()));
+        let mut c = batchfit();
+        c.args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--memory-budget",
+            "1GiB",
+            "--quiet",
+        ])
+        .args([
+            "--trial-timeout",
+            "60",
+            "--tolerance",
+            "0",
+            "--cpu-limit",
+            "rlimit",
+        ])
+        .args(extra)
+        .arg("--out")
+        .arg(&out)
+        .arg("--exec")
+        .arg("--")
+        .arg(venv_python())
+        .arg(repo().join("tests/support/exec/hog.py"))
+        .args([
+            "--batch",
+            "{batch}",
+            "--steps",
+            "{steps}",
+            "--base-mib",
+            "8",
+        ])
+        .args([
+            "--mib-per-sample",
+            "1",
+            "--capacity-mib",
+            "200",
+            "--report",
+            "--helper",
+        ])
+        .arg(repo().join("python/batchfit"));
+        c.assert().success();
+        read_json(&out)
+    };
+    let two = probe(&["--parallel", "2"]);
+    let one = probe(&[]);
+    assert_eq!(two["recommendation"]["max_fitting_batch"], 192);
+    assert_eq!(
+        two["recommendation"]["max_fitting_batch"],
+        one["recommendation"]["max_fitting_batch"]
+    );
+    assert_eq!(two["limit_mechanism"], "rlimit-data");
+    assert!(
+        rounds(&two) < rounds(&one),
+        "{} vs {}",
+        rounds(&two),
+        rounds(&one)
+    );
+    // a round of two ran two processes, each with its own report of its own size
+    let trials = two["trials"].as_array().unwrap();
+    let pair = trials
+        .iter()
+        .find(|t| trials.iter().filter(|u| u["round"] == t["round"]).count() == 2)
+        .expect("a round of two trials");
+    for t in trials.iter().filter(|u| u["round"] == pair["round"]) {
+        if t["outcome"] == "fits" {
+            assert_eq!(t["details"]["report"]["batch"], t["batch"], "{t}");
+        }
+    }
+}
+
+#[test]
+fn parallel_beyond_the_memory_available_is_refused() {
+    // 64 budgets of 1 GiB do not fit in this machine's memory (or a test machine's)
+    batchfit()
+        .args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--memory-budget",
+            "1GiB",
+            "--parallel",
+            "4096",
+        ])
+        .args(["--exec", "--", "true", "{batch}"])
+        .assert()
+        .code(2)
+        .stderr(
+            predicate::str::contains("--parallel 4096 runs 4096 trials at once")
+                .and(predicate::str::contains("is available now")),
+        );
+}
+
+#[test]
+fn parallel_zero_or_with_a_shared_worker_is_a_usage_error() {
+    for (flags, msg) in [
+        (vec!["--parallel", "0"], "--parallel 0"),
+        (
+            vec!["--parallel", "2", "--isolation", "hybrid"],
+            "--isolation hybrid",
+        ),
+    ] {
+        batchfit()
+            .args(["probe", "--backend", "sim", "--sim", SIM, "--quiet"])
+            .args(&flags)
+            .assert()
+            .code(2)
+            .stdout(predicate::str::is_empty())
+            .stderr(predicate::str::contains(msg));
+    }
+}
