@@ -204,9 +204,12 @@ fn engine_path_allowed(path: &str) -> bool {
                 "DeviceKind",
                 "IsolationMode",
                 "LimitMechanism",
+                "RoundTrial",
+                "run_one",
             ]
             .contains(&i)
                 || i.starts_with("sim::")
+                || i.starts_with("lanes::")
                 || i.is_empty()
         });
     }

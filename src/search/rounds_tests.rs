@@ -1,5 +1,6 @@
 use super::super::tests::check_invariant;
-use crate::device::lanes::{Lane, Lanes};
+use crate::device::lanes::Lane;
+use crate::device::lanes::Lanes;
 use crate::device::sim::{SimBackend, SimSpec};
 use crate::device::Backend;
 use crate::protocol::TrialOutcome;
