@@ -177,6 +177,7 @@ fn search_config(plan: &Plan) -> SearchConfig {
         allow_retries: plan.search.allow_retries,
         tolerance: plan.search.tolerance.unwrap_or(0.0),
         prior: None,
+        repeats: plan.search.repeats,
     }
 }
 
