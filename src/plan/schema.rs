@@ -729,6 +729,16 @@ fn is_zero(n: &u32) -> bool {
 }
 
 impl SearchSettings {
+    /// The settings alone, without what the search measured (the noisy boundary, the spread): what
+    /// two probes must share for one's plan to answer the other.
+    pub fn flags(&self) -> SearchSettings {
+        SearchSettings {
+            noisy_boundary: None,
+            noise_spread_bytes: None,
+            ..self.clone()
+        }
+    }
+
     pub fn of(
         c: &SearchConfig,
         trial_timeout_seconds: f64,
