@@ -292,8 +292,9 @@ impl StopReason {
                  size⌋) above it runs out of memory"
             }
             StopReason::ProvenBelowNoise => {
-                "proven below the noise: outcomes near the boundary disagree, so the size fit twice \
-                 in fresh processes at least one noise band below every size that ran out of memory"
+                "proven below the noise: outcomes near the boundary disagree (or fresh runs of one size \
+                 spread wider than the guard band), so the size fit every time it ran in fresh \
+                 processes (at least twice), at least one noise band below every size that failed"
             }
             StopReason::NoisyBoundary => {
                 "outcomes near the boundary disagree and no size below their noise band fit twice \
