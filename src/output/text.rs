@@ -218,7 +218,10 @@ fn repeats_line(plan: &Plan) -> Option<String> {
             if s <= g { "within" } else { "wider than" },
             format_size(g)
         ),
-        (Some(s), None) => format!("; fresh runs of one size peaked up to {} apart", format_size(s)),
+        (Some(s), None) => format!(
+            "; fresh runs of one size peaked up to {} apart",
+            format_size(s)
+        ),
         _ => String::new(),
     };
     Some(format!(

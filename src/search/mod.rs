@@ -528,6 +528,23 @@ pub enum Confirmation {
     Failed(String),
 }
 
+impl Confirmation {
+    /// What a confirmation trial's outcome at `batch` shows.
+    fn of(o: &TrialOutcome, batch: u64) -> Self {
+        if o.fits() {
+            Confirmation::Fits
+        } else if o.is_bound() {
+            Confirmation::OutOfMemory
+        } else {
+            Confirmation::Failed(format!(
+                "{} at {batch}: {}",
+                o.kind(),
+                o.message().unwrap_or_default()
+            ))
+        }
+    }
+}
+
 impl<'b> Prober<'b> {
     pub fn new(backend: &'b mut dyn Backend, cfg: SearchConfig, limit_bytes: u64) -> Self {
         backend.set_limit(limit_bytes);
@@ -746,17 +763,17 @@ impl<'b> Prober<'b> {
             return Ok(Confirmation::Fits);
         }
         let o = self.trial_with_retry(batch, steps, purpose)?;
-        Ok(if o.fits() {
-            Confirmation::Fits
-        } else if o.is_bound() {
-            Confirmation::OutOfMemory
-        } else {
-            Confirmation::Failed(format!(
-                "{} at {batch}: {}",
-                o.kind(),
-                o.message().unwrap_or_default()
-            ))
-        })
+        Ok(Confirmation::of(&o, batch))
+    }
+
+    /// Runs `batch` once more at `accumulation` with the confirmation's steps in a fresh process,
+    /// whatever ran before (`verify` repeats a plan's sizes as often as its probe did).
+    pub fn repeat_split(&mut self, batch: u64, accumulation: u32) -> Result<Confirmation, Stop> {
+        self.accumulation = accumulation.max(1);
+        let steps = self.cfg.confirm_steps.max(self.cfg.steps);
+        let r = self.trial_with_retry(batch, steps, Purpose::Repeat);
+        self.accumulation = 1;
+        Ok(Confirmation::of(&r?, batch))
     }
 
     fn search_inner(&mut self, found: &mut (Option<u64>, Option<u64>)) -> Stop {
