@@ -213,13 +213,13 @@ fn repeats_line(plan: &Plan) -> Option<String> {
         .count();
     let noise = match (plan.search.noise_spread_bytes, plan.guard_band_bytes) {
         (Some(s), Some(g)) => format!(
-            "; fresh runs of one size peaked up to {} apart ({} the {} guard band)",
+            "; the job's peak moved by up to {} from run to run ({} the {} guard band)",
             format_size(s),
             if s <= g { "within" } else { "wider than" },
             format_size(g)
         ),
         (Some(s), None) => format!(
-            "; fresh runs of one size peaked up to {} apart",
+            "; the job's peak moved by up to {} from run to run",
             format_size(s)
         ),
         _ => String::new(),

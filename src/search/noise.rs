@@ -153,6 +153,31 @@ pub fn contradictions(trials: &[TrialRecord]) -> Vec<Contradiction> {
     out
 }
 
+/// The range of footprints about their least-squares line, over the fits at sizes from half the
+/// largest fit up (memory grows linearly with the batch there, above any knee), when at least three
+/// sizes ran there: a few repeats of one size rarely see a job's whole range of noise, the fits of the
+/// search near the boundary add theirs.
+fn residual_range(by_size: &std::collections::BTreeMap<u64, Vec<u64>>) -> Option<u64> {
+    let top = *by_size.keys().next_back()?;
+    let points: Vec<(f64, f64)> = by_size
+        .range(top / 2..)
+        .flat_map(|(&b, v)| v.iter().map(move |&f| (b as f64, f as f64)))
+        .collect();
+    if by_size.range(top / 2..).count() < 3 {
+        return None;
+    }
+    let n = points.len() as f64;
+    let (mb, mf) = points
+        .iter()
+        .fold((0.0, 0.0), |(x, y), p| (x + p.0 / n, y + p.1 / n));
+    let sxx: f64 = points.iter().map(|p| (p.0 - mb).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mb) * (p.1 - mf)).sum();
+    let k = if sxx > 0.0 { sxy / sxx } else { 0.0 };
+    let residuals = points.iter().map(|p| p.1 - (mf + k * (p.0 - mb)));
+    let (lo, hi) = residuals.fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(r), hi.max(r)));
+    Some((hi - lo).max(0.0) as u64)
+}
+
 /// The smallest size that failed in a fresh process.
 fn lowest_bound(trials: &[TrialRecord]) -> Option<u64> {
     trials
@@ -220,9 +245,11 @@ impl Prober<'_> {
         Ok(())
     }
 
-    /// The job's measured noise: the widest spread of footprints among fresh fits with the
-    /// confirmation's steps at one size run more than once. (A failure says only that its run
-    /// needed more than the limit, not by how much: a flaky failure would make any spread.)
+    /// The job's measured noise: the wider of the widest range of footprints among fresh fits at one
+    /// size run more than once, and the range of all fresh fits' footprints about the line through
+    /// them near the top ([`residual_range`]), each with the confirmation's steps. (A failure says
+    /// only that its run needed more than the limit, not by how much: a flaky failure would make any
+    /// spread.)
     pub(super) fn spread(&self, steps: u32) -> Option<u64> {
         let mut by_size: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
         for t in self.trials.iter().filter(|t| fresh_fit(t, steps)) {
@@ -230,11 +257,12 @@ impl Prober<'_> {
                 by_size.entry(t.batch).or_default().push(f);
             }
         }
-        by_size
+        let repeated = by_size
             .values()
             .filter(|v| v.len() > 1)
             .map(|v| v.iter().max().unwrap() - v.iter().min().unwrap())
-            .max()
+            .max();
+        repeated.max(residual_range(&by_size))
     }
 
     /// The largest footprint a fit may have for a fresh run, the measured spread included, to stay
