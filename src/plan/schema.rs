@@ -722,9 +722,33 @@ pub struct SearchSettings {
     /// each then ran its own search, as `gpu.per_gpu` shows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel_fallback: Option<String>,
+    /// `--repeats`: fresh re-runs of the answer after its confirmation (it fit `1 + repeats` times);
+    /// absent: none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub repeats: u32,
+    /// The job's measured noise: the widest spread of the footprints of fresh runs at one size
+    /// (docs/how-it-works.md, "The answer's own noise"); absent when no size ran twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noise_spread_bytes: Option<u64>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl SearchSettings {
+    /// The settings alone, without what the search measured (the noisy boundary, the spread): what
+    /// two probes must share for one's plan to answer the other.
+    pub fn flags(&self) -> SearchSettings {
+        SearchSettings {
+            noisy_boundary: None,
+            noise_spread_bytes: None,
+            parallel: None,
+            parallel_fallback: None,
+            ..self.clone()
+        }
+    }
+
     pub fn of(
         c: &SearchConfig,
         trial_timeout_seconds: f64,
@@ -746,6 +770,8 @@ impl SearchSettings {
             noisy_boundary: None,
             parallel: None,
             parallel_fallback: None,
+            repeats: c.repeats,
+            noise_spread_bytes: None,
         }
     }
 }

@@ -285,16 +285,23 @@ fn search_each(
         let limit = g.limit;
         let index = g.index;
         let (all_trials, write_error, first) = (&all_trials, &write_error, &first);
-        let searched = single::search(cfg, &mut g.backend, limit, Some(index), move |t, all| {
-            p.trial(all.len(), t, limit);
-            let mut shared = all_trials.lock().unwrap_or_else(|e| e.into_inner());
-            shared.push(t.clone());
-            let mut snap = first.clone();
-            snap.trials = shared.clone();
-            if let Err(e) = report::write(cfg.out.as_deref(), &snap) {
-                *write_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
-            }
-        });
+        let skeleton = g.skeleton.clone();
+        let searched = single::search(
+            cfg,
+            &mut g.backend,
+            &skeleton,
+            Some(index),
+            move |t, all| {
+                p.trial(all.len(), t, limit);
+                let mut shared = all_trials.lock().unwrap_or_else(|e| e.into_inner());
+                shared.push(t.clone());
+                let mut snap = first.clone();
+                snap.trials = shared.clone();
+                if let Err(e) = report::write(cfg.out.as_deref(), &snap) {
+                    *write_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                }
+            },
+        );
         let single::Searched { outcome, .. } = searched;
         Some(outcome)
     });
@@ -320,7 +327,8 @@ fn search_together(
         g.limit = limit;
     }
     let smallest = gpus.iter().position(|g| g.limit == limit).unwrap_or(0);
-    let mut snap = gpus[smallest].skeleton.clone();
+    let base = gpus[smallest].skeleton.clone();
+    let mut snap = base.clone();
     snap.search.parallel = Some(gpus.len() as u32);
     let first = gpus[0].index;
     let mut write_error = None;
@@ -334,7 +342,7 @@ fn search_together(
             })
             .collect();
         let mut set = Lanes::new(lanes);
-        let searched = single::search(cfg, &mut set, limit, Some(first), |t, all| {
+        let searched = single::search(cfg, &mut set, &base, Some(first), |t, all| {
             progress.trial(all.len(), t, limit);
             snap.trials = all.to_vec();
             if let Err(e) = report::write(cfg.out.as_deref(), &snap) {

@@ -71,6 +71,9 @@ pub struct Guided {
     prior_line_tried: bool,
     /// The index that try proposed, until the next proposal.
     prior_line_at: Option<u64>,
+    /// The last proposal is the line's answer within the tolerance (an exact line, or an error
+    /// under half the gap): a round then also runs the size whose out-of-memory proves it.
+    confident: bool,
 }
 
 /// A line `peak = a + k·b` through measured points.
@@ -372,12 +375,19 @@ fn lowest_closing(st: &SearchState, u: u64) -> u64 {
 
 impl Strategy for Guided {
     fn propose(&mut self, st: &SearchState) -> Proposal {
+        self.confident = false;
         let p = self.propose_inner(st);
         if self.late && !p.measure {
             Proposal::candidate(p.index)
         } else {
             p
         }
+    }
+    /// The proposal, the size whose out-of-memory proves it when the line is confident, and
+    /// sizes spread over the rest of the bracket ([`super::rounds::around`]).
+    fn propose_round(&mut self, st: &SearchState, k: usize) -> Vec<Proposal> {
+        let first = self.propose(st);
+        super::rounds::around(st, first, k, self.confident)
     }
 }
 
@@ -583,6 +593,7 @@ impl Guided {
         let gap_p = st.gap(p.max(0.0) as u64) as f64;
         if m.exact {
             // The line predicted its last point: the prediction is the answer; prove it at once.
+            self.confident = true;
             return Proposal::candidate(i);
         }
         if m.flat && (upper.is_none() || g.batch(u) > 2 * lb) {
@@ -616,6 +627,7 @@ impl Guided {
             // Confident within the tolerance: the size the error below the prediction, at once with
             // the confirmation's steps; an out-of-memory one gap above it then closes the proof.
             let c = to_index(p - m.err).clamp(l as i64 + 1, u as i64 - 1) as u64;
+            self.confident = true;
             return Proposal::candidate(c);
         }
         if upper.is_none() {

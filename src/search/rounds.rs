@@ -14,11 +14,12 @@
 use super::{upper_bound, Planned, Prober, Proposal, Purpose, SearchState, Stop};
 use crate::protocol::{TrialOutcome, TrialRequest};
 
-/// The sizes of a round around `first` (the strategy's proposal), at most `k`, all distinct: the
-/// size a tolerance's gap above it (its out-of-memory proves `first`, once something fit), then,
+/// The sizes of a round around `first` (the strategy's proposal), at most `k`, all distinct: when
+/// `first` is expected to be the answer (`answer`), the size a tolerance's gap above it (its
+/// out-of-memory proves `first`, once something fit), then,
 /// while nothing has failed, a geometric ladder up to the largest size, then the midpoints
 /// (geometric) of the widest gaps left in the open bracket.
-pub fn around(st: &SearchState, first: Proposal, k: usize) -> Vec<Proposal> {
+pub fn around(st: &SearchState, first: Proposal, k: usize, answer: bool) -> Vec<Proposal> {
     let g = st.grid;
     let mut out = vec![first];
     let upper = upper_bound(st.hi, st.ceiling);
@@ -26,7 +27,7 @@ pub fn around(st: &SearchState, first: Proposal, k: usize) -> Vec<Proposal> {
     let end = upper.unwrap_or(g.last_index + 1).min(g.last_index + 1);
     let open = |i: u64| st.lo.is_none_or(|l| i > l) && i < end;
     let taken = |out: &[Proposal], i: u64| out.iter().any(|p| p.index == i);
-    if k > 1 && !first.measure && st.lo.is_some() && open(first.index) {
+    if k > 1 && answer && !first.measure && st.lo.is_some() && open(first.index) {
         let b = g.batch(first.index);
         let top = b.saturating_add(st.gap(b));
         let q = g.index_at_or_below(top).min(end.saturating_sub(1));
