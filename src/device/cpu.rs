@@ -39,6 +39,18 @@ pub struct CpuBackend {
     logs: Option<PathBuf>,
     trials: u32,
     details: Option<TrialDetails>,
+    /// The next trial's warm process, when the workload has one ([`Workload::warm_command`]).
+    warm: Option<Warm>,
+    /// Warm processes started (for their cgroups' names).
+    warm_started: u32,
+}
+
+/// A warm process started ahead of its trial, in the memory cgroup its trial will have (or under
+/// `RLIMIT_DATA`), at the limit it was started under.
+struct Warm {
+    pre: process::Prestarted,
+    group: Option<Group>,
+    limit: u64,
 }
 
 impl CpuBackend {
@@ -79,6 +91,8 @@ impl CpuBackend {
             logs: None,
             trials: 0,
             details: None,
+            warm: None,
+            warm_started: 0,
         })
     }
 
@@ -105,23 +119,27 @@ impl CpuBackend {
         }
     }
 
-    fn run_fresh(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
-        self.trials += 1;
+    /// The trial's memory cgroup (`name`), when trials have one.
+    fn group(&self, name: &str) -> Result<Option<Group>, BackendError> {
+        self.cgroup
+            .as_ref()
+            .map(|parent| Group::create(parent, name, self.limit))
+            .transpose()
+            .map_err(BackendError::Environment)
+    }
+
+    /// How the trial `req` in `group` is run and watched.
+    fn options<'a>(
+        &self,
+        req: &TrialRequest,
+        group: Option<&'a Group>,
+        evidence: &'a dyn Fn() -> bool,
+    ) -> process::Options<'a> {
         let tree = self.workload.measured_by_device();
-        let group = match &self.cgroup {
-            Some(parent) => Some(
-                Group::create(
-                    parent,
-                    &format!("batchfit-{}-{}", std::process::id(), self.trials),
-                    self.limit,
-                )
-                .map_err(BackendError::Environment)?,
-            ),
-            None => None,
-        };
-        let opts = process::Options {
+        process::Options {
+            evidence: Some(process::EvidenceCheck(evidence)),
             data_limit: group.is_none().then_some(self.limit),
-            cgroup: group.as_ref(),
+            cgroup: group,
             tree,
             log: self.logs.as_ref().map(|d| {
                 d.join(format!(
@@ -130,19 +148,92 @@ impl CpuBackend {
                 ))
             }),
             own_child: !tree,
+        }
+    }
+
+    /// Starts the next trial's warm process, when the workload has one and none is waiting. One that
+    /// cannot be started is no error: the trial runs cold.
+    fn prestart(&mut self) {
+        if self.warm.is_some() {
+            return;
+        }
+        let Some(cmd) = self.workload.warm_command() else {
+            return;
         };
-        let cmd = self.workload.command(&req, &Placement::Cpu);
-        let ran = process::run(cmd, &opts, self.timeout, &mut |_| {});
-        drop(group);
+        self.warm_started += 1;
+        let name = format!("batchfit-{}-warm{}", std::process::id(), self.warm_started);
+        let Ok(group) = self.group(&name) else { return };
+        let opts = process::Options {
+            data_limit: group.is_none().then_some(self.limit),
+            cgroup: group.as_ref(),
+            tree: true,
+            ..Default::default()
+        };
+        if let Ok(pre) = process::prestart(cmd, &opts) {
+            self.warm = Some(Warm {
+                pre,
+                group,
+                limit: self.limit,
+            });
+        }
+    }
+
+    /// Runs `req` in the waiting warm process: `None` when there is none at this limit, or the
+    /// hand-off did not reach the command (then nothing of it is evidence).
+    fn run_warm(&mut self, req: &TrialRequest) -> Option<Result<Ran, BackendError>> {
+        let warm = self.warm.take().filter(|w| w.limit == self.limit)?;
+        // the next one imports while this trial runs
+        self.prestart();
+        let cmd = self.workload.command(req, &Placement::Cpu);
+        let ran = match self.workload.warm_handoff(&cmd) {
+            Some(line) => {
+                let workload = Arc::clone(&self.workload);
+                let evidence = move || workload.evidence_in();
+                let opts = self.options(req, warm.group.as_ref(), &evidence);
+                process::run_prestarted(warm.pre, &line, &opts, self.timeout, &mut |_| {})
+            }
+            None => Ok(None),
+        };
+        drop(warm.group);
+        let took = self.workload.warm_took();
         self.workload.trial_ended();
-        Ok(match ran? {
+        match ran {
+            Err(e) => Some(Err(e)),
+            Ok(Some(ran)) if took => Some(Ok(ran)),
+            Ok(_) => None,
+        }
+    }
+
+    fn run_fresh(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
+        self.trials += 1;
+        let (ran, warm) = match self.run_warm(&req) {
+            Some(ran) => (ran, true),
+            None => (self.run_cold(&req), false),
+        };
+        let out = match ran? {
             Ran::Finished(f) => {
                 let (o, d) = self.workload.outcome(&f);
-                self.details = d;
+                self.details = d.map(|d| TrialDetails { warm, ..d });
                 o
             }
             Ran::TimedOut { seconds } => TrialOutcome::Timeout { seconds },
-        })
+        };
+        // what this trial reported may be what a warm process needs: the next one starts now
+        self.prestart();
+        Ok(out)
+    }
+
+    /// Runs `req` in a fresh process started now.
+    fn run_cold(&mut self, req: &TrialRequest) -> Result<Ran, BackendError> {
+        let group = self.group(&format!("batchfit-{}-{}", std::process::id(), self.trials))?;
+        let cmd = self.workload.command(req, &Placement::Cpu);
+        let workload = Arc::clone(&self.workload);
+        let evidence = move || workload.evidence_in();
+        let opts = self.options(req, group.as_ref(), &evidence);
+        let ran = process::run(cmd, &opts, self.timeout, &mut |_| {});
+        drop(group);
+        self.workload.trial_ended();
+        ran
     }
 
     fn run_in_worker(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
@@ -183,6 +274,7 @@ impl Backend for CpuBackend {
     fn set_limit(&mut self, limit_bytes: u64) {
         self.limit = limit_bytes;
         self.worker = None;
+        self.warm = None;
     }
     fn isolation(&self, req: &TrialRequest) -> Isolation {
         if self.mode == IsolationMode::Hybrid && !req.fresh {
