@@ -1073,3 +1073,27 @@ fn a_report_of_fewer_steps_than_asked_does_not_end_the_job_early() {
     );
     assert!(first["seconds"].as_f64().unwrap() >= 3.0, "{first}");
 }
+
+/// `--warm on` is for a Python interpreter running a script or a module: another command is refused
+/// before any trial (exit 2), and `--warm` without `--exec` too.
+#[test]
+fn warm_on_needs_a_python_script_or_module() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let sh = vec!["sh".to_string(), "-c".into(), "exit 0".into()];
+    probe(&out, &["--warm", "on"], &sh)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "--warm on needs a Python interpreter",
+        ));
+    let code = vec![py(), "-c".into(), "pass".into()];
+    probe(&out, &["--warm", "on"], &code).assert().code(2);
+    batchfit()
+        .args(["probe", "--backend", "cpu", "--warm", "off", "--out"])
+        .arg(&out)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--warm goes with --exec"));
+    assert!(!out.exists());
+}
