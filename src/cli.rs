@@ -323,6 +323,11 @@ pub struct ProbeArgs {
     /// Training steps of the confirmation trial of the final size.
     #[arg(long, default_value_t = 5)]
     pub confirm_steps: u32,
+    /// Fresh re-runs of the answer after its confirmation: it must fit every time, and the spread of
+    /// their peaks (the job's own run-to-run noise) must fit under the budget with the answer's peak
+    /// (default: 2 with --exec, whose jobs vary from run to run; 0 otherwise).
+    #[arg(long, value_name = "N")]
+    pub repeats: Option<u32>,
     /// Only try multiples of this (e.g. 8 for tensor cores).
     #[arg(long, default_value_t = 1)]
     pub multiple_of: u64,

@@ -643,6 +643,11 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             // `--tolerance=-0` is 0 (the plan would say -0.0)
             tolerance: a.tolerance + 0.0,
             prior: None,
+            repeats: a.repeats.unwrap_or(if a.exec.is_some() {
+                crate::search::noise::EXEC_REPEATS
+            } else {
+                0
+            }),
         },
         trial_timeout,
         isolation: match a.isolation {

@@ -773,3 +773,59 @@ fn a_job_whose_memory_grows_with_its_batch_gets_a_complete_plan() {
         assert_eq!(p["recommendation"]["max_fitting_batch"], 8, "{p}");
     }
 }
+
+/// A job whose peak moves by up to 40 MiB from one fresh run to the next, more than the 16 MiB guard
+/// band: under either limit the answer ran three times (`--repeats 2`, the default with `--exec`), the
+/// plan records the spread those runs measured, and the answer's largest peak plus that spread stays
+/// under the job's limit (the trials' limit plus the guard band).
+#[test]
+fn a_job_whose_peak_moves_from_run_to_run_is_answered_below_its_measured_noise() {
+    let cmd: Vec<String> = [
+        "/usr/bin/python3".to_string(),
+        repo()
+            .join("tests/support/exec/jitter.py")
+            .display()
+            .to_string(),
+        "{batch}".into(),
+        "40".into(),
+    ]
+    .to_vec();
+    for limit in limits() {
+        let mut flags = limit.clone();
+        flags.splice(
+            flags.len() - 1..,
+            ["400MiB", "--margin", "0", "--max-batch", "600"],
+        );
+        let (p, err) = run(&flags, &cmd);
+        assert_eq!(
+            p["status"], "complete",
+            "{limit:?}: {err} {}",
+            p["stop_detail"]
+        );
+        assert_eq!(p["search"]["repeats"], 2);
+        let b = p["recommendation"]["max_fitting_batch"].clone();
+        let peaks: Vec<u64> = trials(&p)
+            .iter()
+            .filter(|t| t["batch"] == b && t["outcome"] == "fits" && t["steps"] == 5)
+            .map(|t| {
+                t["details"]["cgroup_anon_peak_bytes"]
+                    .as_u64()
+                    .or(t["peak_bytes"].as_u64())
+                    .unwrap()
+            })
+            .collect();
+        assert!(
+            peaks.len() >= 3,
+            "{limit:?}: the answer {b} fit {} times",
+            peaks.len()
+        );
+        let spread = p["search"]["noise_spread_bytes"]
+            .as_u64()
+            .expect("measured");
+        let job = p["limit_bytes"].as_u64().unwrap() + p["guard_band_bytes"].as_u64().unwrap();
+        assert!(
+            peaks.iter().max().unwrap() + spread <= job,
+            "{limit:?}: answer {b}: peaks {peaks:?} + spread {spread} above the job's limit {job}"
+        );
+    }
+}

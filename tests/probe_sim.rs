@@ -555,3 +555,103 @@ fn a_noisy_boundary_ends_with_a_complete_plan_below_its_band() {
              the noise band 4808–4832",
         ));
 }
+
+/// `--repeats 2` on a boundary whose footprint moves from run to run: the answer fit three times in
+/// fresh runs, the plan records the spread they measured, and the answer's largest peak plus that
+/// spread stays under the job's limit (the sim keeps no guard band: the trials' limit is the job's).
+#[test]
+fn repeated_answers_leave_room_for_the_measured_spread() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let sim = format!("{SIM},boundary-noise=60MiB,seed=36");
+    batchfit()
+        .args(["probe", "--backend", "sim", "--sim", &sim, "--repeats", "2"])
+        .args(["--quiet", "--out"])
+        .arg(&out)
+        .assert()
+        .success();
+    let plan = read_json(&out);
+    assert_eq!(plan["status"], "complete", "{plan}");
+    assert_eq!(plan["search"]["repeats"], 2);
+    let spread = plan["search"]["noise_spread_bytes"]
+        .as_u64()
+        .expect("measured");
+    let b = plan["recommendation"]["max_fitting_batch"].clone();
+    let peaks: Vec<u64> = plan["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["batch"] == b && t["steps"] == 5 && t["outcome"] == "fits")
+        .map(|t| t["peak_bytes"].as_u64().unwrap())
+        .collect();
+    assert!(peaks.len() >= 3, "the answer fit {} times", peaks.len());
+    let limit = plan["limit_bytes"].as_u64().unwrap();
+    assert!(
+        peaks.iter().max().unwrap() + spread <= limit,
+        "answer {b}: peaks {peaks:?} + spread {spread} above the limit {limit}"
+    );
+    assert!(plan["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["purpose"] == "repeat"));
+    batchfit()
+        .args(["show", "--format", "text"])
+        .arg(&out)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(format!(
+            "micro-batch {b} fit {} times in fresh runs",
+            peaks.len()
+        )));
+}
+
+/// `verify` checks the promise as the probe made it: the answer runs as often as the probe ran it,
+/// and where the probe measured a spread wider than its guard band, a run peaking above the ceiling
+/// that spread leaves under the job's limit fails the verification (exit 4) though it fit.
+#[test]
+fn verify_runs_the_answer_as_often_as_the_probe_and_holds_it_to_the_measured_noise() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let sim = format!("{SIM},boundary-noise=60MiB,seed=36");
+    batchfit()
+        .args(["probe", "--backend", "sim", "--sim", &sim, "--repeats", "2"])
+        .args(["--quiet", "--out"])
+        .arg(&out)
+        .assert()
+        .success();
+    let plan = read_json(&out);
+    let b = plan["recommendation"]["max_fitting_batch"]
+        .as_u64()
+        .unwrap();
+    let spread = plan["search"]["noise_spread_bytes"].as_u64().unwrap();
+    let limit = plan["limit_bytes"].as_u64().unwrap();
+    assert!(spread > 0, "{plan}");
+    // the same device without noise: three fresh runs, all well under the ceiling
+    let verified = path(&d, "verified.json");
+    batchfit()
+        .args(["verify", "--quiet", "--sim", SIM, "--out"])
+        .arg(&verified)
+        .arg(&out)
+        .assert()
+        .success();
+    let v = read_json(&verified);
+    let n = plan["trials"].as_array().unwrap().len();
+    let runs = v["trials"].as_array().unwrap()[n..]
+        .iter()
+        .filter(|t| t["batch"] == b && t["outcome"] == "fits")
+        .count();
+    assert_eq!(runs, 3, "{v}");
+    // a device on which the answer peaks half the spread under the limit: it fits, but leaves less
+    // room than the job's measured noise
+    let base = limit - spread / 2 - 3 * (1 << 20) * b;
+    let tight = format!("base={base},per-sample=3MiB,capacity=16GiB");
+    let failed = path(&d, "failed.json");
+    batchfit()
+        .args(["verify", "--quiet", "--sim", &tight, "--out"])
+        .arg(&failed)
+        .arg(&out)
+        .assert()
+        .code(4)
+        .stderr(predicate::str::contains("measured noise"));
+}

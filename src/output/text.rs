@@ -124,6 +124,9 @@ pub fn summary(plan: &Plan) -> String {
             s += &line;
         }
     }
+    if let Some(line) = repeats_line(plan) {
+        s += &line;
+    }
     if let Some(n) = &plan.search.noisy_boundary {
         s += &format!("{}\n", n.describe());
     }
@@ -189,4 +192,41 @@ pub fn sweep_table(sw: &crate::plan::Sweep) -> String {
         sw.points.iter().map(|p| p.trials).sum::<usize>()
     );
     s
+}
+
+/// How often the answer fit in fresh runs, and the job's noise those runs measured against the
+/// guard band: the summary's line when the probe repeated its answer (`--repeats`).
+fn repeats_line(plan: &Plan) -> Option<String> {
+    let r = plan.recommendation.as_ref()?;
+    if plan.search.repeats == 0 {
+        return None;
+    }
+    let runs = plan
+        .trials
+        .iter()
+        .filter(|t| {
+            t.batch == r.max_fitting_batch
+                && t.outcome.fits()
+                && t.steps >= plan.search.confirm_steps
+                && t.accumulation == 1
+        })
+        .count();
+    let noise = match (plan.search.noise_spread_bytes, plan.guard_band_bytes) {
+        (Some(s), Some(g)) => format!(
+            "; the job's peak moved by up to {} from run to run ({} the {} guard band)",
+            format_size(s),
+            if s <= g { "within" } else { "wider than" },
+            format_size(g)
+        ),
+        (Some(s), None) => format!(
+            "; the job's peak moved by up to {} from run to run",
+            format_size(s)
+        ),
+        _ => String::new(),
+    };
+    Some(format!(
+        "micro-batch {} fit {} in fresh runs{noise}\n",
+        r.max_fitting_batch,
+        crate::plan::schema::count(runs, "time", "times")
+    ))
 }

@@ -714,9 +714,31 @@ pub struct SearchSettings {
     /// the outcomes never disagreed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub noisy_boundary: Option<crate::search::noise::NoisyBoundary>,
+    /// `--repeats`: fresh re-runs of the answer after its confirmation (it fit `1 + repeats` times);
+    /// absent: none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub repeats: u32,
+    /// The job's measured noise: the widest spread of the footprints of fresh runs at one size
+    /// (docs/how-it-works.md, "The answer's own noise"); absent when no size ran twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noise_spread_bytes: Option<u64>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl SearchSettings {
+    /// The settings alone, without what the search measured (the noisy boundary, the spread): what
+    /// two probes must share for one's plan to answer the other.
+    pub fn flags(&self) -> SearchSettings {
+        SearchSettings {
+            noisy_boundary: None,
+            noise_spread_bytes: None,
+            ..self.clone()
+        }
+    }
+
     pub fn of(
         c: &SearchConfig,
         trial_timeout_seconds: f64,
@@ -736,6 +758,8 @@ impl SearchSettings {
             allow_retries: c.allow_retries,
             tolerance: Some(c.tolerance),
             noisy_boundary: None,
+            repeats: c.repeats,
+            noise_spread_bytes: None,
         }
     }
 }

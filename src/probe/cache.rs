@@ -304,7 +304,10 @@ fn other_conditions(plan: &Plan, skeleton: &Plan) -> Option<String> {
                 && plan.limit_bytes == skeleton.limit_bytes,
             "budget, reserve or limit",
         ),
-        (plan.search == skeleton.search, "search settings"),
+        (
+            plan.search.flags() == skeleton.search.flags(),
+            "search settings",
+        ),
         (plan.runtime == skeleton.runtime, "runtime"),
         (plan.sim_spec == skeleton.sim_spec, "simulated device"),
         (

@@ -193,16 +193,23 @@ fn search_each(
         let limit = g.limit;
         let index = g.index;
         let (all_trials, write_error, first) = (&all_trials, &write_error, &first);
-        let searched = single::search(cfg, &mut g.backend, limit, Some(index), move |t, all| {
-            p.trial(all.len(), t, limit);
-            let mut shared = all_trials.lock().unwrap_or_else(|e| e.into_inner());
-            shared.push(t.clone());
-            let mut snap = first.clone();
-            snap.trials = shared.clone();
-            if let Err(e) = report::write(cfg.out.as_deref(), &snap) {
-                *write_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
-            }
-        });
+        let skeleton = g.skeleton.clone();
+        let searched = single::search(
+            cfg,
+            &mut g.backend,
+            &skeleton,
+            Some(index),
+            move |t, all| {
+                p.trial(all.len(), t, limit);
+                let mut shared = all_trials.lock().unwrap_or_else(|e| e.into_inner());
+                shared.push(t.clone());
+                let mut snap = first.clone();
+                snap.trials = shared.clone();
+                if let Err(e) = report::write(cfg.out.as_deref(), &snap) {
+                    *write_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                }
+            },
+        );
         let single::Searched { outcome, .. } = searched;
         Some(outcome)
     });

@@ -15,28 +15,30 @@ pub struct Searched<'b> {
     pub outcome: SearchOutcome,
 }
 
-/// Runs the search on `backend` under `limit`, calling `on_trial` after every trial (progress, and
-/// the partial plan rewritten); `gpu` is recorded in every trial of a multi-GPU probe.
+/// Runs the search on `backend` under `skeleton`'s limit (a fresh run of the answer, noise included,
+/// must fit under its job's limit), calling `on_trial` after every trial (progress, and the partial
+/// plan rewritten); `gpu` is recorded in every trial of a multi-GPU probe.
 pub fn search<'b>(
     cfg: &ProbeConfig,
     backend: &'b mut dyn Backend,
-    limit: u64,
+    skeleton: &Plan,
     gpu: Option<u32>,
     on_trial: impl FnMut(&TrialRecord, &[TrialRecord]) + 'b,
 ) -> Searched<'b> {
-    search_announced(cfg, backend, limit, gpu, |_, _| {}, on_trial)
+    search_announced(cfg, backend, skeleton, gpu, |_, _| {}, on_trial)
 }
 
 /// [`search`], calling `on_start(n, request)` before trial `n` runs.
 pub fn search_announced<'b>(
     cfg: &ProbeConfig,
     backend: &'b mut dyn Backend,
-    limit: u64,
+    skeleton: &Plan,
     gpu: Option<u32>,
     on_start: impl FnMut(usize, &crate::protocol::TrialRequest) + 'b,
     on_trial: impl FnMut(&TrialRecord, &[TrialRecord]) + 'b,
 ) -> Searched<'b> {
-    let mut prober = Prober::new(backend, cfg.search.clone(), limit)
+    let mut prober = Prober::new(backend, cfg.search.clone(), skeleton.limit_bytes)
+        .with_job_limit(skeleton.job_limit_bytes())
         .on_trial(on_trial)
         .on_start(on_start);
     if let Some(g) = gpu {
@@ -66,7 +68,7 @@ pub fn run(
         } = search_announced(
             cfg,
             backend,
-            limit,
+            skeleton,
             None,
             move |n, req| {
                 progress
@@ -126,6 +128,7 @@ pub fn assemble(
     let mut plan = skeleton.clone();
     plan.trials = outcome.trials.clone();
     plan.search.noisy_boundary = outcome.noisy_boundary.clone();
+    plan.search.noise_spread_bytes = outcome.noise_spread_bytes;
     plan.stop_reason = outcome.stop_reason;
     plan.stop_detail = outcome
         .fatal

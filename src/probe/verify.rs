@@ -177,6 +177,7 @@ fn search_config(plan: &Plan) -> SearchConfig {
         allow_retries: plan.search.allow_retries,
         tolerance: plan.search.tolerance.unwrap_or(0.0),
         prior: None,
+        repeats: plan.search.repeats,
     }
 }
 
@@ -189,7 +190,7 @@ fn confirm_plan(
     here: &Here,
     limit: u64,
 ) -> Result<VerifyEnding, ProbeError> {
-    let ending = confirm_sizes(prober, rec, &here.device.name, limit)?;
+    let ending = confirm_sizes(prober, plan, rec, &here.device.name, limit)?;
     if ending != VerifyEnding::Verified || !here.elsewhere {
         return Ok(ending);
     }
@@ -207,10 +208,14 @@ fn confirm_plan(
         .unwrap_or(ending))
 }
 
-/// Confirms each distinct size of `rec`'s micro-batches, largest first, with its accumulation: the
-/// first that does not confirm ends the verification.
+/// Confirms each distinct size of `rec`'s micro-batches, largest first, with its accumulation, as
+/// often as the plan's probe ran its answer (`1 + search.repeats` fresh runs), and where the probe
+/// measured a spread wider than its guard band, each run's footprint at most the ceiling that spread
+/// leaves under the job's limit: the plan's promise, checked as it was made. The first size that
+/// does not confirm ends the verification.
 fn confirm_sizes(
     prober: &mut Prober,
+    plan: &Plan,
     rec: &crate::plan::Recommendation,
     device: &str,
     limit: u64,
@@ -220,29 +225,60 @@ fn confirm_sizes(
     sizes.dedup();
     let acc = u32::try_from(rec.accumulation).unwrap_or(u32::MAX);
     for b in sizes {
-        let ending = match prober.confirm_split(b, acc, Purpose::Confirm) {
-            Ok(Confirmation::Fits) => continue,
-            Ok(Confirmation::Failed(why)) => VerifyEnding::Failed(format!(
-                "micro-batch {b} × accumulation {acc} could not be confirmed on {device}: {why}"
-            )),
-            Ok(Confirmation::OutOfMemory) => {
-                let last = prober.trials().last();
-                let why = last
-                    .and_then(|t| t.outcome.message().map(String::from))
-                    .unwrap_or_default();
-                VerifyEnding::Failed(format!(
-                    "micro-batch {b} × accumulation {acc} did not fit under the {} limit on {device} ({}): {why}",
-                    format_size(limit),
-                    last.map_or("", |t| t.outcome.kind())
-                ))
-            }
-            Err(Stop::Interrupted(sig)) => VerifyEnding::Interrupted(sig),
-            Err(Stop::Fatal(m)) => return Err(ProbeError::Environment(m)),
-            Err(Stop::Reason(r)) => VerifyEnding::Failed(r.describe().to_string()),
-        };
-        return Ok(ending);
+        for run in 0..=plan.search.repeats {
+            let confirmed = if run == 0 {
+                prober.confirm_split(b, acc, Purpose::Confirm)
+            } else {
+                prober.repeat_split(b, acc)
+            };
+            let ending = match confirmed {
+                Ok(Confirmation::Fits) => match above_ceiling(prober, plan, b) {
+                    None => continue,
+                    Some(why) => VerifyEnding::Failed(why),
+                },
+                Ok(Confirmation::Failed(why)) => VerifyEnding::Failed(format!(
+                    "micro-batch {b} × accumulation {acc} could not be confirmed on {device}: {why}"
+                )),
+                Ok(Confirmation::OutOfMemory) => {
+                    let last = prober.trials().last();
+                    let why = last
+                        .and_then(|t| t.outcome.message().map(String::from))
+                        .unwrap_or_default();
+                    VerifyEnding::Failed(format!(
+                        "micro-batch {b} × accumulation {acc} did not fit under the {} limit on {device} ({}): {why}",
+                        format_size(limit),
+                        last.map_or("", |t| t.outcome.kind())
+                    ))
+                }
+                Err(Stop::Interrupted(sig)) => VerifyEnding::Interrupted(sig),
+                Err(Stop::Fatal(m)) => return Err(ProbeError::Environment(m)),
+                Err(Stop::Reason(r)) => VerifyEnding::Failed(r.describe().to_string()),
+            };
+            return Ok(ending);
+        }
     }
     Ok(VerifyEnding::Verified)
+}
+
+/// Why the last trial (a fit at `b`) breaks the plan's promise, if it does: where the probe measured
+/// a spread wider than its guard band, a fit must leave that spread under the job's limit.
+fn above_ceiling(prober: &Prober, plan: &Plan, b: u64) -> Option<String> {
+    let spread = plan.search.noise_spread_bytes?;
+    if spread <= plan.guard_band_bytes.unwrap_or(0) {
+        return None;
+    }
+    let ceiling = plan.job_limit_bytes().saturating_sub(spread);
+    let f = prober.trials().last()?.footprint()?;
+    (f > ceiling).then(|| {
+        format!(
+            "micro-batch {b} peaked at {}, above the {} that the probe's measured noise ({} between \
+             fresh runs) leaves under the job's {} limit",
+            format_size(f),
+            format_size(ceiling),
+            format_size(spread),
+            format_size(plan.job_limit_bytes())
+        )
+    })
 }
 
 /// Makes `out` the verified plan of this machine: its device, torch, limit and curve, and the

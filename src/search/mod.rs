@@ -88,6 +88,11 @@ pub struct SearchConfig {
     /// Prior knowledge of the memory curve (a sweep's earlier points), used only to propose sizes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prior: Option<Prior>,
+    /// Fresh re-runs of the answer after its confirmation (`--repeats`): the answer must fit
+    /// `1 + repeats` times, and the spread of their footprints is the job's measured noise
+    /// ([`noise`], "The answer's own noise").
+    #[serde(default)]
+    pub repeats: u32,
 }
 
 /// The default `--tolerance`: 0.5 %. Measured on CPU (docs/benchmarks.md, "Tolerance"): the peak
@@ -165,6 +170,7 @@ impl Default for SearchConfig {
             allow_retries: false,
             tolerance: DEFAULT_TOLERANCE,
             prior: None,
+            repeats: 0,
         }
     }
 }
@@ -183,6 +189,9 @@ pub enum Purpose {
     /// A trial that can close the bracket (next to either end of it), or the failure above the answer
     /// re-run after the worker found it: always in a fresh process.
     Proof,
+    /// A fresh re-run of the answer after its confirmation ([`SearchConfig::repeats`]): the job's own
+    /// run-to-run noise, measured where it matters.
+    Repeat,
 }
 
 /// One trial as the plan records it.
@@ -207,6 +216,21 @@ pub struct TrialRecord {
     /// More about a trial of a user's command (its output's tail, its report, its process tree).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub details: Option<TrialDetails>,
+}
+
+impl TrialRecord {
+    /// The figure the limit holds this trial to, as measured: the anonymous and shared memory of its
+    /// memory cgroup where it had one (the kernel's own peak there counts page cache, which it
+    /// reclaims before it kills), else the larger of its peak and its process tree's figure (under
+    /// `RLIMIT_DATA` the limit bounds each process's data segment, and batchfit the tree's sum).
+    pub fn footprint(&self) -> Option<u64> {
+        let d = self.details.as_ref();
+        if let Some(anon) = d.and_then(|d| d.cgroup_anon_peak_bytes) {
+            return Some(anon);
+        }
+        let tree = d.and_then(|d| d.tree_pss_peak_bytes);
+        self.outcome.peak_bytes().into_iter().chain(tree).max()
+    }
 }
 
 fn one() -> u32 {
@@ -268,8 +292,9 @@ impl StopReason {
                  size⌋) above it runs out of memory"
             }
             StopReason::ProvenBelowNoise => {
-                "proven below the noise: outcomes near the boundary disagree, so the size fit twice \
-                 in fresh processes at least one noise band below every size that ran out of memory"
+                "proven below the noise: outcomes near the boundary disagree (or fresh runs of one size \
+                 spread wider than the guard band), so the size fit every time it ran in fresh \
+                 processes (at least twice), at least one noise band below every size that failed"
             }
             StopReason::NoisyBoundary => {
                 "outcomes near the boundary disagree and no size below their noise band fit twice \
@@ -438,6 +463,8 @@ pub struct SearchOutcome {
     pub fatal: Option<String>,
     /// Outcomes that disagreed near the boundary, and the band the answer stayed below.
     pub noisy_boundary: Option<noise::NoisyBoundary>,
+    /// The job's measured noise: the widest spread of footprints of fresh runs at one size.
+    pub noise_spread_bytes: Option<u64>,
 }
 
 impl SearchOutcome {
@@ -477,6 +504,9 @@ pub struct Prober<'b> {
     strategy: Option<Box<dyn Strategy + 'b>>,
     /// The noisy boundary the search answered below, once outcomes disagreed.
     noise: Option<noise::NoisyBoundary>,
+    /// The limit the job itself will run under (the trials' limit plus the guard band); `None`: the
+    /// trials' limit.
+    job_limit: Option<u64>,
 }
 
 /// Why a run of trials stopped early.
@@ -498,6 +528,23 @@ pub enum Confirmation {
     Failed(String),
 }
 
+impl Confirmation {
+    /// What a confirmation trial's outcome at `batch` shows.
+    fn of(o: &TrialOutcome, batch: u64) -> Self {
+        if o.fits() {
+            Confirmation::Fits
+        } else if o.is_bound() {
+            Confirmation::OutOfMemory
+        } else {
+            Confirmation::Failed(format!(
+                "{} at {batch}: {}",
+                o.kind(),
+                o.message().unwrap_or_default()
+            ))
+        }
+    }
+}
+
 impl<'b> Prober<'b> {
     pub fn new(backend: &'b mut dyn Backend, cfg: SearchConfig, limit_bytes: u64) -> Self {
         backend.set_limit(limit_bytes);
@@ -514,7 +561,15 @@ impl<'b> Prober<'b> {
             gpu: None,
             strategy: None,
             noise: None,
+            job_limit: None,
         }
+    }
+
+    /// The limit the job will run under, above the trials' limit by the guard band: a fresh run of
+    /// the answer, noise included, must stay under it ([`noise`], "The answer's own noise").
+    pub fn with_job_limit(mut self, bytes: u64) -> Self {
+        self.job_limit = Some(bytes.max(self.limit_bytes));
+        self
     }
 
     /// Proposes sizes with `strategy` instead of the configured one (the engine still owns the
@@ -659,6 +714,7 @@ impl<'b> Prober<'b> {
             interrupted_by: sig,
             fatal,
             noisy_boundary: self.noise.clone(),
+            noise_spread_bytes: self.spread(self.cfg.confirm_steps.max(self.cfg.steps)),
         }
     }
 
@@ -707,17 +763,17 @@ impl<'b> Prober<'b> {
             return Ok(Confirmation::Fits);
         }
         let o = self.trial_with_retry(batch, steps, purpose)?;
-        Ok(if o.fits() {
-            Confirmation::Fits
-        } else if o.is_bound() {
-            Confirmation::OutOfMemory
-        } else {
-            Confirmation::Failed(format!(
-                "{} at {batch}: {}",
-                o.kind(),
-                o.message().unwrap_or_default()
-            ))
-        })
+        Ok(Confirmation::of(&o, batch))
+    }
+
+    /// Runs `batch` once more at `accumulation` with the confirmation's steps in a fresh process,
+    /// whatever ran before (`verify` repeats a plan's sizes as often as its probe did).
+    pub fn repeat_split(&mut self, batch: u64, accumulation: u32) -> Result<Confirmation, Stop> {
+        self.accumulation = accumulation.max(1);
+        let steps = self.cfg.confirm_steps.max(self.cfg.steps);
+        let r = self.trial_with_retry(batch, steps, Purpose::Repeat);
+        self.accumulation = 1;
+        Ok(Confirmation::of(&r?, batch))
     }
 
     fn search_inner(&mut self, found: &mut (Option<u64>, Option<u64>)) -> Stop {
@@ -820,6 +876,18 @@ impl<'b> Prober<'b> {
                         ));
                     }
                     Ok(Confirmation::Fits) => {
+                        // The answer again, fresh: a repeat that fails, or footprints spread wider
+                        // than the guard band, is noise the answer must stay below.
+                        if let Err(s) = self.repeat_answer(b, confirm_steps) {
+                            found.0 = None;
+                            return s;
+                        }
+                        if let Some(band) = self
+                            .noisy_band(&grid)
+                            .or_else(|| self.spread_band(b, &grid))
+                        {
+                            return self.below_noise(&grid, band, found);
+                        }
                         found.0 = Some(b);
                         found.1 = hi.map(|h| grid.batch(h));
                         let reason = if hi == Some(l + 1) {

@@ -26,6 +26,19 @@
 //! ([`StopReason::ProvenBelowNoise`], complete); if the trials run out first, or the band reaches
 //! below the smallest size, the search stops without an answer ([`StopReason::NoisyBoundary`]).
 //! Searches whose outcomes never disagree never get here: their proof is unchanged.
+//!
+//! **The answer's own noise.** The trials run under the job's limit less a guard band, so that a
+//! fresh run of the answer, whose footprint moves from run to run, still fits under the job's limit.
+//! A band of fixed width is a guess about one job's noise; [`super::SearchConfig::repeats`] measures it. The
+//! confirmed answer runs `repeats` more times, fresh, with the confirmation's steps: a repeat that
+//! fails is a contradiction (the rule above), and otherwise the **spread** of the footprints of the
+//! fresh runs at one size (the largest, over the sizes run more than once) is the job's measured
+//! noise. A fresh run may then reach the largest footprint seen plus that spread, so every fit of the
+//! answer must have a footprint at most `job limit − spread` (the noise ceiling; when the spread is
+//! within the guard band, every fit under the trials' limit is). An answer above the ceiling is a
+//! band of its own ([`NoisyBoundary::spread_bytes`]): its lowest bound is the answer, its width the
+//! samples the excess footprint takes by the slope of the fits below, and the rule above steps down
+//! to a size whose fits, `1 + repeats` of them, all lie under the ceiling.
 
 use super::{tolerance_gap, Grid, Prober, Purpose, Stop, StopReason, TrialRecord};
 use crate::protocol::{Isolation, TrialOutcome};
@@ -34,6 +47,12 @@ use serde::{Deserialize, Serialize};
 /// The most trials the engine runs after the first contradiction (retries of errors aside): two
 /// candidates, each run twice.
 pub const NOISY_TRIALS: u32 = 4;
+
+/// `--repeats` for a user's command (`--exec`): the answer fits three times in fresh runs, and the
+/// spread of those runs is the job's noise. Measured: fresh runs of one size of the repository's
+/// exec scripts peak up to ~35 MiB apart under a cgroup (docs/benchmarks.md, "does the answer hold
+/// in fresh runs?"), more than the 16 MiB guard band; batchfit's own tch trials repeat to the byte.
+pub const EXEC_REPEATS: u32 = 2;
 
 /// A size that fit at or above one that failed (`fit == bound`: a repeat that flipped).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,11 +74,34 @@ pub struct NoisyBoundary {
     pub width: u64,
     /// For each failing size with a fit at or above it: that failure and the largest such fit.
     pub contradictions: Vec<Contradiction>,
+    /// Where the band came from the answer's own noise: the spread of the footprints of fresh runs
+    /// at one size, wider than the guard band ("The answer's own noise").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread_bytes: Option<u64>,
+    /// The largest footprint a fit of the answer may have so that a fresh run, the spread included,
+    /// stays under the job's limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceiling_bytes: Option<u64>,
 }
 
 impl NoisyBoundary {
     /// The summary's line: where outcomes disagree and the band the answer stays below.
     pub fn describe(&self) -> String {
+        if let (None, Some(spread), Some(ceiling)) = (
+            self.contradictions.first(),
+            self.spread_bytes,
+            self.ceiling_bytes,
+        ) {
+            let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+            return format!(
+                "fresh runs of one size spread by {:.1} MiB, more than the guard band: a fit must \
+                 peak at most {:.1} MiB, and {} did not, so the answer stays below {}",
+                mib(spread),
+                mib(ceiling),
+                self.lowest_bound,
+                self.band_low
+            );
+        }
         let why = match self.contradictions.first() {
             Some(c) if c.fit == c.bound => format!("{} fit and ran out of memory", c.fit),
             Some(c) => format!("fit at {} above an out-of-memory at {}", c.fit, c.bound),
@@ -70,6 +112,11 @@ impl NoisyBoundary {
             self.lowest_bound, self.band_low, self.band_high
         )
     }
+}
+
+/// A fit in a fresh process with at least `steps`, at accumulation 1.
+fn fresh_fit(t: &TrialRecord, steps: u32) -> bool {
+    t.outcome.fits() && t.steps >= steps && t.isolation != Isolation::Worker && t.accumulation == 1
 }
 
 /// A failure that bounds the answer: out of memory or over the budget, not in the worker.
@@ -106,6 +153,31 @@ pub fn contradictions(trials: &[TrialRecord]) -> Vec<Contradiction> {
     out
 }
 
+/// The range of footprints about their least-squares line, over the fits at sizes from half the
+/// largest fit up (memory grows linearly with the batch there, above any knee), when at least three
+/// sizes ran there: a few repeats of one size rarely see a job's whole range of noise, the fits of the
+/// search near the boundary add theirs.
+fn residual_range(by_size: &std::collections::BTreeMap<u64, Vec<u64>>) -> Option<u64> {
+    let top = *by_size.keys().next_back()?;
+    let points: Vec<(f64, f64)> = by_size
+        .range(top / 2..)
+        .flat_map(|(&b, v)| v.iter().map(move |&f| (b as f64, f as f64)))
+        .collect();
+    if by_size.range(top / 2..).count() < 3 {
+        return None;
+    }
+    let n = points.len() as f64;
+    let (mb, mf) = points
+        .iter()
+        .fold((0.0, 0.0), |(x, y), p| (x + p.0 / n, y + p.1 / n));
+    let sxx: f64 = points.iter().map(|p| (p.0 - mb).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mb) * (p.1 - mf)).sum();
+    let k = if sxx > 0.0 { sxy / sxx } else { 0.0 };
+    let residuals = points.iter().map(|p| p.1 - (mf + k * (p.0 - mb)));
+    let (lo, hi) = residuals.fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(r), hi.max(r)));
+    Some((hi - lo).max(0.0) as u64)
+}
+
 /// The smallest size that failed in a fresh process.
 fn lowest_bound(trials: &[TrialRecord]) -> Option<u64> {
     trials
@@ -121,15 +193,130 @@ impl Prober<'_> {
         let contradictions = contradictions(&self.trials);
         let lowest = lowest_bound(&self.trials)?;
         let high = contradictions.iter().map(|c| c.fit).max()?;
-        let width =
-            (high - lowest.min(high)).max(tolerance_gap(lowest, self.cfg.tolerance, grid.step));
+        let steps = self.cfg.confirm_steps.max(self.cfg.steps);
+        let spread = self
+            .spread(steps)
+            .map_or(0, |s| self.samples_for(s, lowest, steps));
+        let width = (high - lowest.min(high))
+            .max(tolerance_gap(lowest, self.cfg.tolerance, grid.step))
+            .max(spread);
         Some(NoisyBoundary {
             band_low: lowest.saturating_sub(width),
             band_high: high,
             lowest_bound: lowest,
             width,
             contradictions,
+            spread_bytes: None,
+            ceiling_bytes: None,
         })
+    }
+
+    /// How many fresh fits with the confirmation's steps an answer needs: `1 + repeats`, and at
+    /// least two below a noisy boundary.
+    fn fits_needed(&self, noisy: bool) -> usize {
+        1 + self.cfg.repeats as usize + usize::from(noisy && self.cfg.repeats == 0)
+    }
+
+    /// The most trials after the first contradiction (retries aside): two candidates, each run
+    /// twice ([`NOISY_TRIALS`]); with repeats, three candidates, each run as often as an answer must
+    /// fit.
+    pub(super) fn noisy_trials(&self) -> u32 {
+        let candidates = if self.cfg.repeats == 0 { 2 } else { 3 };
+        candidates * self.fits_needed(true) as u32
+    }
+
+    /// Runs the confirmed answer `b` again, fresh, until it has fit `1 + repeats` times or a repeat
+    /// did not fit (the caller reads what that shows). An error or a timeout, twice, proves nothing:
+    /// the answer is then not proven.
+    pub(super) fn repeat_answer(&mut self, b: u64, steps: u32) -> Result<(), Stop> {
+        while self.fresh_confirmed_fits(b, steps) < self.fits_needed(false) {
+            let o = self.trial_with_retry(b, steps, Purpose::Repeat)?;
+            if o.is_bound() {
+                return Ok(());
+            }
+            if !o.fits() {
+                return Err(Stop::Fatal(format!(
+                    "the repeat of the answer {b} ended in {} ({}); no size is proven",
+                    o.kind(),
+                    o.message().unwrap_or_default()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The job's measured noise: the wider of the widest range of footprints among fresh fits at one
+    /// size run more than once, and the range of all fresh fits' footprints about the line through
+    /// them near the top ([`residual_range`]), each with the confirmation's steps. (A failure says
+    /// only that its run needed more than the limit, not by how much: a flaky failure would make any
+    /// spread.)
+    pub(super) fn spread(&self, steps: u32) -> Option<u64> {
+        let mut by_size: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
+        for t in self.trials.iter().filter(|t| fresh_fit(t, steps)) {
+            if let Some(f) = t.footprint() {
+                by_size.entry(t.batch).or_default().push(f);
+            }
+        }
+        let repeated = by_size
+            .values()
+            .filter(|v| v.len() > 1)
+            .map(|v| v.iter().max().unwrap() - v.iter().min().unwrap())
+            .max();
+        repeated.max(residual_range(&by_size))
+    }
+
+    /// The largest footprint a fit may have for a fresh run, the measured spread included, to stay
+    /// under the job's limit; `None` when nothing is measured or every fit under the trials' limit
+    /// already leaves that room (the spread is within the guard band).
+    pub(super) fn noise_ceiling(&self, steps: u32) -> Option<u64> {
+        let spread = self.spread(steps)?;
+        let ceiling = self.job_limit?.saturating_sub(spread);
+        (ceiling < self.limit_bytes).then_some(ceiling)
+    }
+
+    /// A band of the answer's own noise: `b`'s fits peak above the noise ceiling.
+    pub(super) fn spread_band(&self, b: u64, grid: &Grid) -> Option<NoisyBoundary> {
+        let steps = self.cfg.confirm_steps.max(self.cfg.steps);
+        let ceiling = self.noise_ceiling(steps)?;
+        let excess = self.excess(b, steps, Some(ceiling))?;
+        let width =
+            self.samples_for(excess, b, steps)
+                .max(tolerance_gap(b, self.cfg.tolerance, grid.step));
+        Some(NoisyBoundary {
+            band_low: b.saturating_sub(width),
+            band_high: b,
+            lowest_bound: b,
+            width,
+            contradictions: vec![],
+            spread_bytes: self.spread(steps),
+            ceiling_bytes: Some(ceiling),
+        })
+    }
+
+    /// The samples that `bytes` of footprint take at `b`, by the slope from the largest fit below
+    /// `b` to `b` (each size's smallest footprint, any steps); one sample when no slope is measured.
+    fn samples_for(&self, bytes: u64, b: u64, _steps: u32) -> u64 {
+        let at = |size: u64| {
+            self.trials
+                .iter()
+                .filter(|t| t.batch == size && t.outcome.fits())
+                .filter_map(|t| t.footprint())
+                .min()
+        };
+        let below = self
+            .trials
+            .iter()
+            .filter(|t| t.batch < b && t.outcome.fits() && t.footprint().is_some())
+            .map(|t| t.batch)
+            .max();
+        let slope = match (below.and_then(|a| at(a).map(|fa| (a, fa))), at(b)) {
+            (Some((a, fa)), Some(fb)) if fb > fa => Some((fb - fa) as f64 / (b - a) as f64),
+            _ => None,
+        };
+        match slope {
+            Some(k) => (bytes as f64 / k).ceil() as u64,
+            None => 1,
+        }
     }
 
     /// After a size that fit with the exploration's steps ran out of memory with the confirmation's:
@@ -146,13 +333,21 @@ impl Prober<'_> {
     fn fresh_confirmed_fits(&self, b: u64, steps: u32) -> usize {
         self.trials
             .iter()
-            .filter(|t| {
-                t.batch == b
-                    && t.steps >= steps
-                    && t.outcome.fits()
-                    && t.isolation != Isolation::Worker
-            })
+            .filter(|t| t.batch == b && fresh_fit(t, steps))
             .count()
+    }
+
+    /// How far the largest footprint of a fresh fit at `b` is above `ceiling` (the noise ceiling,
+    /// when there is one); `None` when none is.
+    fn excess(&self, b: u64, steps: u32, ceiling: Option<u64>) -> Option<u64> {
+        let ceiling = ceiling?;
+        self.trials
+            .iter()
+            .filter(|t| t.batch == b && fresh_fit(t, steps))
+            .filter_map(|t| t.footprint())
+            .max()
+            .filter(|&top| top > ceiling)
+            .map(|top| top - ceiling)
     }
 
     /// Answers below the noise band of `band` (see the module's rule); `found` gets the answer and the
@@ -164,7 +359,7 @@ impl Prober<'_> {
         found: &mut (Option<u64>, Option<u64>),
     ) -> Stop {
         let steps = self.cfg.confirm_steps.max(self.cfg.steps);
-        let mut left = NOISY_TRIALS;
+        let mut left = self.noisy_trials();
         found.0 = None;
         let stop = loop {
             let below = band.lowest_bound.saturating_sub(band.width);
@@ -172,7 +367,17 @@ impl Prober<'_> {
                 break Stop::Reason(StopReason::NoisyBoundary);
             }
             let c = grid.batch(grid.index_at_or_below(below));
-            if self.fresh_confirmed_fits(c, steps) >= 2 {
+            let ceiling = self.noise_ceiling(steps);
+            if let Some(excess) = self.excess(c, steps, ceiling) {
+                // A fit whose footprint leaves less room under the job's limit than the noise: the
+                // next candidate lies below by the samples that excess takes.
+                band.lowest_bound = c;
+                band.width = self.samples_for(excess, c, steps).max(1);
+                band.spread_bytes = self.spread(steps);
+                band.ceiling_bytes = ceiling;
+                continue;
+            }
+            if self.fresh_confirmed_fits(c, steps) >= self.fits_needed(true) {
                 found.0 = Some(c);
                 break Stop::Reason(StopReason::ProvenBelowNoise);
             }
@@ -180,12 +385,20 @@ impl Prober<'_> {
                 break Stop::Reason(StopReason::NoisyBoundary);
             }
             left -= 1;
-            match self.trial_with_retry(c, steps, Purpose::Confirm) {
+            let purpose = if self.fresh_confirmed_fits(c, steps) > 0 {
+                Purpose::Repeat
+            } else {
+                Purpose::Confirm
+            };
+            match self.trial_with_retry(c, steps, purpose) {
                 Err(s) => break s,
                 Ok(TrialOutcome::Fits { .. }) => {}
                 Ok(o) if o.is_bound() => {
                     band.lowest_bound = c;
-                    band.width = band.width.saturating_mul(2);
+                    let spread = self
+                        .spread(steps)
+                        .map_or(0, |s| self.samples_for(s, c, steps));
+                    band.width = band.width.saturating_mul(2).max(spread);
                 }
                 Ok(o) => {
                     break Stop::Fatal(format!(
@@ -205,7 +418,8 @@ impl Prober<'_> {
             .max()
             .unwrap_or(band.band_high);
         band.band_low = band.lowest_bound.saturating_sub(band.width);
-        found.1 = Some(band.lowest_bound);
+        // the smallest size that failed (a band of the answer's noise starts at a size that fit)
+        found.1 = lowest_bound(&self.trials);
         self.noise = Some(band);
         stop
     }

@@ -1013,6 +1013,8 @@ fn a_fit_above_an_out_of_memory_stops_the_bisection_and_answers_one_band_below()
                 fit: 512,
                 bound: 502
             }],
+            spread_bytes: None,
+            ceiling_bytes: None,
         }
     );
     let at: Vec<_> = out.trials.iter().filter(|t| t.batch == 492).collect();
@@ -1123,6 +1125,113 @@ proptest! {
                     prop_assert!(b + band.width <= lowest, "answer {} within a band ({}) of {}", b, band.width, lowest);
                 }
             }
+        }
+    }
+}
+
+/// A search whose answer runs `repeats` more times, on a device whose footprint moves by up to
+/// `noise` from run to run, with the job's limit a `band` above the trials' limit.
+fn repeated_search(noise: u64, band: u64, repeats: u32, seed: u64) -> SearchOutcome {
+    let limit = 1000 * MIB;
+    let mut spec = SimSpec::affine(0, MIB, limit);
+    spec.boundary_noise = noise;
+    spec.seed = seed;
+    let cfg = SearchConfig {
+        repeats,
+        ..exact(SearchConfig::default())
+    };
+    let mut be = Capped(SimBackend::new(spec));
+    let out = Prober::new(&mut be, cfg, limit)
+        .with_job_limit(limit + band)
+        .search();
+    out
+}
+
+/// The fresh fits of `b` with the confirmation's steps, and their largest footprint.
+fn answer_fits(out: &SearchOutcome, b: u64) -> (usize, u64) {
+    let fits: Vec<u64> = out
+        .trials
+        .iter()
+        .filter(|t| t.batch == b && t.outcome.fits() && t.steps >= 5)
+        .filter_map(|t| t.footprint())
+        .collect();
+    (fits.len(), fits.iter().copied().max().unwrap_or(0))
+}
+
+#[test]
+fn the_answer_runs_again_fresh_and_a_spread_within_the_guard_band_keeps_it() {
+    let out = repeated_search(0, 16 * MIB, 2, 1);
+    assert!(out.stop_reason.is_complete(), "{:?}", sequence(&out));
+    assert_eq!(out.max_fitting, Some(1000));
+    let repeats = out
+        .trials
+        .iter()
+        .filter(|t| t.purpose == Purpose::Repeat)
+        .count();
+    assert_eq!(repeats, 2, "{:?}", sequence(&out));
+    assert_eq!(answer_fits(&out, 1000).0, 3);
+    assert_eq!(out.noise_spread_bytes, Some(0));
+    assert_eq!(out.noisy_boundary, None);
+}
+
+#[test]
+fn without_repeats_the_answer_runs_once() {
+    let out = repeated_search(0, 16 * MIB, 0, 1);
+    assert_eq!(out.max_fitting, Some(1000));
+    assert!(out.trials.iter().all(|t| t.purpose != Purpose::Repeat));
+    assert_eq!(out.noise_spread_bytes, None);
+}
+
+#[test]
+fn fresh_runs_that_spread_wider_than_the_guard_band_step_the_answer_below_the_noise() {
+    // Footprints move by ±40 MiB from run to run (1 MiB a sample); the guard band is 16 MiB.
+    let out = repeated_search(40 * MIB, 16 * MIB, 2, 3);
+    assert_eq!(
+        out.stop_reason,
+        StopReason::ProvenBelowNoise,
+        "{:?}",
+        sequence(&out)
+    );
+    let b = out.max_fitting.expect("an answer");
+    let spread = out.noise_spread_bytes.expect("measured");
+    assert!(spread > 16 * MIB, "spread {spread}");
+    let (fits, top) = answer_fits(&out, b);
+    assert!(fits >= 3, "the answer fit {fits} times");
+    assert!(
+        top + spread <= 1016 * MIB,
+        "answer {b}: its footprint {top} plus the spread {spread} is above the job's limit"
+    );
+    let band = out.noisy_boundary.clone().expect("recorded");
+    assert!(b + band.width <= band.lowest_bound, "{band:?}");
+    assert!(
+        out.trials
+            .iter()
+            .filter(|t| t.outcome.is_bound())
+            .all(|t| t.batch > b),
+        "{:?}",
+        sequence(&out)
+    );
+}
+
+proptest! {
+    /// Whatever the job's noise, a complete answer fit `1 + repeats` times in fresh runs, and its
+    /// largest footprint plus the measured spread stays under the job's limit once the spread is
+    /// wider than the guard band; the search ends within its bound.
+    #[test]
+    fn a_repeated_answer_leaves_room_for_the_measured_noise(
+            noise_mib in 0u64..80, band_mib in 1u64..32, repeats in 1u32..4, seed in 0u64..1000) {
+        let out = repeated_search(noise_mib * MIB, band_mib * MIB, repeats, seed);
+        prop_assert!(out.trials.len() <= 60, "{} trials", out.trials.len());
+        if let (Some(b), true) = (out.max_fitting, out.stop_reason.is_complete()) {
+            let (fits, top) = answer_fits(&out, b);
+            prop_assert!(fits > repeats as usize, "the answer fit {} times", fits);
+            let spread = out.noise_spread_bytes.unwrap_or(0);
+            if spread > band_mib * MIB {
+                prop_assert!(top + spread <= (1000 + band_mib) * MIB,
+                    "answer {}: footprint {} + spread {} above the job's limit", b, top, spread);
+            }
+            let failures: Vec<u64> = out.trials.iter().filter(|t| t.outcome.is_bound()).map(|t| t.batch).collect();
+            prop_assert!(failures.iter().all(|&f| f > b), "answer {} at or above a failure {:?}", b, failures);
         }
     }
 }

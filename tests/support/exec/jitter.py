@@ -1,0 +1,20 @@
+#!/usr/bin/env python3
+"""A fake training command whose peak moves from run to run (standard library only): BATCH MiB plus a
+jitter of 0 to JITTER MiB that changes with each trial (drawn from BATCHFIT_TRIAL, so a probe is
+repeatable), allocated 1 MiB at a time so that a limit stops it where its memory reaches the limit.
+
+  python3 jitter.py BATCH JITTER
+"""
+import os
+import sys
+import time
+
+batch, jitter = int(sys.argv[1]), int(sys.argv[2])
+trial = int(os.environ.get("BATCHFIT_TRIAL", "0"))
+extra = (trial * 7919 + 13) % (jitter + 1)
+chunks = []
+for _ in range(batch + extra):
+    c = bytearray(1 << 20)
+    c[::4096] = b"\x01" * 256
+    chunks.append(c)
+time.sleep(0.15)
