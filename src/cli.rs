@@ -444,6 +444,17 @@ pub struct ProbeArgs {
         help_heading = "Your own command"
     )]
     pub cpu_limit: CpuLimitArg,
+    /// cpu, --exec: run each trial after the first in a warm process, started ahead of time under
+    /// the trial's own limit with the job's packages imported, then handed the trial (auto: for a
+    /// Python interpreter running a script or -m module; on: the same, an error for another
+    /// command; off: every trial a cold start). Each trial is still one fresh process.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        help_heading = "Your own command"
+    )]
+    pub warm: WarmArg,
     /// The batch-size axis of --plot: linear, or log (small sizes are not squashed against zero).
     #[arg(long, value_enum, default_value = "linear")]
     pub plot_scale: PlotScaleArg,
@@ -470,6 +481,13 @@ pub enum CpuLimitArg {
     Auto,
     Cgroup,
     Rlimit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WarmArg {
+    Auto,
+    On,
+    Off,
 }
 
 #[derive(Debug, Args)]

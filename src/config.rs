@@ -4,6 +4,7 @@
 use crate::accumulate;
 use crate::cli::{
     BackendArg, CpuLimitArg, IsolationArg, OptimizerArg, PrecisionArg, ProbeArgs, StrategyArg,
+    WarmArg,
 };
 use crate::device::sim::SimSpec;
 use crate::device::IsolationMode;
@@ -307,6 +308,8 @@ pub struct ExecConfig {
     /// `--threads`, when given: `OMP_NUM_THREADS` of every trial (else the user's environment).
     pub threads: Option<u32>,
     pub cpu_limit: CpuLimitArg,
+    /// Trials after the first may run in warm processes (`--warm`; a Python launch).
+    pub warm: bool,
 }
 
 /// A size flag. A bare number is bytes; one that is not 0 but under 1 MiB is almost certainly a
@@ -896,6 +899,7 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
             ("--fingerprint-file", !a.fingerprint_file.is_empty()),
             ("--oom-pattern", !a.oom_pattern.is_empty()),
             ("--cpu-limit", a.cpu_limit != CpuLimitArg::Auto),
+            ("--warm", a.warm != WarmArg::Auto),
         ] {
             if given {
                 return err(format!(
@@ -1011,6 +1015,14 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
         // said once, in the plan and its summary, unless the trials' reports prove the job read it
         warnings.push(NO_BATCH_WARNING.to_string());
     }
+    let python = crate::workload::exec::warm::python_launch(&a.command).is_some();
+    if a.warm == WarmArg::On && !python {
+        return err(format!(
+            "--warm on needs a Python interpreter running a script or a module (python train.py \
+             …, python -m pkg …); {} is not one: use --warm auto or off",
+            a.command[0]
+        ));
+    }
     let threads = a.threads;
     let mut environment: Vec<String> = crate::workload::exec::ENVIRONMENT
         .iter()
@@ -1038,6 +1050,7 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
             oom_patterns,
             threads,
             cpu_limit: a.cpu_limit,
+            warm: python && a.warm != WarmArg::Off,
         }),
         warnings,
     ))

@@ -1001,3 +1001,99 @@ fn torchruns_failure_report_is_classified_by_its_root_cause() {
     });
     assert!(v.is_oom(), "{v:?}");
 }
+
+/// A job whose teardown is long (it sleeps 30 s after its report, as a checkpoint save or a logger
+/// flush can) is ended about a second after its complete report: every trial takes seconds, the
+/// answer is the exact one, and each fit's record says it was ended after its report.
+#[test]
+fn a_job_is_ended_a_moment_after_its_complete_report() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let t0 = std::time::Instant::now();
+    probe(
+        &out,
+        &["--cpu-limit", "rlimit", "--warm", "off"],
+        &hog(40, &["--linger", "30"]),
+    )
+    .assert()
+    .success();
+    let p = read_json(&out);
+    assert_eq!(
+        p["recommendation"]["max_fitting_batch"], 32,
+        "{}",
+        p["recommendation"]
+    );
+    let trials = p["trials"].as_array().unwrap();
+    let fits: Vec<_> = trials.iter().filter(|t| t["outcome"] == "fits").collect();
+    assert!(!fits.is_empty());
+    for t in &fits {
+        assert_eq!(t["details"]["ended_after_report"], true, "{t}");
+        assert!(t["seconds"].as_f64().unwrap() < 5.0, "{t}");
+    }
+    // the out-of-memory trials wrote no report: they ended by themselves, as before
+    for t in trials.iter().filter(|t| t["outcome"] == "oom") {
+        assert!(t["details"].get("ended_after_report").is_none(), "{t}");
+    }
+    assert!(t0.elapsed().as_secs() < 30 * 2, "{:?}", t0.elapsed());
+}
+
+/// A report of fewer steps than asked is not the evidence: the job is not ended early (it runs its
+/// teardown to the end) and the trial is an error, as before.
+#[test]
+fn a_report_of_fewer_steps_than_asked_does_not_end_the_job_early() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    probe(
+        &out,
+        &[
+            "--cpu-limit",
+            "rlimit",
+            "--warm",
+            "off",
+            "--max-trials",
+            "1",
+        ],
+        &hog(40, &["--report-steps", "0", "--linger", "3"]),
+    )
+    .assert()
+    .code(predicate::in_iter([4, 5]));
+    let p = read_json(&path(&d, "plan.partial.json"));
+    let first = &p["trials"][0];
+    assert_eq!(first["outcome"], "error", "{first}");
+    assert!(
+        first["message"]
+            .as_str()
+            .unwrap()
+            .contains("0 optimizer steps"),
+        "{first}"
+    );
+    assert!(
+        first["details"].get("ended_after_report").is_none(),
+        "{first}"
+    );
+    assert!(first["seconds"].as_f64().unwrap() >= 3.0, "{first}");
+}
+
+/// `--warm on` is for a Python interpreter running a script or a module: another command is refused
+/// before any trial (exit 2), and `--warm` without `--exec` too.
+#[test]
+fn warm_on_needs_a_python_script_or_module() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let sh = vec!["sh".to_string(), "-c".into(), "exit 0".into()];
+    probe(&out, &["--warm", "on"], &sh)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "--warm on needs a Python interpreter",
+        ));
+    let code = vec![py(), "-c".into(), "pass".into()];
+    probe(&out, &["--warm", "on"], &code).assert().code(2);
+    batchfit()
+        .args(["probe", "--backend", "cpu", "--warm", "off", "--out"])
+        .arg(&out)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--warm goes with --exec"));
+    assert!(!out.exists());
+}

@@ -41,8 +41,14 @@ plus ``"read_files": [...]`` (absolute paths, at most 500: the files of the modu
 outside the standard library and site-packages/dist-packages, then the files under the working directory
 it opened for reading after this module was imported; batchfit hashes them, so a cached plan is not
 used once one of them changed), ``"samples": N`` (the largest micro-batch counted with ``step(samples=len(x))``) only when counted, and
-``"extra": {...}`` only when ``report(**extra)`` was given extra keywords. A block or script that ends
-with an exception writes no report (the exit status says what happened).
+``"extra": {...}`` only when ``report(**extra)`` was given extra keywords, and ``"modules": [...]`` (the
+top-level installed packages the job imported, e.g. ``["numpy", "torch"]``: what batchfit's warm trial
+processes import ahead of the next trial). A block or script that ends with an exception writes no
+report (the exit status says what happened).
+
+Inside ``Trial`` and the framework callbacks the report is written the moment the last optimizer step
+batchfit asked for (``BATCHFIT_STEPS``) ends, and again at the end: batchfit ends a trial about a second
+after a complete report, so checkpoint saving, logger flushing and interpreter exit are not waited for.
 
 A plain PyTorch loop::
 
@@ -123,6 +129,7 @@ _state = {
     "job_steps": None,  # steps()'s default: the optimizer steps the job runs without batchfit
     "step_seconds": [],  # wall seconds of each optimizer step marked with step()
     "last_mark": time.perf_counter(),  # at import, start() or the last step(): where the next step began
+    "reporter": None,  # writes the report when the last step asked for ends (Trial, the callbacks)
 }
 
 
@@ -207,12 +214,38 @@ def _read_files():
     return sorted(out[:READ_FILES_MAX])
 
 
+#: At most this many names in a report's ``modules``.
+MODULES_MAX = 100
+
+
+def _third_party_modules():
+    """The top-level installed packages the job imported (site-packages/dist-packages: torch, numpy,
+    lightning, ...), in import order, at most MODULES_MAX: what a warm trial process imports before the
+    next trial is handed to it. Never raises."""
+    out = []
+    try:
+        here = os.path.abspath(__file__)
+        for name, module in list(sys.modules.items()):
+            if "." in name or name.startswith("_") or name in ("batchfit", "batchfit_trial", "__main__"):
+                continue
+            f = getattr(module, "__file__", None)
+            if not isinstance(f, str) or os.path.abspath(f) == here:
+                continue
+            parts = os.path.abspath(f).split(os.sep)
+            if "site-packages" in parts or "dist-packages" in parts:
+                out.append(name)
+    except Exception:
+        pass
+    return out[:MODULES_MAX]
+
+
 def _reset_for_tests():
     """Forget everything recorded (the unit tests run many "scripts" in one process)."""
     _state.update(batch=None, steps=None, accumulation=None, reads_accumulation=False, reads_batch=False,
                   samples=None, job_steps=None)
     _state["last_mark"] = time.perf_counter()
     _state["step_seconds"] = []
+    _state["reporter"] = None
 
 
 def _env_int(name, minimum):
@@ -317,6 +350,22 @@ def step(samples=None):
     now = time.perf_counter()
     _state["step_seconds"].append(now - _state["last_mark"])
     _state["last_mark"] = now
+    _report_when_done()
+
+
+def _report_when_done():
+    """Write the report the moment the last optimizer step batchfit asked for ends (through ``Trial``
+    or a framework callback, which know what to report): batchfit ends the trial shortly after a
+    complete report, so the job's teardown (checkpoints, logger flush, interpreter exit) does not
+    count against the probe. The end of the block or of training writes it again, unchanged in
+    meaning; a report that cannot be built yet is left to that end, which says why."""
+    reporter = _state["reporter"]
+    try:
+        asked = _env_int(ENV_STEPS, 1)
+        if reporter is not None and asked is not None and len(_state["step_seconds"]) == asked:
+            reporter()
+    except BatchfitError:
+        pass
 
 
 def _cuda_report(torch):
@@ -385,6 +434,7 @@ def _build_report(batch, steps_done, accum, step_seconds, rank, world_size, extr
         "torch": str(getattr(torch, "__version__", None)) if torch is not None else None,
     }
     report_obj["read_files"] = _read_files()
+    report_obj["modules"] = _third_party_modules()
     if _state["samples"] is not None:
         report_obj["samples"] = _state["samples"]
     if _state["job_steps"] is not None:
@@ -453,6 +503,7 @@ class Trial:
 
     def __enter__(self):
         _state["step_seconds"] = []
+        _state["reporter"] = self.report
         start()
         return self
 
@@ -513,6 +564,7 @@ def _make_lightning_callback():
 
         def on_train_start(self, trainer, pl_module):
             _state["step_seconds"] = []
+            _state["reporter"] = lambda: self.on_train_end(trainer, pl_module)
             self._last_global_step = trainer.global_step
             start()
 
@@ -552,6 +604,7 @@ def _make_trainer_callback():
 
         def on_train_begin(self, args, state, control, **kwargs):
             _state["step_seconds"] = []
+            _state["reporter"] = lambda: self.on_train_end(args, state, control)
             start()
 
         def on_step_end(self, args, state, control, **kwargs):

@@ -243,7 +243,8 @@ impl Drop for Group {
 /// The PID in a trial group's name (`batchfit-PID-N`, as the cpu device names them).
 fn owner_of(name: &str) -> Option<u32> {
     let (pid, n) = name.strip_prefix("batchfit-")?.split_once('-')?;
-    n.parse::<u64>().ok()?;
+    // a trial's group, or a warm process's (`warmN`) waiting for its trial
+    n.strip_prefix("warm").unwrap_or(n).parse::<u64>().ok()?;
     pid.parse().ok()
 }
 
@@ -306,6 +307,7 @@ mod tests {
     #[test]
     fn trial_group_names_tell_their_owner() {
         assert_eq!(owner_of("batchfit-123-4"), Some(123));
+        assert_eq!(owner_of("batchfit-123-warm4"), Some(123));
         assert_eq!(owner_of("batchfit-test-123"), None);
         assert_eq!(owner_of("batchfit-123"), None);
         assert_eq!(owner_of("other-123-4"), None);

@@ -41,6 +41,18 @@ pub struct CpuBackend {
     /// Trials started, shared with the other devices of `--parallel` (cgroup and log names).
     trials: Arc<AtomicU32>,
     details: Option<TrialDetails>,
+    /// The running trial's number (of [`CpuBackend::trials`]).
+    n: u32,
+    /// The next trial's warm process, when the workload has one ([`Workload::warm_command`]).
+    warm: Option<Warm>,
+}
+
+/// A warm process started ahead of its trial, in the memory cgroup its trial will have (or under
+/// `RLIMIT_DATA`), at the limit it was started under.
+struct Warm {
+    pre: process::Prestarted,
+    group: Option<Group>,
+    limit: u64,
 }
 
 impl CpuBackend {
@@ -81,6 +93,8 @@ impl CpuBackend {
             logs: None,
             trials: Arc::new(AtomicU32::new(0)),
             details: None,
+            n: 0,
+            warm: None,
         })
     }
 
@@ -114,44 +128,126 @@ impl CpuBackend {
         }
     }
 
-    fn run_fresh(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
-        let n = self.trials.fetch_add(1, Ordering::SeqCst) + 1;
+    /// The trial's memory cgroup (`name`), when trials have one.
+    fn group(&self, name: &str) -> Result<Option<Group>, BackendError> {
+        self.cgroup
+            .as_ref()
+            .map(|parent| Group::create(parent, name, self.limit))
+            .transpose()
+            .map_err(BackendError::Environment)
+    }
+
+    /// How the trial `req` in `group` is run and watched.
+    fn options<'a>(
+        &self,
+        req: &TrialRequest,
+        group: Option<&'a Group>,
+        evidence: &'a dyn Fn() -> bool,
+    ) -> process::Options<'a> {
         let tree = self.workload.measured_by_device();
-        let group = match &self.cgroup {
-            Some(parent) => Some(
-                Group::create(
-                    parent,
-                    &format!("batchfit-{}-{n}", std::process::id()),
-                    self.limit,
-                )
-                .map_err(BackendError::Environment)?,
-            ),
-            None => None,
-        };
-        let opts = process::Options {
+        process::Options {
+            evidence: Some(process::EvidenceCheck(evidence)),
             data_limit: group.is_none().then_some(self.limit),
-            cgroup: group.as_ref(),
+            cgroup: group,
             tree,
             log: self.logs.as_ref().map(|d| {
                 d.join(format!(
                     "trial-{:03}-b{}-a{}",
-                    n, req.batch, req.accumulation
+                    self.n, req.batch, req.accumulation
                 ))
             }),
             own_child: !tree,
+        }
+    }
+
+    /// Starts the next trial's warm process, when the workload has one and none is waiting. One that
+    /// cannot be started is no error: the trial runs cold.
+    fn prestart(&mut self) {
+        if self.warm.is_some() {
+            return;
+        }
+        let Some(cmd) = self.workload.warm_command() else {
+            return;
         };
-        let cmd = self.workload.command(&req, &Placement::Cpu);
-        let ran = process::run(cmd, &opts, self.timeout, &mut |_| {});
-        drop(group);
+        // numbered across the devices of `--parallel`, as trials are
+        static STARTED: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "batchfit-{}-warm{}",
+            std::process::id(),
+            STARTED.fetch_add(1, Ordering::SeqCst) + 1
+        );
+        let Ok(group) = self.group(&name) else { return };
+        let opts = process::Options {
+            data_limit: group.is_none().then_some(self.limit),
+            cgroup: group.as_ref(),
+            tree: true,
+            ..Default::default()
+        };
+        if let Ok(pre) = process::prestart(cmd, &opts) {
+            self.warm = Some(Warm {
+                pre,
+                group,
+                limit: self.limit,
+            });
+        }
+    }
+
+    /// Runs `req` in the waiting warm process: `None` when there is none at this limit, or the
+    /// hand-off did not reach the command (then nothing of it is evidence).
+    fn run_warm(&mut self, req: &TrialRequest) -> Option<Result<Ran, BackendError>> {
+        let warm = self.warm.take().filter(|w| w.limit == self.limit)?;
+        // the next one imports while this trial runs
+        self.prestart();
+        let cmd = self.workload.command(req, &Placement::Cpu);
+        let ran = match self.workload.warm_handoff(&cmd) {
+            Some(line) => {
+                let workload = Arc::clone(&self.workload);
+                let evidence = move || workload.evidence_in();
+                let opts = self.options(req, warm.group.as_ref(), &evidence);
+                process::run_prestarted(warm.pre, &line, &opts, self.timeout, &mut |_| {})
+            }
+            None => Ok(None),
+        };
+        drop(warm.group);
+        let took = self.workload.warm_took();
         self.workload.trial_ended();
-        Ok(match ran? {
+        match ran {
+            Err(e) => Some(Err(e)),
+            Ok(Some(ran)) if took => Some(Ok(ran)),
+            Ok(_) => None,
+        }
+    }
+
+    fn run_fresh(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
+        self.n = self.trials.fetch_add(1, Ordering::SeqCst) + 1;
+        let (ran, warm) = match self.run_warm(&req) {
+            Some(ran) => (ran, true),
+            None => (self.run_cold(&req), false),
+        };
+        let out = match ran? {
             Ran::Finished(f) => {
                 let (o, d) = self.workload.outcome(&f);
-                self.details = d;
+                self.details = d.map(|d| TrialDetails { warm, ..d });
                 o
             }
             Ran::TimedOut { seconds } => TrialOutcome::Timeout { seconds },
-        })
+        };
+        // what this trial reported may be what a warm process needs: the next one starts now
+        self.prestart();
+        Ok(out)
+    }
+
+    /// Runs `req` in a fresh process started now.
+    fn run_cold(&mut self, req: &TrialRequest) -> Result<Ran, BackendError> {
+        let group = self.group(&format!("batchfit-{}-{}", std::process::id(), self.n))?;
+        let cmd = self.workload.command(req, &Placement::Cpu);
+        let workload = Arc::clone(&self.workload);
+        let evidence = move || workload.evidence_in();
+        let opts = self.options(req, group.as_ref(), &evidence);
+        let ran = process::run(cmd, &opts, self.timeout, &mut |_| {});
+        drop(group);
+        self.workload.trial_ended();
+        ran
     }
 
     fn run_in_worker(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
@@ -192,6 +288,7 @@ impl Backend for CpuBackend {
     fn set_limit(&mut self, limit_bytes: u64) {
         self.limit = limit_bytes;
         self.worker = None;
+        self.warm = None;
     }
     fn isolation(&self, req: &TrialRequest) -> Isolation {
         if self.mode == IsolationMode::Hybrid && !req.fresh {

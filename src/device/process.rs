@@ -130,11 +130,7 @@ impl Reader {
     }
 }
 
-fn read_all(
-    mut r: impl Read + Send + 'static,
-    cap: usize,
-    mut log: Option<std::fs::File>,
-) -> Reader {
+fn read_all(mut r: impl Read + Send + 'static, cap: usize, log: LogSlot) -> Reader {
     let buf = Arc::new(Mutex::new(Capture::new(cap)));
     let sink = Arc::clone(&buf);
     let (tx, done) = mpsc::channel();
@@ -144,12 +140,14 @@ fn read_all(
             if n == 0 {
                 break;
             }
+            let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(f) = log.as_mut() {
                 // a log that cannot be written must not stop the trial: drop it
                 if f.write_all(&chunk[..n]).is_err() {
-                    log = None;
+                    *log = None;
                 }
             }
+            drop(log);
             sink.lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(&chunk[..n]);
@@ -393,6 +391,9 @@ pub struct Options<'a> {
     pub log: Option<std::path::PathBuf>,
     /// batchfit's own child: Rust backtraces off (a backtrace printed at an OOM can deadlock).
     pub own_child: bool,
+    /// Whether the trial's evidence is in: its processes are then ended after [`EVIDENCE_GRACE`]
+    /// instead of waiting for the job's teardown.
+    pub evidence: Option<EvidenceCheck<'a>>,
 }
 
 /// Spawns `cmd` in its own session (and process group), stdin as given, without core dumps, under
@@ -539,20 +540,92 @@ pub enum Ran {
     },
 }
 
+/// How long a trial's processes may go on after its evidence is in (the command's complete report)
+/// before they are ended: what a job does after its last step (saving a checkpoint, flushing its
+/// logger, shutting its DataLoader down, the interpreter's exit) is no part of the evidence, and a job
+/// that ends by itself within it ends as it would have.
+pub const EVIDENCE_GRACE: Duration = Duration::from_secs(1);
+
+/// How often a running trial's evidence is checked ([`Options::evidence`]).
+const EVIDENCE_EVERY: Duration = Duration::from_millis(50);
+
+/// Whether a running trial's evidence is in ([`crate::protocol::Workload::evidence_in`]).
+#[derive(Clone, Copy)]
+pub struct EvidenceCheck<'a>(pub &'a (dyn Fn() -> bool + 'a));
+
+impl std::fmt::Debug for EvidenceCheck<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EvidenceCheck")
+    }
+}
+
 /// Spawns a trial's root with the trial's marker ([`TRIAL_MARKER`]: this batchfit's PID, the
 /// trial's number, its start) in its environment: what tells the trial's processes apart.
-fn spawn_marked(mut cmd: Command, opts: &Options) -> Result<(Child, TrialIds), BackendError> {
+fn spawn_marked(
+    mut cmd: Command,
+    opts: &Options,
+    stdin: Stdio,
+) -> Result<(Child, TrialIds), BackendError> {
     let since = ticks_now();
     FIRST_TRIAL.get_or_init(|| since);
     let marker = format!("{}-{}-{}", std::process::id(), next_trial(), since);
     cmd.env(TRIAL_MARKER, &marker);
-    let child = spawn_limited(cmd, opts, Stdio::null())?;
+    let child = spawn_limited(cmd, opts, stdin)?;
     let trial = TrialIds {
         root: child.id(),
         since,
         marker: format!("{TRIAL_MARKER}={marker}").into_bytes(),
     };
     Ok((child, trial))
+}
+
+/// Where a stream's copy goes (`--logs`): set when the trial starts, which for a warm process is
+/// after its output began.
+type LogSlot = Arc<Mutex<Option<std::fs::File>>>;
+
+/// A started trial process: its root, its ids (registered: ended on every way out), its output
+/// being read.
+struct Spawned {
+    child: Child,
+    trial: TrialIds,
+    registered: Registered,
+    out: Reader,
+    err: Reader,
+}
+
+/// Starts `cmd` as a trial's root ([`spawn_marked`]) and reads its output (copied to the logs).
+fn spawn_trial(
+    cmd: Command,
+    opts: &Options,
+    stdin: Stdio,
+    logs: (LogSlot, LogSlot),
+) -> Result<Spawned, BackendError> {
+    let (mut child, trial) = spawn_marked(cmd, opts, stdin)?;
+    let registered = Registered::new(trial.clone());
+    let out = read_all(child.stdout.take().expect("piped"), 1 << 20, logs.0);
+    let err = read_all(child.stderr.take().expect("piped"), 64 << 10, logs.1);
+    Ok(Spawned {
+        child,
+        trial,
+        registered,
+        out,
+        err,
+    })
+}
+
+/// Opens the trial's logs of `opts` (`--logs`), when it asks for them.
+fn open_logs(
+    opts: &Options,
+) -> Result<(Option<std::fs::File>, Option<std::fs::File>), BackendError> {
+    let log = |suffix: &str| -> Result<Option<std::fs::File>, BackendError> {
+        let Some(p) = opts.log.as_ref() else {
+            return Ok(None);
+        };
+        let mut name = p.clone().into_os_string();
+        name.push(suffix);
+        open_log(std::path::Path::new(&name)).map(Some)
+    };
+    Ok((log(".stdout")?, log(".stderr")?))
 }
 
 /// Runs `cmd` as a fresh trial process as `opts` say, calling `sample(pids)` about every 5 ms while
@@ -563,21 +636,94 @@ pub fn run(
     timeout: Duration,
     sample: &mut dyn FnMut(&[u32]),
 ) -> Result<Ran, BackendError> {
+    let (out_log, err_log) = open_logs(opts)?;
+    let logs = (Arc::new(Mutex::new(out_log)), Arc::new(Mutex::new(err_log)));
+    let spawned = spawn_trial(cmd, opts, Stdio::null(), logs)?;
+    watch(spawned, opts, timeout, sample)
+}
+
+/// A trial process started ahead of its trial (a warm process): in its own session, with its own
+/// marker, under the limits its trial will have (`RLIMIT_DATA` set before its exec, or the trial's
+/// own cgroup joined before it), its output already read; handed its trial by [`run_prestarted`].
+/// Ended when dropped unused.
+pub struct Prestarted {
+    spawned: Option<Spawned>,
+    stdin: Option<ChildStdin>,
+    logs: (LogSlot, LogSlot),
+}
+
+impl Drop for Prestarted {
+    fn drop(&mut self) {
+        if let Some(mut s) = self.spawned.take() {
+            end_trial(&s.trial, None, None);
+            kill_group(s.child.id());
+            let _ = s.child.wait();
+        }
+    }
+}
+
+/// Starts `cmd` ahead of its trial, under the limits of `opts` (its log is set at the hand-off).
+pub fn prestart(cmd: Command, opts: &Options) -> Result<Prestarted, BackendError> {
+    let logs: (LogSlot, LogSlot) = Default::default();
+    let mut spawned = spawn_trial(cmd, opts, Stdio::piped(), logs.clone())?;
+    let stdin = spawned.child.stdin.take();
+    Ok(Prestarted {
+        spawned: Some(spawned),
+        stdin,
+        logs,
+    })
+}
+
+/// Hands `handoff` (one line on its stdin, which is then closed) to the prestarted process `pre` and
+/// watches it as [`run`] watches a fresh trial, from the hand-off on. `None` when it had died or could
+/// not be handed the line: its trial is to run fresh.
+pub fn run_prestarted(
+    mut pre: Prestarted,
+    handoff: &[u8],
+    opts: &Options,
+    timeout: Duration,
+    sample: &mut dyn FnMut(&[u32]),
+) -> Result<Option<Ran>, BackendError> {
+    let alive = pre
+        .spawned
+        .as_mut()
+        .is_some_and(|s| matches!(s.child.try_wait(), Ok(None)));
+    let Some(mut stdin) = pre.stdin.take().filter(|_| alive) else {
+        return Ok(None);
+    };
+    let (out_log, err_log) = open_logs(opts)?;
+    *pre.logs.0.lock().unwrap_or_else(|e| e.into_inner()) = out_log;
+    *pre.logs.1.lock().unwrap_or_else(|e| e.into_inner()) = err_log;
+    let sent = stdin
+        .write_all(handoff)
+        .and_then(|_| stdin.write_all(b"\n"))
+        .and_then(|_| stdin.flush());
+    drop(stdin);
+    if sent.is_err() {
+        return Ok(None);
+    }
+    let spawned = pre.spawned.take().expect("alive");
+    watch(spawned, opts, timeout, sample).map(Some)
+}
+
+/// Watches a started trial until it ends (or its timeout, an interruption, or its evidence is in and
+/// [`EVIDENCE_GRACE`] passed), measuring its tree, and ends whatever it left.
+fn watch(
+    spawned: Spawned,
+    opts: &Options,
+    timeout: Duration,
+    sample: &mut dyn FnMut(&[u32]),
+) -> Result<Ran, BackendError> {
     let kills_before = oom_kills();
     let t0 = Instant::now();
-    let log = |suffix: &str| -> Result<Option<std::fs::File>, BackendError> {
-        let Some(p) = opts.log.as_ref() else {
-            return Ok(None);
-        };
-        let mut name = p.clone().into_os_string();
-        name.push(suffix);
-        open_log(std::path::Path::new(&name)).map(Some)
-    };
-    let (out_log, err_log) = (log(".stdout")?, log(".stderr")?);
-    let (mut child, trial) = spawn_marked(cmd, opts)?;
+    let Spawned {
+        mut child,
+        trial,
+        registered: _registered,
+        out,
+        err,
+    } = spawned;
     let pid = child.id();
-    // whatever way `run` is left, what the trial started is ended
-    let _registered = Registered::new(trial.clone());
     let mut tree = opts
         .tree
         .then(|| super::tree::Tree::new(pid).follow_marker(trial.clone()));
@@ -588,12 +734,11 @@ pub fn run(
     if let Some(t) = tree.as_mut() {
         sample_tree(t, opts.cgroup, &mut cgroup_anon);
     }
-    let out = read_all(child.stdout.take().expect("piped"), 1 << 20, out_log);
-    let err = read_all(child.stderr.take().expect("piped"), 64 << 10, err_log);
     // Everything the trial started goes, whatever happens: its session and group, its tree, its
     // cgroup and every process carrying its marker.
     let kill_everything =
         |tree: &Option<super::tree::Tree>| end_trial(&trial, tree.as_ref(), opts.cgroup);
+    let mut evidence = EvidenceWatch::default();
     let status = loop {
         if let Some(sig) = interrupt::pending() {
             kill_everything(&tree);
@@ -607,8 +752,15 @@ pub fn run(
                 seconds: t0.elapsed().as_secs_f64(),
             });
         }
+        if evidence.grace_over(opts.evidence) {
+            // the samples ran until now: the peak covers the whole run up to the kill
+            kill_everything(&tree);
+            break child.wait().map_err(|e| {
+                BackendError::Environment(format!("waiting for a trial process: {e}"))
+            })?;
+        }
         match reap(pid, false) {
-            Ok(Some(s)) => break s,
+            Ok(Some((s, _))) => break s,
             Ok(None) => {
                 match tree.as_mut() {
                     Some(t) => {
@@ -628,13 +780,15 @@ pub fn run(
     };
     // The root's ru_maxrss is not used: it counts the image of batchfit forked before the exec
     // (about 180 MiB), which the trial never used. Only samples taken after the exec measure it.
-    let (status, _) = status;
     let seconds = t0.elapsed().as_secs_f64();
+    let ended_after_report = evidence.ended;
     // Descendants still running after the root exited are waited for a moment (still measured),
-    // then killed, and named: the job left them behind.
+    // then killed, and named: the job left them behind (not when batchfit ended them itself).
     let mut left_behind = match tree.as_mut() {
-        Some(t) => wait_for_descendants(t, pid, opts.cgroup, &mut cgroup_anon),
-        None => vec![],
+        Some(t) if !ended_after_report => {
+            wait_for_descendants(t, pid, opts.cgroup, &mut cgroup_anon)
+        }
+        _ => vec![],
     };
     let killed_left = record_left_behind(kill_everything(&tree), &mut left_behind);
     let drained = Instant::now() + DRAIN;
@@ -642,7 +796,8 @@ pub fn run(
     // SIGKILL is weak evidence (any process of the machine may have been the one killed), which the
     // workload weighs against the trial's measured peak.
     let group_oom_kills = opts.cgroup.map(|g| g.oom_kills());
-    let machine_oom_kill = killed_by_kernel(status, kills_before, oom_kills());
+    let machine_oom_kill =
+        !ended_after_report && killed_by_kernel(status, kills_before, oom_kills());
     let measure = TreeMeasure {
         data_peak: tree.as_ref().map(|t| t.data_peak).filter(|&b| b > 0),
         data_limit: opts.data_limit,
@@ -676,7 +831,33 @@ pub fn run(
             None => machine_oom_kill,
         },
         measure,
+        ended_after_report,
     }))
+}
+
+/// When a running trial's evidence came in ([`Options::evidence`], checked every
+/// [`EVIDENCE_EVERY`]), and whether its processes were ended for it.
+#[derive(Default)]
+struct EvidenceWatch {
+    checked: Option<Instant>,
+    since: Option<Instant>,
+    ended: bool,
+}
+
+impl EvidenceWatch {
+    /// Whether the evidence has been in for [`EVIDENCE_GRACE`] (then the trial is to be ended, which
+    /// this records).
+    fn grace_over(&mut self, check: Option<EvidenceCheck>) -> bool {
+        let Some(check) = check else { return false };
+        if self.since.is_none() && self.checked.is_none_or(|t| t.elapsed() >= EVIDENCE_EVERY) {
+            self.checked = Some(Instant::now());
+            if (check.0)() {
+                self.since = Some(Instant::now());
+            }
+        }
+        self.ended = self.since.is_some_and(|t| t.elapsed() >= EVIDENCE_GRACE);
+        self.ended
+    }
 }
 
 /// A long-lived trial process: one request per stdin line, one result line per trial on stdout.
@@ -807,6 +988,7 @@ impl Worker {
             stderr,
             kernel_oom_kill: killed_by_kernel(status, kills_before, oom_kills()),
             measure: TreeMeasure::default(),
+            ended_after_report: false,
         }
     }
 }

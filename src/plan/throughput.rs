@@ -330,6 +330,7 @@ mod tests {
                 reads_batch: false,
                 job_steps: None,
                 read_files: None,
+                modules: None,
             }),
             ..Default::default()
         });

@@ -55,9 +55,10 @@ pub fn exec_workload(
     info: &ExecInfo,
     oom_patterns: Vec<regex_lite::Regex>,
     world_size: Option<u64>,
+    warm: bool,
 ) -> Result<Arc<dyn Workload>, ProbeError> {
     ExecWorkload::new(info.clone(), oom_patterns, info.threads)
-        .map(|w| Arc::new(w.with_world_size(world_size)) as Arc<dyn Workload>)
+        .map(|w| Arc::new(w.with_world_size(world_size).with_warm(warm)) as Arc<dyn Workload>)
         .map_err(|e| {
             ProbeError::Environment(format!("cannot make a folder for the trials' reports: {e}"))
         })
@@ -66,7 +67,12 @@ pub fn exec_workload(
 /// What `cfg`'s trials run: the user's command (`--exec`), else batchfit's tch model.
 fn workload(cfg: &ProbeConfig) -> Result<Arc<dyn Workload>, ProbeError> {
     match &cfg.exec {
-        Some(e) => exec_workload(&e.info, e.oom_patterns.clone(), Some(cfg.world_size)),
+        Some(e) => exec_workload(
+            &e.info,
+            e.oom_patterns.clone(),
+            Some(cfg.world_size),
+            e.warm,
+        ),
         None => model_workload(&cfg.model, cfg.threads, cfg.seed, cfg.fault),
     }
 }
@@ -637,6 +643,7 @@ pub fn plan_backend(plan: &Plan, sim: Option<SimSpec>) -> Result<Box<dyn Backend
                     e,
                     patterns,
                     plan.recommendation.as_ref().map(|r| r.world_size),
+                    false,
                 )
             }
         }

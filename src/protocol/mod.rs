@@ -382,6 +382,9 @@ pub struct Finished {
     pub kernel_oom_kill: bool,
     /// The device's measurements of the tree (empty for a self-measuring tch child).
     pub measure: TreeMeasure,
+    /// The device ended the trial's processes a moment after the command's complete report (its
+    /// exit status is then that of the kill, not the command's).
+    pub ended_after_report: bool,
 }
 
 /// The report a user's command may write to `BATCHFIT_RESULT` (`batchfit python-helper` writes it):
@@ -424,6 +427,10 @@ pub struct TrialReport {
     /// `model.read_files`, not per trial).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_files: Option<Vec<String>>,
+    /// The top-level installed packages the job imported (the helper's: `torch`, `numpy`, …): what
+    /// a warm trial process imports ahead of the next trial. Absent when the report does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modules: Option<Vec<String>>,
 }
 
 fn one_u32() -> u32 {
@@ -500,6 +507,14 @@ pub struct TrialDetails {
     /// Peak of NVML's used memory summed over the tree's processes, per GPU (NVML index, bytes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpu_peaks: Vec<(u32, u64)>,
+    /// batchfit ended the trial's processes a moment after its complete report (the last step
+    /// asked for was done) instead of waiting for the job's teardown.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ended_after_report: bool,
+    /// The trial ran in a warm process: started ahead of time, the job's packages imported, then
+    /// handed this trial's arguments and environment (`--warm`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warm: bool,
 }
 
 /// What a trial runs, as a device sees it: the command of one trial and what its end means. The
@@ -524,4 +539,25 @@ pub trait Workload: Send + Sync {
     /// error, timeout, an interruption), once its processes are gone: what the trial left is
     /// removed here.
     fn trial_ended(&self) {}
+    /// Whether the running trial's evidence is in (a complete report: every step asked for done),
+    /// so that the device may end its processes without waiting for the job's teardown.
+    fn evidence_in(&self) -> bool {
+        false
+    }
+    /// The command of a warm process (`--warm`): started ahead of the next trial under the trial's
+    /// limit, it prepares (imports) and then waits for [`Workload::warm_handoff`]. `None` when the
+    /// workload has none (yet).
+    fn warm_command(&self) -> Option<std::process::Command> {
+        None
+    }
+    /// What a warm process is handed (one line on its stdin) to run the trial `trial` would run
+    /// fresh (its [`Workload::command`]); `None` when it cannot be.
+    fn warm_handoff(&self, _trial: &std::process::Command) -> Option<Vec<u8>> {
+        None
+    }
+    /// Whether the last hand-off reached the command (the warm process began running it): when it
+    /// did not, the trial's end says nothing about the command.
+    fn warm_took(&self) -> bool {
+        false
+    }
 }

@@ -218,9 +218,11 @@ impl CudaBackend {
         let mut device_peaks: Vec<Option<u64>> = vec![None; indices.len()];
         let gpus = &self.gpus;
         let tree = workload.measured_by_device();
+        let evidence = || workload.evidence_in();
         let opts = process::Options {
             tree,
             own_child: !tree,
+            evidence: Some(process::EvidenceCheck(&evidence)),
             log: self.logs.as_ref().map(|d| {
                 d.join(format!(
                     "trial-{:03}-gpu{}-b{}-a{}",

@@ -21,6 +21,8 @@
 //!   bounds the search like an out-of-memory and is never a fit (an out-of-memory the classifier
 //!   proved stays one).
 
+pub mod warm;
+
 use crate::plan::schema::ExecInfo;
 use crate::protocol::classify::{classify, classify_clean_exit, CleanExit, Evidence, Verdict};
 use crate::protocol::{
@@ -78,6 +80,13 @@ pub struct ExecWorkload {
     last: Mutex<Option<(TrialRequest, PathBuf)>>,
     /// The plan's `--world-size`: every rank's report must say the same.
     world_size: Option<u64>,
+    /// The command as a Python launch, when its trials may run warm (`--warm`).
+    warm: Option<warm::Launch>,
+    /// The installed packages the job imported (the first report that named them): what a warm
+    /// process imports.
+    modules: Mutex<Option<Vec<String>>>,
+    /// The file the last hand-off's warm process creates once the trial is the command's.
+    ack: Mutex<Option<PathBuf>>,
 }
 
 /// `arg` with each placeholder `{name}` replaced by `value(name)`; a doubled one, `{{name}}`, is the
@@ -140,7 +149,29 @@ impl ExecWorkload {
             trials: AtomicU32::new(0),
             last: Mutex::new(None),
             world_size: None,
+            warm: None,
+            modules: Mutex::new(None),
+            ack: Mutex::new(None),
         })
+    }
+
+    /// Trials after the first may run in warm processes ([`warm`]) when `on` and the command is a
+    /// Python interpreter running a script or a module.
+    pub fn with_warm(mut self, on: bool) -> Self {
+        self.warm = on.then(|| warm::python_launch(&self.info.argv)).flatten();
+        self
+    }
+
+    /// The environment every trial gets alike: `--threads`, a sweep's point.
+    fn common_env(&self) -> Vec<(String, String)> {
+        let mut v = vec![];
+        if let Some(t) = self.threads {
+            v.push(("OMP_NUM_THREADS".into(), t.to_string()));
+        }
+        if let Some(p) = &self.info.sweep_point {
+            v.push((p.variable.clone(), p.value.to_string()));
+        }
+        v
     }
 
     /// The world size the plan is for (`--world-size`): the ranks' reports are checked against it.
@@ -151,6 +182,18 @@ impl ExecWorkload {
 
     fn last(&self) -> Option<(TrialRequest, PathBuf)> {
         self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Keeps the packages the first report that says so says the job imported (for
+    /// [`Workload::warm_command`]; none: a warm process saves only the interpreter's start).
+    fn learn_modules(&self, report: Option<&TrialReport>) {
+        let Some(m) = report.and_then(|r| r.modules.clone()) else {
+            return;
+        };
+        self.modules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(m);
     }
 
     /// Removes the last trial's temporary directory, if it is still there.
@@ -389,6 +432,14 @@ fn mismatch(r: &TrialReport, req: &TrialRequest, takes_accumulation: bool) -> Op
     })
 }
 
+/// Whether the reports (rank 0's, `others`) are the complete evidence of `req`: every step asked for
+/// done, at the size and accumulation asked.
+fn complete(first: &TrialReport, others: &[TrialReport], req: &TrialRequest) -> bool {
+    std::iter::once(first)
+        .chain(others)
+        .all(|r| r.steps == u64::from(req.steps) && mismatch(r, req, false).is_none())
+}
+
 /// Why a trial that exited 0 was not bounded by its limit as a whole, if it was not (and not shown
 /// to be over budget: [`over_budget`]).
 fn unbounded(m: &crate::protocol::TreeMeasure) -> Option<String> {
@@ -493,11 +544,8 @@ impl Workload for ExecWorkload {
             .env("BATCHFIT_ACCUMULATION", req.accumulation.to_string())
             .env("BATCHFIT_TRIAL", n.to_string())
             .env("BATCHFIT_RESULT", &report);
-        if let Some(t) = self.threads {
-            cmd.env("OMP_NUM_THREADS", t.to_string());
-        }
-        if let Some(p) = &self.info.sweep_point {
-            cmd.env(&p.variable, p.value.to_string());
+        for (k, v) in self.common_env() {
+            cmd.env(k, v);
         }
         // the cuda device adds CUDA_VISIBLE_DEVICES and PYTORCH_CUDA_ALLOC_CONF itself
         let _ = at;
@@ -510,6 +558,51 @@ impl Workload for ExecWorkload {
 
     fn trial_ended(&self) {
         self.remove_trial_temp();
+    }
+
+    fn warm_command(&self) -> Option<Command> {
+        let launch = self.warm.as_ref()?;
+        let modules = self
+            .modules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        // its own temporary directory until the hand-off gives it the trial's
+        let temp = self.temp.path().join("warm");
+        let _ = std::fs::DirBuilder::new().mode(0o700).create(&temp);
+        let mut env = self.common_env();
+        for k in ["TMPDIR", "TEMP", "TMP"] {
+            env.push((k.into(), temp.display().to_string()));
+        }
+        Some(warm::command(launch, &modules, &env))
+    }
+
+    fn warm_handoff(&self, trial: &Command) -> Option<Vec<u8>> {
+        self.warm.as_ref()?;
+        static N: AtomicU32 = AtomicU32::new(0);
+        let ack = self
+            .temp
+            .path()
+            .join(format!("warm-ack-{}", N.fetch_add(1, Ordering::SeqCst)));
+        let _ = std::fs::remove_file(&ack);
+        let line = warm::handoff(trial, &ack)?;
+        *self.ack.lock().unwrap_or_else(|e| e.into_inner()) = Some(ack);
+        Some(line)
+    }
+
+    fn warm_took(&self) -> bool {
+        let ack = self.ack.lock().unwrap_or_else(|e| e.into_inner()).take();
+        ack.is_some_and(|a| std::fs::remove_file(a).is_ok())
+    }
+
+    fn evidence_in(&self) -> bool {
+        let Some((req, path)) = self.last() else {
+            return false;
+        };
+        // (a cheap look first: the check runs every few milliseconds while the trial runs)
+        std::fs::symlink_metadata(&path).is_ok()
+            && matches!(read_reports(&path, self.world_size),
+                        Ok(Some((r, others))) if complete(&r, &others, &req))
     }
 
     fn outcome(&self, f: &Finished) -> (TrialOutcome, Option<TrialDetails>) {
@@ -539,6 +632,8 @@ impl Workload for ExecWorkload {
             tree_measure: m.pss_peak.and(m.tree_figure),
             cgroup_anon_peak_bytes: m.cgroup_anon_peak,
             rank_reports: vec![],
+            ended_after_report: f.ended_after_report,
+            warm: false,
         };
         // What the limit acts on: the cgroup's peak, else the largest data segment of the tree. The
         // tree's summed RSS is no fallback: it is not what the limit acts on (a trial with no
@@ -546,7 +641,9 @@ impl Workload for ExecWorkload {
         let peak = m.cgroup_peak.or(m.data_peak);
         // a memory cgroup's limit acts on its peak: an out-of-memory far below it is not this limit's
         let limit_peak = m.cgroup_peak.zip(m.cgroup_limit);
-        if !f.status.success() {
+        // a trial batchfit ended after its complete report: the status is that of the kill, and the
+        // report (checked again below) and the measurements decide
+        if !f.status.success() && !f.ended_after_report {
             let message = format!("{}\n{}", f.stderr, f.stdout);
             let verdict = classify(&Evidence {
                 message: &message,
@@ -599,6 +696,17 @@ impl Workload for ExecWorkload {
             Some((r, o)) => (Some(r), o),
             None => (None, vec![]),
         };
+        self.learn_modules(report.as_ref());
+        if f.ended_after_report && !report.as_ref().is_some_and(|r| complete(r, &others, &req)) {
+            return (
+                TrialOutcome::Error {
+                    message: "internal error: batchfit ended the trial after its report, but the \
+                              report read then does not show every step asked for"
+                        .into(),
+                },
+                Some(details),
+            );
+        }
         // exit 0 is not a fit when the trial's own group counted an OOM kill, the allocator counted
         // an OOM, a descendant was killed or left running
         let allocator_ooms = report

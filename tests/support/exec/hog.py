@@ -10,11 +10,13 @@ moment, as a real step's is while the error propagates, so the limit's samples s
 `base + batch x K > C`, for exact tests under a limit far above C.
 
   hog.py --batch {batch} [--steps {steps}] [--mib-per-sample K] [--base-mib B] [--capacity-mib C]
-         [--sleep S] [--report] [--helper DIR]
+         [--sleep S] [--report] [--helper DIR] [--report-steps N] [--linger S]
 
 Without --batch the batch comes from BATCHFIT_BATCH (an error if neither is there); without --steps
 from BATCHFIT_STEPS, else 3. `--report` writes the trial report through batchfit_trial (imported from
---helper DIR, else from sys.path). Exit 0 after the last step.
+--helper DIR, else from sys.path), saying `--report-steps N` steps when given (a job that did fewer
+than asked). `--linger S` sleeps S seconds after the report, before exit 0 (a job's teardown:
+checkpoint saving, logger flush). Exit 0 after the last step.
 """
 import argparse
 import os
@@ -46,6 +48,8 @@ def main():
     p.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
     p.add_argument("--report", action="store_true", help="write the trial report through batchfit_trial")
     p.add_argument("--helper", help="directory holding batchfit_trial.py")
+    p.add_argument("--report-steps", type=int, help="steps the report says (default: the steps done)")
+    p.add_argument("--linger", type=float, default=0.0, help="seconds to sleep after the report")
     args = p.parse_args()
     if args.batch is None:
         sys.exit("hog.py: no batch size: pass --batch N or set BATCHFIT_BATCH")
@@ -87,8 +91,9 @@ def main():
         if bt:
             bt.step()
     if bt:
-        bt.report(batch=args.batch, accumulation=1)
+        bt.report(batch=args.batch, accumulation=1, steps=args.report_steps)
     print(f"hog: batch {args.batch}, {args.steps} steps, peak about {need_mib:g} MiB", flush=True)
+    time.sleep(args.linger)
 
 
 if __name__ == "__main__":

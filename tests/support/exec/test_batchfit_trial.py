@@ -21,7 +21,7 @@ sys.path.insert(0, HELPER_DIR)
 import batchfit_trial as bt  # noqa: E402
 
 REPORT_KEYS = {"schema", "batch", "steps", "accumulation", "reads_accumulation", "reads_batch", "step_seconds",
-               "rank", "world_size", "cuda", "python", "torch", "read_files"}
+               "rank", "world_size", "cuda", "python", "torch", "read_files", "modules"}
 
 
 class HelperCase(unittest.TestCase):
@@ -261,6 +261,40 @@ class TrialBlock(HelperCase):
             with bt.Trial(batch=4):
                 sys.exit(3)
         self.assertFalse(os.path.exists(self.result))
+
+    def test_the_report_is_written_when_the_last_step_asked_for_ends(self):
+        self.trial_env(batch=16, steps=3, accumulation=2)
+        with bt.Trial(batch=bt.batch_size(), accumulation=bt.accumulation()) as t:
+            t.step()
+            t.step()
+            self.assertFalse(os.path.exists(self.result))
+            t.step()
+            r = self.read()  # before the block ends: a trial ended now keeps its evidence
+            self.assertEqual((r["batch"], r["steps"], r["accumulation"]), (16, 3, 2))
+            os.remove(self.result)
+        self.assertEqual(self.read()["steps"], 3)
+
+    def test_a_step_without_a_trial_block_writes_no_report(self):
+        self.trial_env(steps=1)
+        bt.batch_size()
+        bt.step()
+        self.assertFalse(os.path.exists(self.result))
+
+    def test_the_report_names_the_installed_packages_imported(self):
+        self.trial_env()
+        fake = types.ModuleType("fakepkg")
+        fake.__file__ = os.path.join(self.tmp.name, "site-packages", "fakepkg", "__init__.py")
+        sub = types.ModuleType("fakepkg.sub")
+        sub.__file__ = os.path.join(self.tmp.name, "site-packages", "fakepkg", "sub.py")
+        own = types.ModuleType("ownmod")
+        own.__file__ = os.path.join(self.tmp.name, "ownmod.py")
+        with mock.patch.dict(sys.modules, {"fakepkg": fake, "fakepkg.sub": sub, "ownmod": own}):
+            bt.report(batch=4, steps=1)
+        modules = self.read()["modules"]
+        self.assertIn("fakepkg", modules)
+        self.assertNotIn("fakepkg.sub", modules)
+        self.assertNotIn("ownmod", modules)
+        self.assertNotIn("json", modules)  # the standard library is not installed packages
 
     def test_step_times_are_wall_times(self):
         self.trial_env()

@@ -1,0 +1,104 @@
+//! Warm trials (`--warm`) against cold ones on a real PyTorch script (tests/support/exec/train_mlp.py,
+//! the libtorch venv's Python, CPU): the same probe under the same `RLIMIT_DATA` budget with `--warm
+//! off` and `--warm on` gives the same answer (or one a grid step away, the run-to-run noise of a
+//! size at the limit) and, at the sizes both ran, peaks within the run-to-run noise of a fresh
+//! process's heap (glibc's mmap threshold moves it by 4-13 MB; docs/soundness.md). Both wall times
+//! are printed (docs/benchmarks.md keeps the measured ones).
+
+mod common;
+use common::*;
+use std::process::Command;
+
+const GRID: u64 = 16;
+
+/// The run-to-run noise of a fresh trial's peak at one size (the guard band's size: docs/soundness.md,
+/// "Where the noise comes from").
+const NOISE: u64 = 16 << 20;
+
+/// `batchfit probe` of train_mlp.py (65536 → 16 → 10: a sample costs 256 KiB) under 1 GiB of
+/// RLIMIT_DATA, trials warm or not; the plan and the wall seconds.
+fn probe(warm: &str) -> (serde_json::Value, f64) {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let script = repo().join("tests/support/exec/train_mlp.py");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_batchfit"));
+    cmd.env("BATCHFIT_CACHE_DIR", fresh_cache_dir())
+        .env("PYTHONPATH", repo().join("python/batchfit"))
+        .env("OMP_NUM_THREADS", "1")
+        .args(["probe", "--backend", "cpu", "--memory-budget", "1GiB"])
+        .args(["--quiet", "--cpu-limit", "rlimit", "--warm", warm])
+        .args(["--multiple-of", &GRID.to_string(), "--steps", "2"])
+        .args(["--confirm-steps", "3", "--out"])
+        .arg(&out)
+        .arg("--exec")
+        .arg("--")
+        .arg(venv_python())
+        .arg(script)
+        .args(["--batch-size", "{batch}", "--steps", "{steps}"])
+        .args(["--input", "65536", "--hidden", "16"]);
+    let t0 = std::time::Instant::now();
+    let o = cmd.output().unwrap();
+    let seconds = t0.elapsed().as_secs_f64();
+    assert!(o.status.success(), "--warm {warm}: {o:?}");
+    (read_json(&out), seconds)
+}
+
+/// (batch, steps) → peak of every fit.
+fn fit_peaks(p: &serde_json::Value) -> std::collections::BTreeMap<(u64, u64), u64> {
+    p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["outcome"] == "fits")
+        .map(|t| {
+            (
+                (t["batch"].as_u64().unwrap(), t["steps"].as_u64().unwrap()),
+                t["peak_bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn warm_trials_give_the_cold_answer_and_peaks() {
+    let (cold, cold_s) = probe("off");
+    let (warm, warm_s) = probe("on");
+    let answer = |p: &serde_json::Value| p["recommendation"]["max_fitting_batch"].as_u64().unwrap();
+    let (a_cold, a_warm) = (answer(&cold), answer(&warm));
+    eprintln!(
+        "cold: {a_cold} in {cold_s:.1} s ({} trials); warm: {a_warm} in {warm_s:.1} s ({} trials)",
+        cold["trials"].as_array().unwrap().len(),
+        warm["trials"].as_array().unwrap().len()
+    );
+    assert!(
+        a_cold.abs_diff(a_warm) <= GRID,
+        "cold {a_cold}, warm {a_warm}"
+    );
+    // the cold probe ran no warm trial; the warm one ran every trial after the first warm
+    let warm_flags = |p: &serde_json::Value| -> Vec<bool> {
+        p["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["details"]["warm"] == true)
+            .collect()
+    };
+    assert!(warm_flags(&cold).iter().all(|w| !w));
+    let w = warm_flags(&warm);
+    assert!(!w[0], "the first trial is cold");
+    assert!(w[1..].iter().all(|&w| w), "{w:?}");
+    // at the sizes both ran, the peaks agree within the noise
+    let (pc, pw) = (fit_peaks(&cold), fit_peaks(&warm));
+    let mut compared = 0;
+    for (k, c) in &pc {
+        if let Some(w) = pw.get(k) {
+            eprintln!("batch {} x {} steps: cold {c} B, warm {w} B", k.0, k.1);
+            assert!(c.abs_diff(*w) <= NOISE, "{k:?}: cold {c}, warm {w}");
+            compared += 1;
+        }
+    }
+    assert!(
+        compared > 0,
+        "no size ran both ways: cold {pc:?}, warm {pw:?}"
+    );
+}
