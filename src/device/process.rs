@@ -396,7 +396,13 @@ pub struct Options<'a> {
 }
 
 /// Spawns `cmd` in its own session (and process group), stdin as given, without core dumps, under
-/// the limits of `opts`.
+/// the limits of `opts`, and killed (SIGKILL) when batchfit dies: a batchfit killed by SIGKILL, or by
+/// the kernel's OOM killer, runs no clean-up, and a trial left running would go on holding memory
+/// (and the GPU) with no one to end it. The kernel sends that signal when the *thread* that forked
+/// the trial ends, so a trial (and the cpu backend's worker) is spawned by the thread that runs
+/// the trials and waits for them (the probe's own, or a multi-GPU probe's scoped thread per GPU, which
+/// outlives its trials). It reaches the trial's first
+/// process only: its own children are ended by the trial's clean-up, or by their own parent's death.
 fn spawn_limited(mut cmd: Command, opts: &Options, stdin: Stdio) -> Result<Child, BackendError> {
     cmd.stdin(stdin)
         .stdout(Stdio::piped())
@@ -407,9 +413,17 @@ fn spawn_limited(mut cmd: Command, opts: &Options, stdin: Stdio) -> Result<Child
     }
     let data_limit = opts.data_limit;
     let procs = opts.cgroup.map(|g| g.procs_path().clone());
+    let batchfit = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // batchfit died between the fork and the prctl: the signal will never come
+            if libc::getppid() != batchfit {
+                libc::_exit(1);
+            }
             if libc::setsid() < 0 {
                 libc::setpgid(0, 0);
             }
