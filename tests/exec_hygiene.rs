@@ -158,7 +158,9 @@ fn a_daemon_left_by_a_trial_is_killed_and_recorded_under_rlimit() {
     // a process left running could still allocate: not a fit
     assert_eq!(t["outcome"], "error", "{t}");
     assert!(
-        stderr.contains("trial 1 left 1 process running (a daemon?); batchfit killed it"),
+        stderr.contains(
+            "trial 1's command exited and left 1 process of the trial running; batchfit killed it"
+        ),
         "{stderr}"
     );
 }
