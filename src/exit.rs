@@ -57,9 +57,10 @@ impl Exit {
             Exit::Usage => "bad usage or input (nothing ran)",
             Exit::Environment => "device or environment error (no GPU, cannot start trials, cannot write)",
             Exit::Unproven => {
-                "trials failed with errors or timeouts, or the global batch has no split under the \
-                 proven size, so no answer could be proven (partial plan written); verify: a size did \
-                 not fit here"
+                "no answer could be proven (partial plan written): trials failed with errors or \
+                 timeouts, outcomes near the boundary disagreed (noisy-boundary), the batch size was \
+                 not shown to reach the job (batch-not-shown), or the global batch has no split under \
+                 the proven size; verify: a size did not fit here"
             }
             Exit::Capped => {
                 "stopped by --max-trials or --time-limit before the proof was complete (partial plan \

@@ -158,7 +158,9 @@ fn a_daemon_left_by_a_trial_is_killed_and_recorded_under_rlimit() {
     // a process left running could still allocate: not a fit
     assert_eq!(t["outcome"], "error", "{t}");
     assert!(
-        stderr.contains("trial 1 left 1 process running (a daemon?); batchfit killed it"),
+        stderr.contains(
+            "trial 1's command exited and left 1 process of the trial running; batchfit killed it"
+        ),
         "{stderr}"
     );
 }
@@ -1129,4 +1131,78 @@ if b > 4:
             "{t}"
         );
     }
+}
+
+/// A batchfit killed by SIGKILL runs no clean-up: its running trial dies with it (the kernel's
+/// parent-death signal), and the lock files it leaves beside `--out` and in `--logs` (their flock
+/// went with the process) do not refuse the next probe of the same plan and logs.
+#[test]
+fn a_killed_probe_takes_its_trial_with_it_and_leaves_no_lock_held() {
+    let d = tmp();
+    let logs = d.path().join("logs");
+    let marker = format!("killed-probe-{}", std::process::id());
+    let out = d.path().join("plan.json");
+    let ran = d.path().join("a-ran");
+    let script = format!("import pathlib, time; pathlib.Path({ran:?}).touch(); time.sleep(120)");
+    let mut a = batchfit_process(&marker)
+        .args(probe_args(&out, "300"))
+        .args(["--cpu-limit", "rlimit", "--logs"])
+        .arg(&logs)
+        .args(["--exec", "--", PY, "-c", &script, "{batch}"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !ran.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the probe never started its trial"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let trial: Vec<u32> = processes_with("time.sleep(120)")
+        .into_iter()
+        .filter(|&p| p != a.id() && environ_has(p, &marker))
+        .collect();
+    assert_eq!(trial.len(), 1, "{trial:?}");
+    a.kill().unwrap();
+    a.wait().unwrap();
+    let t0 = Instant::now();
+    while std::path::Path::new(&format!("/proc/{}", trial[0])).exists()
+        && !std::fs::read_to_string(format!("/proc/{}/stat", trial[0])).is_ok_and(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        })
+    {
+        if t0.elapsed() > Duration::from_secs(2) {
+            let left = survivors("time.sleep(120)", &marker);
+            panic!("the trial outlived its killed probe by 2 s: {left:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // the killed probe could not remove its lock files; they name a dead process and lock nothing
+    let lock = d.path().join(".plan.json.batchfit-lock");
+    assert!(lock.exists() && logs.join(".batchfit-logs.lock").exists());
+    let b = batchfit()
+        .args(probe_args(&out, "30"))
+        .args(["--cpu-limit", "rlimit", "--max-batch", "1", "--logs"])
+        .arg(&logs)
+        .args([
+            "--exec",
+            "--",
+            PY,
+            "-c",
+            "import time; time.sleep(0.2)",
+            "{batch}",
+        ])
+        .assert();
+    let err = stderr_of(&b);
+    assert_ne!(b.get_output().status.code(), Some(2), "{err}");
+    assert!(!err.contains("another batchfit probe"), "{err}");
+    assert!(
+        out.exists() || d.path().join("plan.partial.json").exists(),
+        "{err}"
+    );
 }

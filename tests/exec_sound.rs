@@ -829,3 +829,59 @@ fn a_job_whose_peak_moves_from_run_to_run_is_answered_below_its_measured_noise()
         );
     }
 }
+
+fn refused(mode: &str) -> Vec<String> {
+    vec![
+        "/usr/bin/python3".to_string(),
+        repo()
+            .join("tests/support/exec/refused.py")
+            .display()
+            .to_string(),
+        mode.into(),
+        "{batch}".into(),
+    ]
+}
+
+/// Under RLIMIT_DATA a job's first big allocation is refused before its data segment rises: PyTorch's
+/// refusal of a request larger than the headroom left under the limit is this limit running out,
+/// however low the measured peak stayed.
+#[test]
+fn an_allocator_refusal_whose_request_crosses_rlimit_data_is_an_oom() {
+    let (p, _) = run(&rlimit(), &refused("crosses"));
+    let over: Vec<Value> = trials(&p)
+        .into_iter()
+        .filter(|t| t["batch"].as_u64().unwrap() > 8)
+        .collect();
+    assert!(!over.is_empty(), "{p}");
+    for t in &over {
+        assert_eq!(t["outcome"], "oom", "{t}");
+    }
+    assert_eq!(p["recommendation"]["max_fitting_batch"], 8, "{p}");
+}
+
+/// The same refusal text for a request that would have fit under the limit is not this limit
+/// running out: an error, never an out-of-memory.
+#[test]
+fn an_allocator_refusal_whose_request_would_have_fit_is_an_error() {
+    let (p, _) = run(&rlimit(), &refused("fits"));
+    let over: Vec<Value> = trials(&p)
+        .into_iter()
+        .filter(|t| t["batch"].as_u64().unwrap() > 8)
+        .collect();
+    assert!(!over.is_empty(), "{p}");
+    for t in &over {
+        assert_eq!(t["outcome"], "error", "{t}");
+        assert!(
+            t["message"]
+                .as_str()
+                .unwrap()
+                .contains("the allocation it names, 1 MiB, would not have reached it"),
+            "{t}"
+        );
+    }
+    assert!(p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|t| t["outcome"] != "oom"));
+}

@@ -507,3 +507,39 @@ fn cache_list_and_clear_touch_only_the_plans_folder() {
         .assert()
         .success();
 }
+
+/// A merged plan whose `verified` was removed (edited by hand, or by another tool) is read as not
+/// verified by every reader: `--format env` exports `BATCHFIT_VERIFIED=0`, `--format deepspeed`
+/// refuses it, and the trainer refuses it without `--force`.
+#[test]
+fn a_merged_plan_without_verified_is_not_verified_anywhere() {
+    let d = tmp();
+    let (a, b) = two_plans(&d);
+    merge(&d, &[&a, &b], &["--global-batch", "8192"]).success();
+    let m = path(&d, "m.json");
+    let mut plan = read_json(&m);
+    plan.as_object_mut().unwrap().remove("verified");
+    write_json(&m, &plan);
+    let env = batchfit()
+        .arg("show")
+        .arg(&m)
+        .args(["--format", "env"])
+        .assert()
+        .success();
+    let out = String::from_utf8_lossy(&env.get_output().stdout).into_owned();
+    assert!(out.contains("export BATCHFIT_VERIFIED=0\n"), "{out}");
+    batchfit()
+        .arg("show")
+        .arg(&m)
+        .args(["--format", "deepspeed"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("not verified"));
+    trainer()
+        .args(["--plan"])
+        .arg(&m)
+        .args(["--steps", "1"])
+        .assert()
+        .code(5)
+        .stderr(predicate::str::contains("not verified here"));
+}

@@ -397,7 +397,12 @@ pub struct Options<'a> {
 }
 
 /// Spawns `cmd` in its own session (and process group), stdin as given, without core dumps, under
-/// the limits of `opts`.
+/// the limits of `opts`, and killed (SIGKILL) when batchfit dies: a batchfit killed by SIGKILL, or by
+/// the kernel's OOM killer, runs no clean-up, and a trial left running would go on holding memory
+/// (and the GPU) with no one to end it. The kernel sends that signal when the *thread* that forked
+/// the trial ends, so every trial is forked by one thread that lasts as long as batchfit
+/// ([`spawn_from_lasting_thread`]). It reaches the trial's first
+/// process only: its own children are ended by the trial's clean-up, or by their own parent's death.
 fn spawn_limited(mut cmd: Command, opts: &Options, stdin: Stdio) -> Result<Child, BackendError> {
     cmd.stdin(stdin)
         .stdout(Stdio::piped())
@@ -408,9 +413,17 @@ fn spawn_limited(mut cmd: Command, opts: &Options, stdin: Stdio) -> Result<Child
     }
     let data_limit = opts.data_limit;
     let procs = opts.cgroup.map(|g| g.procs_path().clone());
+    let batchfit = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // batchfit died between the fork and the prctl: the signal will never come
+            if libc::getppid() != batchfit {
+                libc::_exit(1);
+            }
             if libc::setsid() < 0 {
                 libc::setpgid(0, 0);
             }
@@ -434,8 +447,39 @@ fn spawn_limited(mut cmd: Command, opts: &Options, stdin: Stdio) -> Result<Child
             Ok(())
         });
     }
-    cmd.spawn()
+    spawn_from_lasting_thread(cmd)
         .map_err(|e| BackendError::Environment(format!("cannot start a trial process: {e}")))
+}
+
+/// A spawn and where its child goes.
+type SpawnJob = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+/// Spawns `cmd` from one thread that lives as long as this process: the kernel sends a trial's
+/// parent-death signal when the thread that forked it ends, and a trial (or a warm process started
+/// ahead of its trial) may outlive the thread that asked for it (a round's thread per device).
+fn spawn_from_lasting_thread(cmd: Command) -> std::io::Result<Child> {
+    static SPAWNER: std::sync::OnceLock<Mutex<mpsc::Sender<SpawnJob>>> = std::sync::OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnJob>();
+        std::thread::Builder::new()
+            .name("batchfit-spawner".into())
+            .spawn(move || {
+                for (mut cmd, back) in rx {
+                    let _ = back.send(cmd.spawn());
+                }
+            })
+            .expect("the spawner thread starts");
+        Mutex::new(tx)
+    });
+    let (back, child) = mpsc::channel();
+    spawner
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send((cmd, back))
+        .map_err(|_| std::io::Error::other("the spawner thread is gone"))?;
+    child
+        .recv()
+        .map_err(|_| std::io::Error::other("the spawner thread is gone"))?
 }
 
 /// A number for each trial this process starts (part of its marker).
@@ -1002,6 +1046,24 @@ impl Drop for Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A trial started from a thread that ends before it (a round's thread per device, which may
+    /// leave a warm process for the next round) goes on running: only batchfit's death ends it.
+    #[test]
+    fn a_trial_outlives_the_thread_that_started_it() {
+        let mut child = std::thread::spawn(|| {
+            let mut cmd = Command::new("sleep");
+            cmd.arg("30");
+            spawn_limited(cmd, &Options::default(), Stdio::null()).unwrap()
+        })
+        .join()
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let alive = matches!(child.try_wait(), Ok(None));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(alive, "the trial died with the thread that started it");
+    }
 
     /// The capture keeps the head and the last bytes, and costs each chunk its own length: 200 MB in
     /// 8 KiB chunks takes well under a second (the old capture moved half its capacity per chunk:

@@ -22,10 +22,16 @@
 //! the tree (a fork shares its parent's pages, an exit leaves its share to the others). Between two
 //! rounds a process's share is its last reading raised by any growth of its `RssAnon + RssShmem`
 //! since (read every sample, so a short peak of new memory is not missed; what falls counts until
-//! the next round). While a process exits (its memory detached, its shares passing to the others
+//! the next round). Shared memory that grows in more than one process at once is most likely one
+//! region they fill together (forked workers writing batches into one memfd or `/dev/shm`
+//! segment): counted per process it reached 1.2-1.8 times the region, a tree over its limit where
+//! a memory cgroup around it charged the region once. Such growth counts once (the largest of the
+//! processes'), and the next round is due after the last round's cost over
+//! [`SHARED_GROWTH_COST_SHARE`] instead. While a process exits (its memory detached, its shares passing to the others
 //! page by page) readings do not add up, so such a sample is not taken into the peak (the total only
 //! falls then) and the tree is read again at the next. What the figure misses between rounds: a copy-on-write page copied by one of
-//! the processes that share it (its `RssAnon` does not change). Where `smaps_rollup` cannot be read
+//! the processes that share it (its `RssAnon` does not change), and separate shared regions grown
+//! by several processes at once (counted as the largest until that round). Where `smaps_rollup` cannot be read
 //! (kernels before 5.7 have no `Pss_Anon`; a process batchfit may not inspect) that process counts
 //! with its `RssAnon + RssShmem`, and [`Tree::measure`] says so ([`Measure::RssSum`]).
 
@@ -36,6 +42,12 @@ use std::time::Instant;
 /// `d`, the next is due `d / PSS_COST_SHARE` later.
 pub const PSS_COST_SHARE: f64 = 0.1;
 
+/// The share of the sampler's time that reading `smaps_rollup` may take while shared memory grows in
+/// more than one process of the tree: between rounds each process counts its growth of `RssShmem`
+/// in full, so pages of one shared region (a memfd or `/dev/shm` segment that forked workers fill
+/// together) count once per process until the next round reads their proportional shares.
+pub const SHARED_GROWTH_COST_SHARE: f64 = 0.5;
+
 pub use crate::protocol::TreeFigure as Measure;
 
 /// A process's last `smaps_rollup` reading: its proportional anonymous and shared memory, and its
@@ -44,6 +56,8 @@ pub use crate::protocol::TreeFigure as Measure;
 struct Reading {
     pss: u64,
     rss: u64,
+    /// Its `RssShmem` at the reading.
+    shmem: u64,
 }
 
 /// One process of the tree: its PID and its start time (clock ticks since boot, field 22 of
@@ -70,6 +84,9 @@ pub struct Tree {
     readings: BTreeMap<u32, Reading>,
     /// When the next round of `smaps_rollup` readings is due.
     next_round: Option<Instant>,
+    /// The earliest a round is taken because shared memory grew in more than one process
+    /// ([`SHARED_GROWTH_COST_SHARE`]).
+    next_shared_round: Option<Instant>,
     /// The processes with memory at the last round.
     members: std::collections::BTreeSet<u32>,
     /// A live process's `smaps_rollup` could not be read (it counted with its `RssAnon +
@@ -325,6 +342,7 @@ impl Tree {
             escaped_peak: 0,
             readings: BTreeMap::new(),
             next_round: None,
+            next_shared_round: None,
             members: Default::default(),
             rss_fallback: false,
             killed: vec![],
@@ -433,7 +451,14 @@ impl Tree {
         // the parent's, an exit leaves its share to the others): every reading is then out of date.
         let now = Instant::now();
         let members: std::collections::BTreeSet<u32> = live.iter().map(|&(p, ..)| p).collect();
-        let round = members != self.members || self.next_round.is_none_or(|t| now >= t);
+        let shared_growth = live
+            .iter()
+            .filter(|&&(pid, _, shmem)| self.readings.get(&pid).is_some_and(|r| shmem > r.shmem))
+            .count()
+            > 1;
+        let round = members != self.members
+            || self.next_round.is_none_or(|t| now >= t)
+            || (shared_growth && self.next_shared_round.is_none_or(|t| now >= t));
         if round {
             self.readings.clear();
             let mut ended = vec![];
@@ -443,7 +468,7 @@ impl Tree {
                     // touched meanwhile would count twice), with its shared memory
                     Some((pss, anon)) => {
                         let rss = anon + shmem;
-                        self.readings.insert(pid, Reading { pss, rss });
+                        self.readings.insert(pid, Reading { pss, rss, shmem });
                     }
                     // ended meanwhile (gone, or a zombie): its memory went with it
                     None if !has_memory_now(pid) => ended.push(pid),
@@ -454,7 +479,9 @@ impl Tree {
             // one that began to exit during the round: the readings before and after it differ
             unsettled |= !ended.is_empty() || live.iter().any(|&(p, ..)| !has_memory_now(p));
             self.members = members;
-            self.next_round = Some(now + now.elapsed().div_f64(PSS_COST_SHARE));
+            let cost = now.elapsed();
+            self.next_round = Some(now + cost.div_f64(PSS_COST_SHARE));
+            self.next_shared_round = Some(now + cost.div_f64(SHARED_GROWTH_COST_SHARE));
         }
         if unsettled {
             // read again at the next sample; the total only falls while a process exits, so this
@@ -465,12 +492,32 @@ impl Tree {
             return;
         }
         let (mut pss, mut escaped) = (0, 0);
-        for &(pid, a, _) in &live {
-            let share = estimate(self.readings.get(&pid).copied(), a);
+        // shared memory that grew in several processes since their readings: most likely one region
+        // they fill together, so its growth counts once, the largest (the next round, due soon,
+        // reads each page's share)
+        let mut shared = (0, None);
+        for &(pid, a, shmem) in &live {
+            let last = self.readings.get(&pid).copied();
+            let share = if shared_growth {
+                let grew = last.map_or(0, |r| shmem.saturating_sub(r.shmem));
+                if grew > shared.0 {
+                    shared = (grew, Some(pid));
+                }
+                estimate(last, a - grew)
+            } else {
+                estimate(last, a)
+            };
             pss += share;
             if inside.as_ref().is_some_and(|g| !g.contains(&pid)) {
                 escaped += share;
             }
+        }
+        pss += shared.0;
+        if shared
+            .1
+            .is_some_and(|p| inside.as_ref().is_some_and(|g| !g.contains(&p)))
+        {
+            escaped += shared.0;
         }
         self.rss_peak = self.rss_peak.max(rss);
         self.anon_peak = self.anon_peak.max(anon);
@@ -550,6 +597,35 @@ mod tests {
         }
     }
 
+    /// Forked workers that fill one shared region together (a memfd they all map) grow their
+    /// `RssShmem` by the same pages between two rounds of readings: the tree's figure counts that
+    /// growth once, as a memory cgroup charges it, not once per worker.
+    #[test]
+    fn a_shared_region_that_forked_workers_fill_together_counts_once() {
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/support/exec/memfd_workers.py"
+        );
+        let mut c = std::process::Command::new("/usr/bin/python3")
+            .args([script, "768"])
+            .spawn()
+            .unwrap();
+        let mut tree = Tree::new(c.id());
+        loop {
+            tree.sample();
+            if c.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let mib = tree.pss_peak >> 20;
+        // the region once, and four interpreters' own few MiB each
+        assert!(
+            (768..768 * 11 / 10 + 48).contains(&mib),
+            "the tree's figure peaked at {mib} MiB for a 768 MiB shared region"
+        );
+    }
+
     /// Forked workers that only read their parent's memory share its pages: the tree's figure
     /// (proportional set sizes) counts them once, as a memory cgroup would charge them, while the
     /// summed `RssAnon` counts them once per process.
@@ -595,12 +671,26 @@ mod tests {
 
     #[test]
     fn between_readings_a_process_counts_its_growth() {
-        let r = Some(Reading { pss: 10, rss: 100 });
+        let r = Some(Reading {
+            pss: 10,
+            rss: 100,
+            shmem: 0,
+        });
         assert_eq!(estimate(r, 100), 10);
         assert_eq!(estimate(r, 130), 40);
         // what falls counts until the next reading; never more than its own resident memory
         assert_eq!(estimate(r, 60), 10);
-        assert_eq!(estimate(Some(Reading { pss: 90, rss: 100 }), 50), 50);
+        assert_eq!(
+            estimate(
+                Some(Reading {
+                    pss: 90,
+                    rss: 100,
+                    shmem: 0
+                }),
+                50
+            ),
+            50
+        );
         // without a reading: its RssAnon + RssShmem
         assert_eq!(estimate(None, 70), 70);
     }

@@ -30,7 +30,7 @@ pub fn deepspeed(plan: &Plan) -> Result<String, OutputError> {
         Some(r) if plan.status == Status::Complete => r,
         _ => return Err(OutputError::NoRecommendation(plan.status)),
     };
-    if plan.verified == Some(false) {
+    if !plan.is_verified() {
         return Err(OutputError::Unverified);
     }
     if r.uneven || r.micro_batches.iter().any(|&m| m != r.micro_batch) {

@@ -74,8 +74,10 @@ pub fn env(plan: &Plan, plan_path: Option<&Path>) -> String {
             vars.push(("BATCHFIT_STATUS", plan.status.as_str().into()));
             // 0 for a merged plan not yet confirmed here (`batchfit verify`) or one whose
             // verification failed: batchfit-train refuses it; a probe plan is proven where it ran
-            let verified = plan.verified != Some(false);
-            vars.push(("BATCHFIT_VERIFIED", if verified { "1" } else { "0" }.into()));
+            vars.push((
+                "BATCHFIT_VERIFIED",
+                if plan.is_verified() { "1" } else { "0" }.into(),
+            ));
             if let Some(p) = plan_path {
                 let p = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
                 vars.push(("BATCHFIT_PLAN", p.to_string_lossy().into_owned()));

@@ -56,11 +56,13 @@ pub fn left_behind_line(n: usize, left: crate::protocol::LeftBehind) -> String {
         k => (format!("{k} processes"), "them"),
     };
     if left.killed {
-        format!("trial {n} left {what} running (a daemon?); batchfit killed {them}")
+        format!(
+            "trial {n}'s command exited and left {what} of the trial running; batchfit killed {them}"
+        )
     } else {
         format!(
-            "trial {n} left {what} running (a daemon?); batchfit could not kill {them} all (stuck \
-             in the kernel?): check `ps` for processes of the command"
+            "trial {n}'s command exited and left {what} of the trial running; batchfit could not \
+             kill {them} all (stuck in the kernel?): check `ps` for processes of the command"
         )
     }
 }

@@ -175,7 +175,7 @@ pub fn backed(plan: &Plan) -> Result<(), String> {
         return Ok(());
     };
     let acc = u32::try_from(r.accumulation).unwrap_or(u32::MAX);
-    let merged_unverified = !plan.sources.is_empty() && plan.verified != Some(true);
+    let merged_unverified = !plan.sources.is_empty() && !plan.is_verified();
     if !merged_unverified {
         let mut sizes = r.micro_batches.clone();
         sizes.sort_unstable_by(|a, b| b.cmp(a));

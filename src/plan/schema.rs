@@ -569,6 +569,19 @@ pub struct Plan {
     pub sweep: Option<Sweep>,
 }
 
+impl Plan {
+    /// Whether this plan's sizes are proven on the machine it is used on: a probe plan (no
+    /// `sources`) is proven where it was made unless a `batchfit verify` of it failed; a merged plan
+    /// only once `batchfit verify` marked it `verified: true` (absent reads as not verified, so a
+    /// plan edited by hand or by another tool cannot pass as proven).
+    pub fn is_verified(&self) -> bool {
+        match self.verified {
+            Some(v) => v,
+            None => self.sources.is_empty(),
+        }
+    }
+}
+
 /// `--sweep PARAM=V1,V2,…`: one probe per point, each proven on its own.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sweep {

@@ -11,6 +11,9 @@
 //!   `batchfit` binary calls it after every command, whatever its end: success, an error, an
 //!   interruption that wrote a partial plan), while its name is still the file this process
 //!   locked; a lock file that was there before is left as it was.
+//! * A process killed outright (SIGKILL, the OOM killer) removes nothing, but the kernel lets its
+//!   `flock` go with it: the file it leaves, its dead pid inside, refuses no one; only a live holder
+//!   does.
 //! * A holder removes its lock file just before it lets the lock go, so another process may lock a
 //!   file that no longer has a name: after `flock` the name is checked to still be the locked file,
 //!   and the open is tried again otherwise.

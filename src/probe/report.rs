@@ -132,4 +132,52 @@ mod tests {
         let text = format!("{:#}", anyhow::Error::from(e));
         assert_eq!(text.matches("is a directory").count(), 1, "{text}");
     }
+
+    /// Exit 4's meaning (`--help`, docs/exit-codes.md) names every stop reason that gives it, so a
+    /// script that sees 4 knows to look for each of them in the plan.
+    #[test]
+    fn exit_4_names_every_stop_reason_that_gives_it() {
+        let all = [
+            StopReason::Proven,
+            StopReason::MaxBatch,
+            StopReason::PowerResolution,
+            StopReason::NothingFits,
+            StopReason::MaxTrials,
+            StopReason::TimeLimit,
+            StopReason::TrialErrors,
+            StopReason::Interrupted,
+            StopReason::ProvenWithinTolerance,
+            StopReason::ProvenBelowNoise,
+            StopReason::NoisyBoundary,
+            StopReason::BatchNotShown,
+        ];
+        // a new stop reason fails to compile here until it is listed above
+        for r in all {
+            match r {
+                StopReason::Proven
+                | StopReason::MaxBatch
+                | StopReason::PowerResolution
+                | StopReason::NothingFits
+                | StopReason::MaxTrials
+                | StopReason::TimeLimit
+                | StopReason::TrialErrors
+                | StopReason::Interrupted
+                | StopReason::ProvenWithinTolerance
+                | StopReason::ProvenBelowNoise
+                | StopReason::NoisyBoundary
+                | StopReason::BatchNotShown => {}
+            }
+        }
+        let meaning = Exit::Unproven.meaning();
+        for r in all.into_iter().filter(|&r| {
+            Ending::of(r, None).exit() == Exit::Unproven && r != StopReason::TrialErrors
+        }) {
+            let name = serde_json::to_value(r).unwrap();
+            let name = name.as_str().unwrap();
+            assert!(
+                meaning.contains(name),
+                "exit 4's meaning omits {name}: {meaning}"
+            );
+        }
+    }
 }

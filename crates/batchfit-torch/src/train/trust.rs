@@ -48,7 +48,7 @@ fn refusals(plan: &Plan) -> Vec<String> {
         )),
         Status::NothingFits => r.push("the plan says nothing fits".into()),
     }
-    if plan.verified == Some(false) {
+    if !plan.is_verified() {
         r.push(if plan.sources.is_empty() {
             "the plan is not verified (its last `batchfit verify` failed); re-probe, or use --force"
                 .into()
