@@ -358,7 +358,8 @@ impl StepFailure<'_> {
         let verdict = classify(&Evidence {
             message: &m,
             allocator_ooms: self.cuda_ooms(),
-            data_peak: self.sampler.map(DataSampler::peak),
+            // a data segment that could not be read is no measurement (never 0 bytes)
+            data_peak: self.sampler.map(DataSampler::peak).filter(|&p| p > 0),
             data_limit: sysmem::data_limit(),
             ..Default::default()
         });
