@@ -95,7 +95,7 @@ impl NoisyBoundary {
             let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
             return format!(
                 "fresh runs of one size spread by {:.1} MiB, more than the guard band: a fit must \
-                 peak at most {:.1} MiB, and {} did not, so the answer stays below {}",
+                 peak at most {:.1} MiB, and {} did not, so the answer is at most {}",
                 mib(spread),
                 mib(ceiling),
                 self.lowest_bound,
@@ -293,8 +293,11 @@ impl Prober<'_> {
         })
     }
 
-    /// The samples that `bytes` of footprint take at `b`, by the slope from the largest fit below
-    /// `b` to `b` (each size's smallest footprint, any steps); one sample when no slope is measured.
+    /// The samples that `bytes` of footprint take at `b`, by the slope from a fit far below `b` (the
+    /// largest at or below half of it, else the largest below it: near `b` the job's noise would
+    /// make the slope) to `b`, each size's smallest footprint, any steps; one sample when no slope is
+    /// measured. At most a quarter of `b` at a time, so that a slope that noise has flattened cannot
+    /// send the answer far below.
     fn samples_for(&self, bytes: u64, b: u64, _steps: u32) -> u64 {
         let at = |size: u64| {
             self.trials
@@ -303,20 +306,24 @@ impl Prober<'_> {
                 .filter_map(|t| t.footprint())
                 .min()
         };
-        let below = self
-            .trials
-            .iter()
-            .filter(|t| t.batch < b && t.outcome.fits() && t.footprint().is_some())
-            .map(|t| t.batch)
-            .max();
+        let fits_below = |cap: u64| {
+            self.trials
+                .iter()
+                .filter(|t| t.batch <= cap && t.batch < b && t.outcome.fits())
+                .filter(|t| t.footprint().is_some())
+                .map(|t| t.batch)
+                .max()
+        };
+        let below = fits_below(b / 2).or_else(|| fits_below(b));
         let slope = match (below.and_then(|a| at(a).map(|fa| (a, fa))), at(b)) {
             (Some((a, fa)), Some(fb)) if fb > fa => Some((fb - fa) as f64 / (b - a) as f64),
             _ => None,
         };
-        match slope {
+        let samples = match slope {
             Some(k) => (bytes as f64 / k).ceil() as u64,
             None => 1,
-        }
+        };
+        samples.clamp(1, (b / 4).max(1))
     }
 
     /// After a size that fit with the exploration's steps ran out of memory with the confirmation's:
