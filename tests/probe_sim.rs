@@ -556,13 +556,10 @@ fn a_noisy_boundary_ends_with_a_complete_plan_below_its_band() {
         ));
 }
 
-/// `--repeats 2` on a boundary whose footprint moves from run to run: the answer fit three times in
-/// fresh runs, the plan records the spread they measured, and the answer's largest peak plus that
-/// spread stays under the job's limit (the sim keeps no guard band: the trials' limit is the job's).
-#[test]
-fn repeated_answers_leave_room_for_the_measured_spread() {
-    let d = tmp();
-    let out = path(&d, "plan.json");
+/// `--repeats 2` on the sim with a boundary whose footprint moves by ±60 MiB from run to run: the
+/// plan's path and the plan.
+fn repeated_noisy_probe(d: &tempfile::TempDir) -> (std::path::PathBuf, serde_json::Value) {
+    let out = path(d, "plan.json");
     let sim = format!("{SIM},boundary-noise=60MiB,seed=36");
     batchfit()
         .args(["probe", "--backend", "sim", "--sim", &sim, "--repeats", "2"])
@@ -571,6 +568,16 @@ fn repeated_answers_leave_room_for_the_measured_spread() {
         .assert()
         .success();
     let plan = read_json(&out);
+    (out, plan)
+}
+
+/// `--repeats 2` on a boundary whose footprint moves from run to run: the answer fit three times in
+/// fresh runs, the plan records the spread they measured, and the answer's largest peak plus that
+/// spread stays under the job's limit (the sim keeps no guard band: the trials' limit is the job's).
+#[test]
+fn repeated_answers_leave_room_for_the_measured_spread() {
+    let d = tmp();
+    let (out, plan) = repeated_noisy_probe(&d);
     assert_eq!(plan["status"], "complete", "{plan}");
     assert_eq!(plan["search"]["repeats"], 2);
     let spread = plan["search"]["noise_spread_bytes"]
@@ -612,15 +619,7 @@ fn repeated_answers_leave_room_for_the_measured_spread() {
 #[test]
 fn verify_runs_the_answer_as_often_as_the_probe_and_holds_it_to_the_measured_noise() {
     let d = tmp();
-    let out = path(&d, "plan.json");
-    let sim = format!("{SIM},boundary-noise=60MiB,seed=36");
-    batchfit()
-        .args(["probe", "--backend", "sim", "--sim", &sim, "--repeats", "2"])
-        .args(["--quiet", "--out"])
-        .arg(&out)
-        .assert()
-        .success();
-    let plan = read_json(&out);
+    let (out, plan) = repeated_noisy_probe(&d);
     let b = plan["recommendation"]["max_fitting_batch"]
         .as_u64()
         .unwrap();

@@ -610,20 +610,25 @@ mod tests {
             .args([script, "768"])
             .spawn()
             .unwrap();
-        let mut tree = Tree::new(c.id());
-        loop {
-            tree.sample();
-            if c.try_wait().unwrap().is_some() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        let tree = sampled_until_exit(&mut c);
         let mib = tree.pss_peak >> 20;
         // the region once, and four interpreters' own few MiB each
         assert!(
             (768..768 * 11 / 10 + 48).contains(&mib),
             "the tree's figure peaked at {mib} MiB for a 768 MiB shared region"
         );
+    }
+
+    /// The tree of `c`, sampled every 5 ms until `c` exits.
+    fn sampled_until_exit(c: &mut std::process::Child) -> Tree {
+        let mut tree = Tree::new(c.id());
+        loop {
+            tree.sample();
+            if c.try_wait().unwrap().is_some() {
+                return tree;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 
     /// Forked workers that only read their parent's memory share its pages: the tree's figure
@@ -647,14 +652,7 @@ mod tests {
             .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        let mut tree = Tree::new(c.id());
-        loop {
-            tree.sample();
-            if c.try_wait().unwrap().is_some() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        let tree = sampled_until_exit(&mut c);
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         let (pss, summed) = (mib(tree.pss_peak), mib(tree.anon_peak));
         assert_eq!(tree.measure(), Measure::Pss);

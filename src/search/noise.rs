@@ -196,7 +196,7 @@ impl Prober<'_> {
         let steps = self.cfg.confirm_steps.max(self.cfg.steps);
         let spread = self
             .spread(steps)
-            .map_or(0, |s| self.samples_for(s, lowest, steps));
+            .map_or(0, |s| self.samples_for(s, lowest));
         let width = (high - lowest.min(high))
             .max(tolerance_gap(lowest, self.cfg.tolerance, grid.step))
             .max(spread);
@@ -280,7 +280,7 @@ impl Prober<'_> {
         let ceiling = self.noise_ceiling(steps)?;
         let excess = self.excess(b, steps, Some(ceiling))?;
         let width =
-            self.samples_for(excess, b, steps)
+            self.samples_for(excess, b)
                 .max(tolerance_gap(b, self.cfg.tolerance, grid.step));
         Some(NoisyBoundary {
             band_low: b.saturating_sub(width),
@@ -298,7 +298,7 @@ impl Prober<'_> {
     /// make the slope) to `b`, each size's smallest footprint, any steps; one sample when no slope is
     /// measured. At most a quarter of `b` at a time, so that a slope that noise has flattened cannot
     /// send the answer far below.
-    fn samples_for(&self, bytes: u64, b: u64, _steps: u32) -> u64 {
+    fn samples_for(&self, bytes: u64, b: u64) -> u64 {
         let at = |size: u64| {
             self.trials
                 .iter()
@@ -379,7 +379,7 @@ impl Prober<'_> {
                 // A fit whose footprint leaves less room under the job's limit than the noise: the
                 // next candidate lies below by the samples that excess takes.
                 band.lowest_bound = c;
-                band.width = self.samples_for(excess, c, steps).max(1);
+                band.width = self.samples_for(excess, c).max(1);
                 band.spread_bytes = self.spread(steps);
                 band.ceiling_bytes = ceiling;
                 continue;
@@ -402,9 +402,7 @@ impl Prober<'_> {
                 Ok(TrialOutcome::Fits { .. }) => {}
                 Ok(o) if o.is_bound() => {
                     band.lowest_bound = c;
-                    let spread = self
-                        .spread(steps)
-                        .map_or(0, |s| self.samples_for(s, c, steps));
+                    let spread = self.spread(steps).map_or(0, |s| self.samples_for(s, c));
                     band.width = band.width.saturating_mul(2).max(spread);
                 }
                 Ok(o) => {
