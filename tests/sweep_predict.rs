@@ -760,3 +760,34 @@ fn a_sweep_cut_short_after_its_plan_point_writes_a_readable_partial_plan() {
     );
     batchfit().arg("show").arg(&partial).assert().success();
 }
+
+/// A sweep's later point starts at the size the points before predict, right at the boundary, on a
+/// device whose peak moves by 1% from run to run: no fit lies far below to measure the slope, and
+/// the steps below the noise ceiling must still reach a proven answer within the trials a noisy
+/// boundary allows, whatever the draw.
+#[test]
+fn a_sweep_point_started_at_a_noisy_boundary_is_proven_below_its_noise() {
+    let d = tmp();
+    for seed in 1..=12u64 {
+        let out = path(&d, &format!("s{seed}.json"));
+        let o = batchfit()
+            .args(["probe", "--backend", "sim", "--model", "gpt", "--sim"])
+            .arg(format!(
+                "base=2GiB,per-sample=3MiB,capacity=80GiB,noise=0.01,seed={seed}"
+            ))
+            .args(["--sweep", "seq-len=256,512,1024", "--seq-len", "256"])
+            .args(["--no-cache", "--quiet", "--out"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "seed {seed}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let plan = read_json(&out);
+        for p in plan["sweep"]["points"].as_array().unwrap() {
+            assert_eq!(p["status"], "complete", "seed {seed}: {p}");
+        }
+    }
+}

@@ -293,11 +293,13 @@ impl Prober<'_> {
         })
     }
 
-    /// The samples that `bytes` of footprint take at `b`, by the slope from a fit far below `b` (the
-    /// largest at or below half of it, else the largest below it: near `b` the job's noise would
-    /// make the slope) to `b`, each size's smallest footprint, any steps; one sample when no slope is
-    /// measured. At most a quarter of `b` at a time, so that a slope that noise has flattened cannot
-    /// send the answer far below.
+    /// The samples that `bytes` of footprint take at `b`. The slope is measured from a fit far
+    /// below `b` (the largest at or below half of it) to `b`, each size's smallest footprint, any
+    /// steps; near `b` the job's noise would make the slope. It is at most `b`'s footprint per
+    /// sample (all of it per-sample memory, none fixed), which is also the slope when no fit lies
+    /// far below: a slope that is too steep only takes a step too short, which the caller's next
+    /// look at the ceiling catches, never one past what the excess needs. At most a quarter of `b`
+    /// at a time, so that a slope that noise has flattened cannot send the answer far below.
     fn samples_for(&self, bytes: u64, b: u64) -> u64 {
         let at = |size: u64| {
             self.trials
@@ -306,22 +308,22 @@ impl Prober<'_> {
                 .filter_map(|t| t.footprint())
                 .min()
         };
-        let fits_below = |cap: u64| {
-            self.trials
-                .iter()
-                .filter(|t| t.batch <= cap && t.batch < b && t.outcome.fits())
-                .filter(|t| t.footprint().is_some())
-                .map(|t| t.batch)
-                .max()
-        };
-        let below = fits_below(b / 2).or_else(|| fits_below(b));
-        let slope = match (below.and_then(|a| at(a).map(|fa| (a, fa))), at(b)) {
-            (Some((a, fa)), Some(fb)) if fb > fa => Some((fb - fa) as f64 / (b - a) as f64),
-            _ => None,
-        };
+        let far = self
+            .trials
+            .iter()
+            .filter(|t| t.batch <= b / 2 && t.outcome.fits() && t.footprint().is_some())
+            .map(|t| t.batch)
+            .max();
+        let slope = at(b).map(|fb| {
+            let whole = fb as f64 / b.max(1) as f64;
+            match far.and_then(|a| at(a).map(|fa| (a, fa))) {
+                Some((a, fa)) if fb > fa => ((fb - fa) as f64 / (b - a) as f64).min(whole),
+                _ => whole,
+            }
+        });
         let samples = match slope {
-            Some(k) => (bytes as f64 / k).ceil() as u64,
-            None => 1,
+            Some(k) if k > 0.0 => (bytes as f64 / k).ceil() as u64,
+            _ => 1,
         };
         samples.clamp(1, (b / 4).max(1))
     }
