@@ -208,7 +208,8 @@ pub fn backed(plan: &Plan) -> Result<(), String> {
 
 /// Whether the trials of a complete probe plan back its recommendation: every size of
 /// `micro_batches` fit with (at least) the plan's accumulation and its confirm steps, the largest
-/// fitting size fit with the confirm steps, and the first failing size ran out of memory. Plans of
+/// fitting size fit with the confirm steps (as often as the search repeats its answer: `1 +
+/// search.repeats` times), and the first failing size ran out of memory. Plans of
 /// `batchfit merge` are not held to it until `verify` ran them.
 pub fn evidence(plan: &Plan) -> Result<(), String> {
     let Some(r) = &plan.recommendation else {
@@ -232,6 +233,20 @@ pub fn evidence(plan: &Plan) -> Result<(), String> {
     if !fit(r.max_fitting_batch, 1) {
         return Err(format!(
             "no trial of its largest fitting size {} with {steps} steps fit",
+            r.max_fitting_batch
+        ));
+    }
+    let runs = plan
+        .trials
+        .iter()
+        .filter(|t| t.batch == r.max_fitting_batch && t.outcome.fits())
+        .filter(|t| t.steps >= steps && t.accumulation <= 1)
+        .count();
+    let needed = 1 + plan.search.repeats as usize;
+    if runs < needed {
+        return Err(format!(
+            "its largest fitting size {} fit {runs} times with {steps} steps, where its search \
+             repeats the answer to {needed}",
             r.max_fitting_batch
         ));
     }

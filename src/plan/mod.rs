@@ -202,8 +202,8 @@ mod tests {
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
     }
 
-    /// attack15 A6: the cache trusts a plan whose trials back it; a bracket wider than its stop
-    /// reason claims (an edited `first_failing_batch` on an out-of-memory far above) was trusted.
+    /// The cache trusts a plan whose trials back it: not a bracket wider than its stop reason claims
+    /// (an edited `first_failing_batch` on an out-of-memory far above).
     #[test]
     fn the_evidence_holds_the_bracket_to_its_stop_reason() {
         let plan = sample_plan();
@@ -225,6 +225,30 @@ mod tests {
         check::invariants(&edited).unwrap();
         let e = check::evidence(&edited).unwrap_err();
         assert!(e.contains("does not match its bracket"), "{e}");
+    }
+
+    /// The cache trusts a plan whose search repeats its answer only when the answer fit that often:
+    /// a plan that says `repeats: 2` with one fit of its answer is not evidence.
+    #[test]
+    fn the_evidence_holds_the_answer_to_its_repeats() {
+        let mut plan = sample_plan();
+        check::evidence(&plan).unwrap();
+        plan.search.repeats = 2;
+        let e = check::evidence(&plan).unwrap_err();
+        assert!(
+            e.contains("where its search repeats the answer to 3"),
+            "{e}"
+        );
+        let b = plan.recommendation.as_ref().unwrap().max_fitting_batch;
+        let steps = plan.search.confirm_steps.max(plan.search.steps);
+        let fit = plan
+            .trials
+            .iter()
+            .find(|t| t.batch == b && t.outcome.fits() && t.steps >= steps)
+            .unwrap()
+            .clone();
+        plan.trials.extend([fit.clone(), fit]);
+        check::evidence(&plan).unwrap();
     }
 
     proptest! {
