@@ -1282,7 +1282,7 @@ mod tests {
         assert!(r.is_err(), "{r:?}");
     }
 
-    /// Review R19: late memory (`--sim …,late=44220`, 2 exploration steps, 5 confirmation steps):
+    /// Late memory (`--sim …,late=44220`, 2 exploration steps, 5 confirmation steps):
     /// the line through a 2-step peak and 5-step peaks was 32 % too steep and predicted far below
     /// the truth, outside its error bar. With a size measured at both lengths showing the growth,
     /// only the 5-step peaks make the line.

@@ -594,7 +594,7 @@ fn a_near_miss_of_the_line_is_closed_by_one_fit() {
 }
 
 proptest! {
-    /// attack15: a prior (a sweep's earlier points; right, a little off or far off, confident or
+    /// A prior (a sweep's earlier points; right, a little off or far off, confident or
     /// not) and a `--min-batch` only change where the search looks: the answer is still a size that
     /// fit with the confirmation's steps, never above the truth, proven within the tolerance.
     #[test]
