@@ -648,7 +648,11 @@ fn a_log_line_naming_an_oom_is_no_evidence_whatever_the_exit() {
                 );
             }
             assert_eq!(p["stop_reason"], "trial-errors", "{flags:?} {mode}: {p}");
-            for said in [&err, &p["warnings"].to_string(), &p["stop_detail"].to_string()] {
+            for said in [
+                &err,
+                &p["warnings"].to_string(),
+                &p["stop_detail"].to_string(),
+            ] {
                 assert!(
                     !said.contains("lower --batch") && !said.contains("out of memory"),
                     "{flags:?} {mode}: {said}"

@@ -646,7 +646,11 @@ mod tests {
         let hint = "step 1\nhint: if you see 'out of memory', lower --batch-size";
         for peak in [40 * mib, gib - 20 * mib] {
             let v = at(hint, peak);
-            assert_eq!(v, Verdict::Error(hint.lines().last().unwrap().into()), "{v:?}");
+            assert_eq!(
+                v,
+                Verdict::Error(hint.lines().last().unwrap().into()),
+                "{v:?}"
+            );
         }
         // libtorch's CPU allocator names its request: far below the limit, a request that would have
         // crossed it is this limit running out; one that would not is not
@@ -812,7 +816,11 @@ mod tests {
                 data_limit: peak.map(|_| gib),
                 ..Default::default()
             });
-            assert_eq!(v, Verdict::Error("config: no learning rate given".into()), "{peak:?}");
+            assert_eq!(
+                v,
+                Verdict::Error("config: no learning rate given".into()),
+                "{peak:?}"
+            );
         }
         let hint = "step 1\nhint: if training stops with 'out of memory', lower --batch-size";
         assert!(!output(hint).is_oom());
