@@ -296,6 +296,33 @@ fn errors_are_never_proof_and_say_what_went_wrong() {
     }
 }
 
+/// A command that errs from some size up (a shape that stops matching from 700) ends the probe once
+/// the error repeated at one size and a second size failed: a few trials, not a bisection down to
+/// 700 at two trials a size (measured with guided: 23 trials before, 5 now), and the plan's stop
+/// detail (the summary's `stopped:` line) names the smallest size that failed and its exception.
+#[test]
+fn an_error_from_some_size_up_ends_the_probe_naming_it() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let mut cmd = vec![py(), fake("crash.py"), "--mode".into(), "error".into()];
+    cmd.extend(["--from".into(), "700".into()]);
+    let flags = ["--cpu-limit", "rlimit", "--max-batch", "2048"];
+    probe(&out, &flags, &cmd).assert().code(4);
+    let p = read_json(&path(&d, "plan.partial.json"));
+    assert_eq!(p["stop_reason"], "trial-errors", "{p}");
+    let trials = p["trials"].as_array().unwrap();
+    assert!(trials.len() <= 8, "{} trials: {p}", trials.len());
+    let failed = trials.iter().filter(|t| t["outcome"] == "error");
+    let smallest = failed.map(|t| t["batch"].as_u64().unwrap()).min().unwrap();
+    assert!(smallest >= 700, "{p}");
+    let detail = p["stop_detail"].as_str().unwrap();
+    let said = format!(
+        "size {smallest} failed: the command failed (exit code 1): RuntimeError: mat1 and mat2 \
+         shapes cannot be multiplied ({smallest}x1024 and 512x10)"
+    );
+    assert!(detail.starts_with(&said), "{detail}");
+}
+
 #[test]
 fn a_command_that_trains_another_size_is_an_error() {
     for lie in ["batch", "steps", "schema", "garbage"] {

@@ -165,6 +165,44 @@ fn a_daemon_left_by_a_trial_is_killed_and_recorded_under_rlimit() {
     );
 }
 
+/// Under RLIMIT_DATA a daemon that the command detached (double fork, setsid), holding 64 MiB and
+/// ending by itself 1 s after the command exits 0, is caught every time: batchfit does not wait for a
+/// process the job detached, so the trial does not hang on its race with the second batchfit gives
+/// the job's own children to end (was: a fit or an error from run to run; a daemon ending half a
+/// second after the job was never caught). Three runs at 1 s, one at 0.5 s: the same error each time.
+#[test]
+fn a_daemon_that_outlives_the_job_by_a_second_is_caught_every_time() {
+    for outlive in ["1", "1", "1", "0.5"] {
+        let d = tmp();
+        let out = d.path().join("plan.json");
+        let marker = format!("outlive-{}", std::process::id());
+        let mut c = batchfit_process(&marker);
+        let mut args = probe_args(&out, "20");
+        let n = args.iter().position(|a| a == "--max-trials").unwrap();
+        args[n + 1] = "1".into();
+        c.args(args)
+            .args(["--cpu-limit", "rlimit", "--exec", "--", PY])
+            .arg(fake("daemon.py"))
+            .args(["--exit", "0", "--detach", "--hold-mib", "64"])
+            .args(["--outlive", outlive])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut child = c.spawn().unwrap();
+        wait_within(&mut child, Duration::from_secs(30));
+        assert!(survivors("daemon.py", &marker).is_empty());
+        let t = &written_plan(&out)["trials"][0];
+        assert_eq!(t["outcome"], "error", "outlive {outlive}: {t}");
+        assert!(
+            t["message"]
+                .as_str()
+                .unwrap()
+                .contains("left processes behind"),
+            "outlive {outlive}: {t}"
+        );
+        assert_eq!(t["details"]["left_behind"]["count"], 1, "{t}");
+    }
+}
+
 /// Under RLIMIT_DATA a daemon the command detached while it runs is part of the job's footprint:
 /// the tree's figure of a trial whose daemon holds 160 MiB is above 160 MiB, though the main
 /// process itself holds a few MiB.

@@ -542,6 +542,10 @@ const DESCENDANT_GRACE: Duration = Duration::from_millis(1000);
 
 /// After the root (`root`) exited: waits up to [`DESCENDANT_GRACE`] for the tree's other processes
 /// (and its cgroup's) to end, sampling them; those still running are returned (`pid N (name)`).
+/// A process the job detached while it ran ([`super::tree::Tree::detached`]: a double fork's
+/// daemon) is not waited for: still running when the root exited, it is left behind whenever it
+/// would end, so a daemon that ends a second after the job is caught every time, not by its race
+/// with the grace (the grace is for the job's own children shutting down).
 fn wait_for_descendants(
     t: &mut super::tree::Tree,
     root: u32,
@@ -560,13 +564,15 @@ fn wait_for_descendants(
         v
     };
     let t0 = Instant::now();
+    t.root_exited();
     loop {
         sample_tree(t, group, cgroup_anon);
         let left = running(t);
         if left.is_empty() {
             return vec![];
         }
-        if t0.elapsed() >= DESCENDANT_GRACE || interrupt::pending().is_some() {
+        let detached = left.iter().any(|&p| t.detached(p));
+        if detached || t0.elapsed() >= DESCENDANT_GRACE || interrupt::pending().is_some() {
             return left.into_iter().map(super::tree::describe).collect();
         }
         std::thread::sleep(Duration::from_millis(10));

@@ -97,6 +97,11 @@ pub struct Tree {
     killed_pids: std::collections::BTreeSet<u32>,
     /// The trial's marker scan, when followed ([`Tree::follow_marker`]).
     scan: Option<Scan>,
+    /// The root the tree was started from.
+    root: u32,
+    /// Processes seen, while the root still held its memory, with a parent outside the tree: made
+    /// to outlive the job (a double fork's daemon), so never waited for once the root exits.
+    detached: std::collections::BTreeSet<u32>,
 }
 
 /// How the tree looks for processes that left it (see [`Tree::follow_marker`]).
@@ -273,11 +278,15 @@ fn children(pid: u32) -> Vec<u32> {
 }
 
 fn status_kb(text: &str, key: &str) -> u64 {
+    status_number(text, key).map_or(0, |kb| kb * 1024)
+}
+
+/// The number after `key` in a process's `status` text (`PPid:`, `VmData:` in KiB), if any.
+fn status_number(text: &str, key: &str) -> Option<u64> {
     text.lines()
         .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
 }
 
 /// Whether a process's `status` text shows memory (a zombie's has no `VmRSS` line).
@@ -348,6 +357,8 @@ impl Tree {
             killed: vec![],
             killed_pids: Default::default(),
             scan: None,
+            root,
+            detached: Default::default(),
         }
     }
 
@@ -428,8 +439,14 @@ impl Tree {
         // A process that is exiting (its memory detached, not yet a zombie) is handing its shares
         // of shared pages to the others page by page: readings taken meanwhile do not add up.
         let mut unsettled = false;
-        for pid in self.alive() {
+        let alive = self.alive();
+        let mut orphans = vec![];
+        for &pid in &alive {
             if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+                let parent = status_number(&s, "PPid:").map(|p| p as u32);
+                if pid != self.root && parent.is_some_and(|p| !alive.contains(&p)) {
+                    orphans.push(pid);
+                }
                 self.data_peak = self.data_peak.max(status_kb(&s, "VmData:"));
                 rss += status_kb(&s, "VmRSS:");
                 let a = status_kb(&s, "RssAnon:") + status_kb(&s, "RssShmem:");
@@ -446,6 +463,11 @@ impl Tree {
                     self.killed.push(format!("{}: signal {sig}", describe(pid)));
                 }
             }
+        }
+        // (a root that exits gives its children away only after its memory: with the root's memory
+        // still there, an orphan was made so by the job)
+        if has_memory_now(self.root) {
+            self.detached.extend(orphans);
         }
         // A process that joins or leaves the tree changes how its pages are shared (a fork shares
         // the parent's, an exit leaves its share to the others): every reading is then out of date.
@@ -540,6 +562,27 @@ impl Tree {
             .into_iter()
             .filter(|&p| p != root)
             .collect()
+    }
+
+    /// Whether `pid` left the tree's parentage while the root ran (a double fork's daemon): it was
+    /// made to outlive the job.
+    pub fn detached(&self, pid: u32) -> bool {
+        self.detached.contains(&pid)
+    }
+
+    /// Once the root exited: a scan of `/proc` at once (not when the scans' share of time allows),
+    /// so that a daemon no scan had found yet is known; one found now outside the root's session
+    /// (it called `setsid`) is detached too (the root's own last children share its session).
+    pub fn root_exited(&mut self) {
+        if let Some(scan) = self.scan.as_mut() {
+            scan.next = None;
+        }
+        for (pid, start) in self.scan_for_escaped() {
+            self.known.insert(pid, start);
+            if stat_ids(pid).is_some_and(|(_, sid, _)| sid != self.root) {
+                self.detached.insert(pid);
+            }
+        }
     }
 
     /// Processes seen so far.

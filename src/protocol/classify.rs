@@ -17,17 +17,22 @@
 //!
 //! In a process's whole output ([`Evidence::output`]) only the *decisive lines* are read: the last
 //! exception line (`Name: text` or a bare `Name`, the name ending in `Error` or `Exception`) of each
-//! torchrun rank and of the unprefixed output, else the last five lines, so a log line that mentions
-//! memory (`INFO MemoryErrorHandler installed`, `Tip: if you see CUDA out of memory, lower the
-//! batch`) is not evidence. `MemoryError` counts only as the exception's name, never as part of a
-//! word. Text alone never makes an out-of-memory: a message at a measured peak well below a limit
+//! torchrun rank and of the unprefixed output; without one, those of the last five lines that are a
+//! runtime's own report (an out-of-memory marker that starts the line, or follows C++'s `terminate
+//! called after throwing an instance of` / `what():`), so a log line that mentions memory (`INFO
+//! MemoryErrorHandler installed`, `tip: if you see torch.OutOfMemoryError, lower --batch`) is not
+//! evidence, wherever it stands and whatever the measurements say: a job that prints such a tip,
+//! comes near its limit and exits 1 for another reason did not run out of memory. `MemoryError`
+//! counts only as the exception's name, never as part of a word. Text alone never makes an out-of-memory: a message at a measured peak well below a limit
 //! that acts on it (a memory cgroup's, [`Evidence::limit_peak`], or `RLIMIT_DATA`, with
 //! [`Evidence::data_peak`]) is an error that says so: that limit is not what ran out.
 //!
 //! A command that exited 0 is judged by [`classify_clean_exit`]: an OOM kill counted by its own
-//! cgroup or an OOM its CUDA allocator counted is out of memory; an out-of-memory in its decisive
-//! output lines (caught by the job, or hidden by a wrapper's exit status), a descendant killed by a
-//! signal or left running is an error. Neither is ever a fit.
+//! cgroup or an OOM its CUDA allocator counted is out of memory; an out-of-memory in its output
+//! (an exception line, or an allocator's own message: caught by the job, or hidden by a wrapper's
+//! exit status), a descendant killed by a signal or left running is an error. Neither is ever a
+//! fit. A report that shows every step done ([`CleanExit::steps_done`]) outweighs the output: the
+//! job says it trained the size it was given, so its log is not read.
 //!
 //! Callers: the tch trial child (a failed step), `batchfit-train` (exit 6 vs 3), the process runner
 //! (a trial process that died without a result) and the user-command workload.
@@ -59,6 +64,10 @@ const OOM_LINE_STARTS: &[&str] = &["memory allocation of "];
 
 /// Lines read at the end of an output without an exception line.
 const LAST_LINES: usize = 5;
+
+/// What C++'s `terminate` prints before the exception that ended a process (`terminate called after
+/// throwing an instance of 'std::bad_alloc'`, then `what():  CUDA out of memory. …`).
+const REPORT_PREFIXES: &[&str] = &["terminate called after throwing an instance of", "what():"];
 
 /// Everything known about a failure.
 #[derive(Debug, Clone, Default)]
@@ -96,9 +105,12 @@ pub struct CleanExit<'a> {
     pub killed_descendants: &'a [String],
     /// Descendants still running when the command's main process exited.
     pub left_behind: &'a [String],
-    /// The command's output (stderr, then stdout): its decisive lines are read for an
-    /// out-of-memory that the job caught (or a wrapper swallowed) before it exited 0.
+    /// The command's output (stderr, then stdout): read for an out-of-memory that the job caught
+    /// (or a wrapper swallowed) before it exited 0, unless `steps_done`.
     pub output: &'a str,
+    /// The command's report shows it ran every step asked for at the size it was given: its log
+    /// says nothing against that (a tip that names `torch.OutOfMemoryError` is no failure).
+    pub steps_done: bool,
     /// `--oom-pattern`s.
     pub extra_markers: &'a [regex_lite::Regex],
 }
@@ -246,13 +258,13 @@ fn disagreement(e: &Evidence, line: &str) -> Option<String> {
     ))
 }
 
-/// The allocators' own out-of-memory messages (PyTorch's CUDA and CPU allocators, its exception
-/// class): on any line of a command that exited 0 they say the job caught an out-of-memory and went
-/// on (a batch-size finder, a retry at a smaller size), wherever it printed them. A hint that only
-/// names the problem (`if you see CUDA out of memory, lower the batch`) has none of them.
-const CAUGHT_OOM: [&str; 3] = [
+/// The allocators' own out-of-memory messages (PyTorch's CUDA and CPU allocators): on any line of a
+/// command that exited 0 they say the job caught an out-of-memory and went on (a batch-size finder,
+/// a retry at a smaller size), wherever it printed them. A hint that only names the problem or its
+/// exception class (`if you see CUDA out of memory, lower the batch`, `tip: if you see
+/// torch.OutOfMemoryError, lower --batch`) has none of them.
+const CAUGHT_OOM: [&str; 2] = [
     "CUDA out of memory. Tried to allocate",
-    "OutOfMemoryError",
     "DefaultCPUAllocator: can't allocate memory",
 ];
 
@@ -272,12 +284,7 @@ pub fn classify_clean_exit(c: &CleanExit) -> Option<Verdict> {
             c.allocator_ooms
         )));
     }
-    // only an exception line (the job's last, per rank) or the user's own --oom-pattern: a clean
-    // run's last lines may be any log (`Tip: if you see CUDA out of memory, lower the batch`)
-    let caught = oom_line(&exception_lines(c.output).join("\n"), &[])
-        .or_else(|| matching_line(c.output, |l| c.extra_markers.iter().any(|r| r.is_match(l))))
-        .or_else(|| matching_line(c.output, |l| CAUGHT_OOM.iter().any(|m| l.contains(m))));
-    if let Some(line) = caught {
+    if let Some(line) = caught_oom(c) {
         return Some(Verdict::Error(format!(
             "the command exited 0, but its output reports an out-of-memory ({line}): the job caught \
              an out-of-memory and carried on (or a wrapper hides its exit code); batchfit cannot \
@@ -300,6 +307,19 @@ pub fn classify_clean_exit(c: &CleanExit) -> Option<Verdict> {
         )));
     }
     None
+}
+
+/// The line of a clean exit's output that says the job caught an out-of-memory, unless its report
+/// shows every step done: an exception line (the job's last, per rank), the user's own
+/// `--oom-pattern`, or an allocator's own message ([`CAUGHT_OOM`]); a clean run's last lines may be
+/// any log (`Tip: if you see CUDA out of memory, lower the batch`).
+fn caught_oom(c: &CleanExit) -> Option<String> {
+    if c.steps_done {
+        return None;
+    }
+    oom_line(&exception_lines(c.output).join("\n"), &[])
+        .or_else(|| matching_line(c.output, |l| c.extra_markers.iter().any(|r| r.is_match(l))))
+        .or_else(|| matching_line(c.output, |l| CAUGHT_OOM.iter().any(|m| l.contains(m))))
 }
 
 /// The name of the exception a line reports (`Name` or `Name: text`, the name's last dotted part
@@ -327,14 +347,35 @@ fn rank_tag(line: &str) -> Option<&str> {
 }
 
 /// The decisive lines of a process's output: the last exception line of each rank's lines and of
-/// the unprefixed ones, else the last [`LAST_LINES`] lines.
+/// the unprefixed ones, else the runtime reports ([`report_line`]) among the last [`LAST_LINES`].
 fn decisive_lines(msg: &str) -> String {
     let last = exception_lines(msg);
     if !last.is_empty() {
         return last.join("\n");
     }
     let lines: Vec<&str> = msg.lines().filter(|l| !l.trim().is_empty()).collect();
-    lines[lines.len().saturating_sub(LAST_LINES)..].join("\n")
+    lines[lines.len().saturating_sub(LAST_LINES)..]
+        .iter()
+        .copied()
+        .filter(|l| report_line(l))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Whether a line is a runtime's own out-of-memory report: an out-of-memory marker at its start,
+/// or right after C++'s [`REPORT_PREFIXES`] (`what():  std::bad_alloc`), not in the middle of prose
+/// that mentions one (`hint: if training stops with 'out of memory', lower --batch-size`).
+fn report_line(line: &str) -> bool {
+    let l = unprefixed(line);
+    let rest = REPORT_PREFIXES
+        .iter()
+        .find_map(|p| l.strip_prefix(p))
+        .unwrap_or(l)
+        .trim_start_matches([' ', '\'']);
+    OOM_MARKERS
+        .iter()
+        .chain(OOM_LINE_STARTS)
+        .any(|m| rest.starts_with(m))
 }
 
 /// The last exception line of each torchrun rank and of the unprefixed output.
@@ -587,10 +628,8 @@ mod tests {
             })
         };
         let upload = "Traceback (most recent call last):\nRuntimeError: checkpoint upload failed: remote said 'out of memory' (HTTP 507)";
-        let hint = "step 1\nhint: if you see 'out of memory', lower --batch-size";
         for m in [
             upload,
-            hint,
             "MemoryError",
             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
         ] {
@@ -602,6 +641,16 @@ mod tests {
                 "{v:?}"
             );
             assert!(at(m, gib - 20 * mib).is_oom(), "{m}");
+        }
+        // a hint that names the problem is no out-of-memory text at all, at any peak
+        let hint = "step 1\nhint: if you see 'out of memory', lower --batch-size";
+        for peak in [40 * mib, gib - 20 * mib] {
+            let v = at(hint, peak);
+            assert_eq!(
+                v,
+                Verdict::Error(hint.lines().last().unwrap().into()),
+                "{v:?}"
+            );
         }
         // libtorch's CPU allocator names its request: far below the limit, a request that would have
         // crossed it is this limit running out; one that would not is not
@@ -718,7 +767,7 @@ mod tests {
     #[test]
     fn a_job_that_caught_an_oom_and_carried_on_is_no_fit() {
         for out in [
-            "caught torch.OutOfMemoryError at batch 64, retrying with 32\nstep 1 done\n",
+            "caught torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB; batch 32\nok\n",
             "warning: CUDA out of memory. Tried to allocate 2.00 GiB; halving the batch\nepoch 1\n",
             "retry: DefaultCPUAllocator: can't allocate memory: you tried 8 GiB\nok\n",
         ] {
@@ -734,12 +783,76 @@ mod tests {
                 "{v:?}"
             );
         }
-        let tip = "Tip: if you see CUDA out of memory, lower the batch\nINFO MemoryErrorHandler\n";
+        for tip in [
+            "Tip: if you see CUDA out of memory, lower the batch\nINFO MemoryErrorHandler\n",
+            // the exception class named in prose is a mention, not the allocator's report
+            "tip: if you see torch.OutOfMemoryError, lower --batch\nstep 1\nstep 2\n",
+        ] {
+            assert_eq!(
+                classify_clean_exit(&CleanExit {
+                    output: tip,
+                    ..Default::default()
+                }),
+                None,
+                "{tip:?}"
+            );
+        }
+    }
+
+    /// A log line that names an out-of-memory (a tip printed at start) is no evidence whatever the
+    /// exit: exit 1 for another reason is an error that quotes the failure, not the tip, even with
+    /// the measured peak at the limit (was: an out-of-memory there, and far below it an error that
+    /// quoted the tip telling the user to lower the batch); a runtime's own report at the end of an
+    /// output without an exception line still counts.
+    #[test]
+    fn a_log_line_naming_an_oom_is_no_evidence_whatever_the_exit() {
+        let gib = 1u64 << 30;
+        let tip = "tip: if you see torch.OutOfMemoryError, lower --batch\nstep 1 loss 2.31\nconfig: no learning rate given";
+        for peak in [None, Some(gib / 20), Some(gib - (1 << 20))] {
+            let v = classify(&Evidence {
+                message: tip,
+                output: true,
+                data_peak: peak,
+                data_limit: peak.map(|_| gib),
+                ..Default::default()
+            });
+            assert_eq!(
+                v,
+                Verdict::Error("config: no learning rate given".into()),
+                "{peak:?}"
+            );
+        }
+        let hint = "step 1\nhint: if training stops with 'out of memory', lower --batch-size";
+        assert!(!output(hint).is_oom());
+        for report in [
+            "step 3\nterminate called after throwing an instance of 'c10::OutOfMemoryError'\n  what():  CUDA out of memory. Tried to allocate 2.00 GiB",
+            "loading\nmemory allocation of 8589934592 bytes failed\nAborted (core dumped)",
+            "step 1\nCUDA out of memory. Tried to allocate 20.00 MiB",
+        ] {
+            assert!(output(report).is_oom(), "{report}");
+        }
+    }
+
+    /// Exit 0 with a report of every step done is no failure whatever the log says (an allocator's
+    /// message, an exception line); the counts the report and the kernel give still are.
+    #[test]
+    fn a_report_of_every_step_done_outweighs_the_log() {
+        let log = "warning: CUDA out of memory. Tried to allocate 2.00 GiB\nTraceback (most recent call last):\nMemoryError\n";
+        let done = |allocator_ooms| {
+            classify_clean_exit(&CleanExit {
+                output: log,
+                steps_done: true,
+                allocator_ooms,
+                ..Default::default()
+            })
+        };
+        assert_eq!(done(0), None);
+        assert!(done(1).is_some_and(|v| v.is_oom()));
         assert!(classify_clean_exit(&CleanExit {
-            output: tip,
+            output: log,
             ..Default::default()
         })
-        .is_none());
+        .is_some());
     }
 
     /// Exit 0 whose decisive lines say memory ran out (a caught `torch.OutOfMemoryError`, a

@@ -42,6 +42,7 @@
 //! outcomes.
 
 pub mod bisect;
+mod failures;
 pub mod guided;
 pub mod noise;
 pub mod rounds;
@@ -473,7 +474,8 @@ pub struct SearchOutcome {
     pub stop_reason: StopReason,
     /// The signal number when interrupted.
     pub interrupted_by: Option<i32>,
-    /// Environment failure that stopped the search.
+    /// Why the search stopped where the stop reason alone does not say it: an environment failure,
+    /// or the failure of the smallest size whose trials failed.
     pub fatal: Option<String>,
     /// Outcomes that disagreed near the boundary, and the band the answer stayed below.
     pub noisy_boundary: Option<noise::NoisyBoundary>,
@@ -741,6 +743,10 @@ impl<'b> Prober<'b> {
         first_failing: Option<u64>,
     ) -> SearchOutcome {
         let (reason, sig, fatal) = match stop {
+            // trials that failed name their failure
+            Stop::Reason(StopReason::TrialErrors) => {
+                (StopReason::TrialErrors, None, self.failure_detail())
+            }
             Stop::Reason(r) => (r, None, None),
             Stop::Interrupted(s) => (StopReason::Interrupted, Some(s), None),
             Stop::Fatal(m) => (StopReason::TrialErrors, None, Some(m)),
@@ -842,6 +848,10 @@ impl<'b> Prober<'b> {
             // Outcomes that disagree: no more bisection inside the noise.
             if let Some(band) = self.noisy_band(&grid) {
                 return self.below_noise(&grid, band, found);
+            }
+            // A failure that repeated, and a second size that failed: nothing more to learn.
+            if let Some(stop) = self.failures_stop() {
+                return stop;
             }
             // Is the bracket closed?
             let upper = upper_bound(hi, ceiling);
@@ -1070,7 +1080,7 @@ impl<'b> Prober<'b> {
                 }
                 continue;
             }
-            match self.trial_with_retry(p.batch, p.steps, p.purpose) {
+            match self.explore_trial(p.batch, p.steps, p.purpose) {
                 Err(s) => {
                     found.0 = None;
                     return s;

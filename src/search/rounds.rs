@@ -121,8 +121,9 @@ impl Prober<'_> {
             .map(|p| (p.batch, p.steps, p.purpose))
             .collect();
         let mut outcomes = self.round_of(&runs)?;
+        let retry = self.retry_failures();
         let again: Vec<usize> = (0..outcomes.len())
-            .filter(|&j| !planned[j].measure)
+            .filter(|&j| retry && !planned[j].measure)
             .filter(|&j| {
                 matches!(
                     outcomes[j],

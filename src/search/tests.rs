@@ -1266,3 +1266,130 @@ fn a_fresh_run_of_the_answer_rarely_lands_above_the_job_limit_under_uniform_nois
         rate * 100.0
     );
 }
+
+/// A sim device whose job breaks from `from` up with an error (a shape that stops matching), and
+/// otherwise runs as the sim does.
+struct FailsFrom(SimBackend, u64);
+
+impl Backend for FailsFrom {
+    fn device(&self) -> &crate::device::DeviceInfo {
+        self.0.device()
+    }
+    fn default_budget(&self) -> u64 {
+        self.0.default_budget()
+    }
+    fn set_limit(&mut self, l: u64) {
+        self.0.set_limit(l)
+    }
+    fn isolation(&self, req: &TrialRequest) -> Isolation {
+        self.0.isolation(req)
+    }
+    fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
+        assert!(self.0.trials_run < TRIAL_CAP, "the search does not end");
+        if req.batch < self.1 {
+            return self.0.run_trial(req);
+        }
+        self.0.trials_run += 1;
+        Ok(TrialOutcome::Error {
+            message: format!("RuntimeError: shape mismatch at batch {}", req.batch),
+        })
+    }
+}
+
+fn fails_from(from: u64, spec: SimSpec, strategy: StrategyKind) -> SearchOutcome {
+    let limit = spec.capacity;
+    let cfg = SearchConfig {
+        strategy,
+        max_batch: 2048,
+        ..SearchConfig::default()
+    };
+    let mut be = FailsFrom(SimBackend::new(spec), from);
+    let out = Prober::new(&mut be, cfg, limit).search();
+    out
+}
+
+/// A job that errs from some size up, below its memory limit: once the error repeated at a size, a
+/// second size that errs (not retried) ends the search, and the stop names the error of the
+/// smallest size that failed (was: a bisection down to the error's first size, two trials each,
+/// 23 trials for guided and 27 for bisect ending in "trials failed with errors or timeouts").
+#[test]
+fn an_error_from_some_size_up_stops_the_search_and_names_it() {
+    for strategy in [
+        StrategyKind::Guided,
+        StrategyKind::Bisect,
+        StrategyKind::Power,
+    ] {
+        let out = fails_from(700, SimSpec::affine(0, MIB, 4000 * MIB), strategy);
+        assert_eq!(out.stop_reason, StopReason::TrialErrors, "{strategy:?}");
+        let failed: Vec<&TrialRecord> = out.trials.iter().filter(|t| !t.outcome.fits()).collect();
+        let smallest = failed.iter().map(|t| t.batch).min().unwrap();
+        let detail = out.fatal.clone().unwrap_or_default();
+        assert!(
+            detail.starts_with(&format!(
+                "size {smallest} failed: RuntimeError: shape mismatch at batch {smallest}"
+            )) && detail.contains("fix the failure"),
+            "{strategy:?}: {detail}"
+        );
+        // after the first size that failed twice, at most two trials more
+        let repeated = out
+            .trials
+            .iter()
+            .position(|t| t.purpose == Purpose::Retry)
+            .unwrap();
+        assert!(
+            out.trials.len() <= repeated + 3,
+            "{strategy:?}: {:?}",
+            sequence(&out)
+        );
+        assert!(failed.len() <= 3, "{strategy:?}: {:?}", sequence(&out));
+    }
+}
+
+/// An error only at sizes above an out-of-memory bounds nothing: the search closes its proof below,
+/// also where it met the error first (guided tries the largest size early: 2048 erred twice, then
+/// an out-of-memory at a size between lifted it from the bracket).
+#[test]
+fn an_error_only_above_an_out_of_memory_does_not_stop_the_proof() {
+    // a quarter MiB a sample predicts 4000 under 1000 MiB, but 2000 MiB more from 1000 up
+    let mut spec = SimSpec::affine(0, MIB / 4, 1000 * MIB);
+    spec.jumps = vec![(1000, 2000 * MIB)];
+    let truth = spec.true_max(1000 * MIB, 5, 2048);
+    for strategy in [StrategyKind::Guided, StrategyKind::Bisect] {
+        let out = fails_from(1500, spec.clone(), strategy);
+        assert!(
+            out.stop_reason.is_complete(),
+            "{strategy:?}: {:?}",
+            sequence(&out)
+        );
+        // (within the default tolerance: 0.5 %)
+        let m = out.max_fitting.unwrap();
+        assert!(m <= truth && truth - m <= tolerance_gap(m, DEFAULT_TOLERANCE, 1));
+        assert_eq!(out.fatal, None);
+    }
+    let out = fails_from(1500, spec, StrategyKind::Guided);
+    let errors = out
+        .trials
+        .iter()
+        .filter(|t| t.outcome.kind() == "error")
+        .count();
+    assert!(errors >= 2, "{:?}", sequence(&out));
+}
+
+/// A size that erred twice right above the largest fit names its error in the stop's detail too.
+#[test]
+fn a_single_size_that_errs_is_named_when_it_stops_the_proof() {
+    let mut spec = SimSpec::affine(0, MIB, 1000 * MIB);
+    spec.fail_at = Some(512);
+    let cfg = exact(SearchConfig {
+        strategy: StrategyKind::Bisect,
+        ..SearchConfig::default()
+    });
+    let (out, _) = run(spec, cfg);
+    assert_eq!(out.stop_reason, StopReason::TrialErrors);
+    assert_eq!(out.max_fitting, Some(511));
+    let detail = out.fatal.unwrap();
+    assert!(
+        detail.starts_with("size 512 failed (2 trials): simulated failure at batch 512. An error"),
+        "{detail}"
+    );
+}

@@ -723,6 +723,7 @@ impl Workload for ExecWorkload {
             left_behind: &m.left_behind,
             output: &output,
             extra_markers: &self.oom_patterns,
+            steps_done: report.as_ref().is_some_and(|r| complete(r, &others, &req)),
         }) {
             details.report = report;
             details.rank_reports = others;

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Fake training command that fails in a way that is NOT running out of memory.
 
-  crash.py [--mode error|segv|abort|exit|recovered-oom] [--code N]
+  crash.py [--mode error|segv|abort|exit|recovered-oom] [--code N] [--from N]
+
+With --from N, sizes below N train instead (hold BATCH/16 MiB a moment, so the peak grows with the
+batch) and exit 0: a job that breaks only from some size up (a shape that stops matching).
 
   error          (default) a PyTorch-style shape-mismatch RuntimeError traceback on stderr, exit 1
   segv           SIGSEGV to itself (no Python traceback; the exit status says signal 11)
@@ -31,7 +34,13 @@ def main():
     p.add_argument("--mode", choices=["error", "segv", "abort", "exit", "recovered-oom"], default="error")
     p.add_argument("--code", type=int, default=2)
     p.add_argument("--batch", type=int, default=int(os.environ.get("BATCHFIT_BATCH") or 64))
+    p.add_argument("--from", dest="first", type=int, default=0)
     args = p.parse_args()
+    if args.batch < args.first:
+        import hold  # next to this file
+
+        hold.hold(args.batch / 16)
+        return 0
     print(f"crash: batch {args.batch}, mode {args.mode}", flush=True)
     if args.mode == "error":
         forward((args.batch, 1024), (512, 10))

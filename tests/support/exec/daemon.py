@@ -2,7 +2,7 @@
 """Fake training command that leaves a daemon behind: tests that batchfit ends every process of a
 trial, escaped ones included, and that a trial whose output pipe stays open still ends.
 
-  daemon.py [--clear-env] [--exit CODE] [--detach] [--hold-mib N] [--wait S]
+  daemon.py [--clear-env] [--exit CODE] [--detach] [--hold-mib N] [--wait S] [--outlive S]
 
 Double-forks a daemon (fork, setsid, fork: it leaves the trial's session and process group, and its
 parent is gone before batchfit can see it in the tree) that ignores SIGTERM and SIGHUP, keeps the
@@ -12,6 +12,7 @@ inherited stdout and stderr open and sleeps forever; prints `daemon: started` an
   --detach     the daemon points its stdin, stdout and stderr at /dev/null (as real daemons do)
   --hold-mib N the daemon allocates and touches N MiB and holds them
   --wait S     the main process waits S seconds (not 0.2) before it exits
+  --outlive S  the daemon exits by itself S seconds after the main process (not never)
 Standard library only.
 """
 import os
@@ -39,6 +40,9 @@ def daemon(clear_env):
                   "time.sleep(20)  # daemon.py-cleared"], {})
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    if "--outlive" in sys.argv:
+        time.sleep(float(arg("--wait", "0.2")) + float(arg("--outlive", "0")))
+        os._exit(0)
     while True:
         time.sleep(3600)
 
