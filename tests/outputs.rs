@@ -636,3 +636,67 @@ fn plot_draws_the_plan_and_refuses_other_formats_before_any_trial() {
         .stdout(predicate::str::is_empty());
     assert!(!txt.exists());
 }
+
+/// The README's job-script gate: the line of its `--format env` recipe that checks the status.
+fn readme_status_gate() -> String {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    readme
+        .lines()
+        .find(|l| l.starts_with("[ \"${BATCHFIT_STATUS:-}\" = complete ]"))
+        .expect("README.md's job-script recipe checks BATCHFIT_STATUS")
+        .to_string()
+}
+
+/// A plan whose `batchfit verify` failed (exit 4) is not exported as complete: `--format env`
+/// says `BATCHFIT_STATUS=failed-verification` and `BATCHFIT_VERIFIED=0` and no size to train with,
+/// and the README's job-script gate refuses it (the plan verified on its own curve passes).
+#[test]
+fn a_failed_verification_is_exported_as_a_status_the_readme_gate_refuses() {
+    let d = tmp();
+    let plan = path(&d, "plan.json");
+    probe(&["--global-batch", "8192", "--format", "json", "--out"])
+        .arg(&plan)
+        .assert()
+        .success();
+    let failed = path(&d, "failed.json");
+    batchfit()
+        .args(["verify", "--quiet", "--format", "json"])
+        .arg(&plan)
+        .args(["--sim", "base=1GiB,per-sample=4MiB,capacity=16GiB", "--out"])
+        .arg(&failed)
+        .assert()
+        .code(4);
+    let gate = readme_status_gate();
+    let gated = |p: &std::path::Path| {
+        let env = batchfit()
+            .arg("show")
+            .arg(p)
+            .args(["--format", "env"])
+            .assert()
+            .success();
+        let env = stdout_of(&env);
+        let script = format!("eval \"$1\"\n{gate}\necho \"$BATCHFIT_MICRO_BATCH\"\n");
+        let sh = StdCommand::new("sh")
+            .args(["-c", &script, "sh", &env])
+            .output()
+            .unwrap();
+        (
+            env,
+            sh.status.code(),
+            String::from_utf8_lossy(&sh.stderr).into_owned(),
+        )
+    };
+    let (env, code, err) = gated(&failed);
+    assert_eq!(
+        env,
+        "export BATCHFIT_STATUS=failed-verification\nexport BATCHFIT_VERIFIED=0\n"
+    );
+    assert_eq!(code, Some(1), "the gate let it through: {env}");
+    assert!(
+        err.contains("no usable plan (failed-verification)"),
+        "{err}"
+    );
+    let (env, code, _) = gated(&plan);
+    assert!(env.contains("export BATCHFIT_STATUS=complete\n"), "{env}");
+    assert_eq!(code, Some(0), "{env}");
+}

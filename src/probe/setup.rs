@@ -518,6 +518,7 @@ pub fn skeleton(
         trials: vec![],
         warnings: cfg.warnings.clone(),
         verified: None,
+        verification_failure: None,
         sources: vec![],
         sim_spec,
         gpu,
