@@ -700,3 +700,59 @@ fn a_failed_verification_is_exported_as_a_status_the_readme_gate_refuses() {
     assert!(env.contains("export BATCHFIT_STATUS=complete\n"), "{env}");
     assert_eq!(code, Some(0), "{env}");
 }
+
+/// When the split rounds the recommended micro-batch below the largest fit (8192 = 4096 × 2, the
+/// largest fit 4834), the summary gives each peak beside the size it was measured at: the largest
+/// fit's own peak on its line, the recommended size's peak and speed on the next.
+#[test]
+fn the_summary_puts_each_peak_beside_the_size_it_was_measured_at() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let a = probe(&[
+        "--global-batch",
+        "8192",
+        "--format",
+        "text",
+        "--quiet",
+        "--out",
+    ])
+    .arg(&out)
+    .assert()
+    .success();
+    let text = stdout_of(&a);
+    let plan = read_json(&out);
+    let r = &plan["recommendation"];
+    assert_eq!(
+        (r["micro_batch"].as_u64(), r["max_fitting_batch"].as_u64()),
+        (Some(4096), Some(4834))
+    );
+    let size = |b: u64| batchfit::platform::units::format_size(b);
+    let peak_of_largest = plan["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["batch"] == 4834 && t["outcome"] == "fits")
+        .filter_map(|t| t["peak_bytes"].as_u64())
+        .max()
+        .expect("a fitting trial of the largest fit");
+    let recommended_peak = size(r["peak_bytes"].as_u64().unwrap());
+    let largest_line = text
+        .lines()
+        .find(|l| l.starts_with("largest fitting micro-batch: 4834"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        largest_line.contains(&format!("peak (simulated) {} of", size(peak_of_largest))),
+        "{text}"
+    );
+    assert!(!largest_line.contains(&recommended_peak), "{text}");
+    assert!(!largest_line.contains("samples/s"), "{text}");
+    let recommended_line = text
+        .lines()
+        .find(|l| l.starts_with("recommended micro-batch 4096; "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        recommended_line.contains(&format!("peak (simulated) {recommended_peak} of")),
+        "{text}"
+    );
+    assert!(recommended_line.contains("samples/s"), "{text}");
+}
