@@ -543,6 +543,34 @@ fn doctor_without_a_driver_fails_clearly_and_json_stays_valid() {
     }
 }
 
+/// On a machine without an NVIDIA driver (as the cpu test machines are), `--backend auto` says in
+/// one short clause why it uses the cpu, not NVML's search of every library place; `batchfit
+/// doctor` keeps that search.
+#[test]
+fn a_machine_without_a_driver_gets_a_short_cpu_note_not_nvmls_search() {
+    let a = batchfit()
+        .args(["probe", "--memory-budget", "800MiB", "--mlp-input", "16"])
+        .args(["--mlp-hidden", "16", "--min-batch", "8", "--max-batch", "8"])
+        .assert()
+        .success();
+    let err = String::from_utf8_lossy(&a.get_output().stderr).into_owned();
+    let note = err
+        .lines()
+        .find(|l| l.contains("--backend auto: using the cpu backend"))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert_eq!(
+        note,
+        "batchfit: --backend auto: using the cpu backend (no NVIDIA driver on this machine; \
+         `batchfit doctor` says where it looked)"
+    );
+    assert!(!err.contains("libnvidia-ml"), "{err}");
+    let doctor = batchfit().args(["doctor", "--json"]).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&doctor.stdout).contains("libnvidia-ml"),
+        "{doctor:?}"
+    );
+}
+
 #[test]
 fn auto_backend_says_why_it_uses_the_cpu() {
     batchfit()
