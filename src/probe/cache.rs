@@ -159,30 +159,34 @@ pub fn read_files(
     )
 }
 
-/// Why a cached `--exec` plan does not hold for the command as it is now, if it does not: a file it
-/// read changed or is gone, or it reported nothing of what it reads and no `--fingerprint-file` was
-/// given.
+/// Why a cached `--exec` plan does not hold for the command as it is now, if it does not: a file
+/// named by `--fingerprint-file` or a file the command read changed or is gone (both are checked:
+/// naming some files never stops the check of the others), or it reported nothing of what it reads
+/// and no `--fingerprint-file` was given.
 fn stale_exec(plan: &Plan) -> Option<String> {
     let info = plan.model.exec()?;
-    let Some(files) = &info.read_files else {
-        return info
-            .fingerprint_files
-            .is_empty()
-            .then(|| NO_HELPER_DATA.to_string());
-    };
-    files.iter().find_map(
-        |f| match crate::platform::files::sha256(Path::new(&f.path)) {
+    if info.read_files.is_none() && info.fingerprint_files.is_empty() {
+        return Some(NO_HELPER_DATA.to_string());
+    }
+    let named = info
+        .fingerprint_files
+        .iter()
+        .map(|f| (f, "--fingerprint-file"));
+    let read = info
+        .read_files
+        .iter()
+        .flatten()
+        .map(|f| (f, "the command reads it"));
+    named.chain(read).find_map(|(f, why)| {
+        match crate::platform::files::sha256(Path::new(&f.path)) {
             Ok(h) if h == f.sha256 => None,
             Ok(_) => Some(format!(
-                "{} changed since the plan was made (the command reads it)",
+                "{} changed since the plan was made ({why})",
                 f.path
             )),
-            Err(e) => Some(format!(
-                "{}, which the command read, cannot be read now ({e})",
-                f.path
-            )),
-        },
-    )
+            Err(e) => Some(format!("{} ({why}) cannot be read now ({e})", f.path)),
+        }
+    })
 }
 
 /// Why an `--exec` plan of a job without the helper's report is never answered from the cache.
