@@ -677,7 +677,8 @@ fn readme_status_gate() -> String {
 
 /// A plan whose `batchfit verify` failed (exit 4) is not exported as complete: `--format env`
 /// says `BATCHFIT_STATUS=failed-verification` and `BATCHFIT_VERIFIED=0` and no size to train with,
-/// and the README's job-script gate refuses it (the plan verified on its own curve passes).
+/// the README's job-script gate refuses it (the probe's own plan passes) and `--format deepspeed`
+/// refuses it for what it is.
 #[test]
 fn a_failed_verification_is_exported_as_a_status_the_readme_gate_refuses() {
     let d = tmp();
@@ -724,6 +725,16 @@ fn a_failed_verification_is_exported_as_a_status_the_readme_gate_refuses() {
         err.contains("no usable plan (failed-verification)"),
         "{err}"
     );
+    batchfit()
+        .arg("show")
+        .arg(&failed)
+        .args(["--format", "deepspeed"])
+        .assert()
+        .code(2)
+        .stdout(predicate::str::is_empty())
+        .stderr(predicate::str::contains(
+            "a `batchfit verify` of this plan failed",
+        ));
     let (env, code, _) = gated(&plan);
     assert!(env.contains("export BATCHFIT_STATUS=complete\n"), "{env}");
     assert_eq!(code, Some(0), "{env}");
