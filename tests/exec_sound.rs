@@ -733,6 +733,26 @@ fn a_job_that_retries_smaller_in_silence_is_refused() {
     refused_for_its_batch(&p, &err, code);
 }
 
+/// A job that halves its own batch after an allocation refused at once (no page touched, so no
+/// peak at the limit) and reports, through the helper, that it read and ran the size it was given:
+/// its peak grows up to its real limit and stops there. The report does not excuse memory that
+/// stopped growing with the size: the plan is refused, not complete at the `--max-batch` cap.
+#[test]
+fn a_job_that_halves_its_batch_behind_a_report_is_refused() {
+    for flags in limits() {
+        let (p, err, code) = run_code(&flags, &sneaky("retry-reported", &[]));
+        refused_for_its_batch(&p, &err, code);
+        assert!(
+            p["stop_detail"]
+                .as_str()
+                .unwrap()
+                .contains("memory stopped growing"),
+            "{}",
+            p["stop_detail"]
+        );
+    }
+}
+
 /// A job that logs the out-of-memory it caught before retrying smaller is no fit at any size where
 /// it retried: an error that says it carried on.
 #[test]

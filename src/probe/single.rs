@@ -84,6 +84,11 @@ pub fn run(
                 }
             },
         );
+        if let (Some(_), Some(max), StopReason::MaxBatch) =
+            (&cfg.exec, outcome.max_fitting, outcome.stop_reason)
+        {
+            measure_the_slope_below(cfg, &mut prober, max);
+        }
         let split = match (outcome.max_fitting, outcome.stop_reason.is_complete()) {
             (Some(max), true) => {
                 let (g, w) = cfg.global.unwrap_or((max * cfg.world_size, cfg.world_size));
@@ -251,16 +256,44 @@ pub fn non_monotone(trials: &[TrialRecord]) -> Option<String> {
     })
 }
 
-/// Why the trials of a user's command do not show that the batch size reaches it, if they do not:
-/// from the largest fitting size at most half the largest fit (else the smallest fit) to the
-/// largest fit, the peak must rise by more than the
-/// measurement noise (the spread of repeated trials of one size, at least
-/// [`crate::search::guided::MIN_RISE`] of the top peak), or a report of the largest fit must say
-/// the job read its size from batchfit and ran it (the helper's `reads_batch`), or a size above the
-/// largest fit must have run out of memory or over the budget. A job that ignores
-/// `{batch}`, or lowers its own batch after an out-of-memory (a batch-size finder, a retry), fits at
-/// every size with the same peak: its "fits" prove nothing. Fewer than two fitting sizes: nothing
-/// to compare.
+/// A user's command that fit at the `--max-batch` cap never ran out of memory, which a job that
+/// lowers its own batch after an out-of-memory never does either. Its memory must then be seen to
+/// keep growing up to the cap ([`batch_not_shown`]), which needs a fit between a quarter and half
+/// the cap: where the search jumped from small sizes to the cap, one measurement at half of it is
+/// run. Its outcome is evidence for that check only (an error or a failure leaves it without the
+/// point, and a failure below the cap is the noisy boundary's to read on a later probe).
+fn measure_the_slope_below(cfg: &ProbeConfig, prober: &mut Prober<'_>, max: u64) {
+    let step = cfg.search.multiple_of.max(1);
+    let half = max / 2 / step * step;
+    let measured = prober
+        .trials()
+        .iter()
+        .any(|t| t.outcome.fits() && t.batch > max / 4 && t.batch <= max / 2);
+    let first = prober.trials().iter().map(|t| t.batch).min().unwrap_or(max);
+    if measured || half <= first || half < cfg.search.min_batch {
+        return;
+    }
+    let _ = prober.trial(half, cfg.search.steps, Purpose::Explore);
+}
+
+/// Why the trials of a user's command do not show that the batch size reaches it, if they do not.
+/// Two rules, from the largest fitting size at most half the largest fit `lo` (else the smallest
+/// fit) to the largest fit `hi`:
+///
+/// - **Memory keeps growing.** Where the peak rose measurably from the smallest fit to `lo`, it
+///   must rise from `lo` to `hi` by at least half what that slope predicts (less the noise). A job
+///   that lowers its own batch after an out-of-memory (a batch-size finder, a retry) trains a size
+///   it chose above its real limit, and its peak stops growing there. No report excuses this: a
+///   job that read its size through the helper may still have halved it. (A knee, memory flat
+///   below and growing above, only makes the slope below smaller, never the rule stricter.)
+/// - **The peak moves at all.** The peak must rise by more than the measurement noise (the spread
+///   of repeated trials of one size, at least [`crate::search::guided::MIN_RISE`] of the top
+///   peak), unless a report of `hi` says the job read its size from batchfit and ran it (the
+///   helper's `reads_batch`), or a size above `hi` ran out of memory or over the budget (the
+///   outcome changes with the size, so it reaches the job even where a small model's peak barely
+///   moves). A job that ignores `{batch}` fits at every size with the same peak.
+///
+/// Fewer than two fitting sizes: nothing to compare.
 pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
     let fits: Vec<(u64, u64)> = trials
         .iter()
@@ -268,22 +301,10 @@ pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
         .filter_map(|t| Some((t.batch, t.outcome.peak_bytes()?)))
         .collect();
     let hi = fits.iter().map(|f| f.0).max()?;
+    let first = fits.iter().map(|f| f.0).min()?;
     // the top: a job that retries smaller grows up to its real limit and is flat above it
-    let lo = (fits.iter().map(|f| f.0).filter(|&b| b <= hi / 2).max())
-        .or_else(|| fits.iter().map(|f| f.0).min())?;
+    let lo = (fits.iter().map(|f| f.0).filter(|&b| b <= hi / 2).max()).unwrap_or(first);
     if lo == hi {
-        return None;
-    }
-    let read = trials
-        .iter()
-        .filter(|t| t.batch == hi && t.outcome.fits())
-        .filter_map(|t| t.details.as_ref()?.report.as_ref())
-        .any(|r| r.reads_batch && r.batch == hi);
-    // a size above the largest fit ran out of memory (or over the budget): the outcome changes with
-    // the size, so the size reaches the job even where its peak barely moves (a small model whose
-    // fixed part is most of the limit); a job that ignores its size or lowers it itself never fails
-    let bounded_above = trials.iter().any(|t| t.batch > hi && t.outcome.is_bound());
-    if read || bounded_above {
         return None;
     }
     let peaks = |b: u64| fits.iter().filter(move |f| f.0 == b).map(|f| f.1);
@@ -294,25 +315,49 @@ pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
         .unwrap_or(0);
     let (low, high) = (peaks(lo).max()?, peaks(hi).min()?);
     let noise = (spread as f64).max(crate::search::guided::MIN_RISE * high as f64);
-    let rise = high.saturating_sub(low);
-    if rise as f64 > noise {
+    let rise = high.saturating_sub(low) as f64;
+    let mib = |b: f64| b / (1u64 << 20) as f64;
+    if let Some(below) = (first < lo).then(|| peaks(first).min()).flatten() {
+        let rise_below = low.saturating_sub(below) as f64;
+        let predicted = rise_below / (lo - first) as f64 * (hi - lo) as f64;
+        if rise_below > noise && rise + noise < predicted / 2.0 {
+            return Some(format!(
+                "refused: the batch size is not shown to reach the job: its peak rose {:.0} MiB \
+                 from micro-batch {first} to {lo}, and then only {:.0} MiB up to {hi} where that \
+                 slope predicts {:.0} MiB: memory stopped growing with the size given. {}",
+                mib(rise_below),
+                mib(rise),
+                mib(predicted),
+                UNSHOWN_CAUSES
+            ));
+        }
+    }
+    let read = trials
+        .iter()
+        .filter(|t| t.batch == hi && t.outcome.fits())
+        .filter_map(|t| t.details.as_ref()?.report.as_ref())
+        .any(|r| r.reads_batch && r.batch == hi);
+    let bounded_above = trials.iter().any(|t| t.batch > hi && t.outcome.is_bound());
+    if read || bounded_above || rise > noise {
         return None;
     }
-    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     Some(format!(
         "refused: the batch size is not shown to reach the job: sizes {lo} and {hi} both fit \
          with about the same peak ({:.0} MiB at {lo}, {:.0} MiB at {hi}; a rise of {:.1} MiB, within \
-         the {:.1} MiB noise), and no report says the job ran the size it was given. Likely causes: \
-         the script does not use the {{batch}} placeholder (nor BATCHFIT_BATCH), or the job adjusts \
-         its own batch size (a batch-size finder, or an out-of-memory retry inside the job); pass \
-         the size through and let an out-of-memory end the job (or report it with the helper's \
-         batch_size())",
-        mib(low),
-        mib(high),
+         the {:.1} MiB noise), and no report says the job ran the size it was given. {}",
+        mib(low as f64),
+        mib(high as f64),
         mib(rise),
-        mib(noise as u64)
+        mib(noise),
+        UNSHOWN_CAUSES
     ))
 }
+
+/// What a refusal for the batch size says to do.
+const UNSHOWN_CAUSES: &str = "Likely causes: the script does not use the {batch} placeholder (nor \
+     BATCHFIT_BATCH), or the job adjusts its own batch size (a batch-size finder, or an \
+     out-of-memory retry inside the job); pass the size through and let an out-of-memory end the \
+     job (or report it with the helper's batch_size())";
 
 /// Records in `plan` why a stage after the search stopped; returns the ending.
 pub fn stopped(plan: &mut Plan, stop: Stop) -> Ending {

@@ -27,6 +27,10 @@ either way. Modes (applied to every size):
                  there), then the job halves its batch until it is at most N (an out-of-memory
                  retry inside the job, saying nothing), holds that many MiB, exits 0
   retry-logged   the same, logging each caught out-of-memory in PyTorch's words on stderr
+  retry-reported above N each attempt is refused at once, before it touches a page (as a caching
+                 allocator refuses a block), and the job halves its batch until it is at most N,
+                 holds that many MiB and writes a report that says it read and ran the size it was
+                 given (a finder inside the job behind the helper's batch_size())
 """
 import json
 import mmap
@@ -51,6 +55,24 @@ if mode == "log-lines":
     print("Tip: if you see CUDA out of memory, lower the batch", file=sys.stderr, flush=True)
     if batch > fits_up_to:
         raise ValueError(f"label {batch} is out of range")
+    sys.exit(0)
+
+if mode == "retry-reported":
+    import hold  # next to this file
+
+    ran = batch
+    while ran > fits_up_to:
+        try:
+            bytearray(ran << 40)  # more than any machine: refused before a page is touched
+        except MemoryError:
+            ran //= 2
+    buf = hold.hold(ran)
+    with open(os.environ["BATCHFIT_RESULT"], "w") as f:
+        json.dump({"schema": "batchfit-trial-report/1", "batch": batch, "reads_batch": True,
+                   "steps": int(os.environ.get("BATCHFIT_STEPS", "1")),
+                   "accumulation": int(os.environ.get("BATCHFIT_ACCUMULATION", "1")),
+                   "reads_accumulation": True, "step_seconds": [0.01], "rank": 0,
+                   "world_size": 1, "cuda": None}, f)
     sys.exit(0)
 
 if mode in ("grows", "ignore-batch", "retry-silent", "retry-logged"):
