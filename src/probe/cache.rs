@@ -483,6 +483,54 @@ mod tests {
         assert_ne!(key(&plan, &default), key(&less_free, &default));
     }
 
+    /// A cached `--exec` plan is stale when a file named by `--fingerprint-file` changed, though
+    /// every file the job read is unchanged, and when a file the job read changed, though every named
+    /// file is unchanged: naming files adds to the check of the files read, never replaces it.
+    #[test]
+    fn named_and_read_files_are_both_checked_in_a_cached_exec_plan() {
+        use crate::plan::schema::{ExecInfo, ExecKind, FileHash};
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let hashed = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            FileHash {
+                path: p.display().to_string(),
+                sha256: crate::platform::files::sha256(&p).unwrap(),
+            }
+        };
+        let mut plan =
+            Plan::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/plan-v1-cpu.json"))
+                .unwrap();
+        plan.model = crate::plan::WorkloadInfo::Exec(ExecInfo {
+            kind: ExecKind::Exec,
+            argv: vec!["python".into(), "job.py".into()],
+            fingerprint: String::new(),
+            fingerprint_files: vec![hashed("notes.txt", "v1")],
+            environment: vec![],
+            oom_patterns: vec![],
+            threads: None,
+            auto_fingerprint_files: vec![],
+            sweep_point: None,
+            environment_sha256: String::new(),
+            read_files: Some(vec![hashed("model.py", "WIDTH = 1")]),
+        });
+        assert_eq!(stale_exec(&plan), None);
+        std::fs::write(dir.join("model.py"), "WIDTH = 2").unwrap();
+        let why = stale_exec(&plan).expect("a read file changed");
+        assert!(
+            why.contains("model.py changed since the plan was made"),
+            "{why}"
+        );
+        std::fs::write(dir.join("model.py"), "WIDTH = 1").unwrap();
+        std::fs::write(dir.join("notes.txt"), "v2").unwrap();
+        let why = stale_exec(&plan).expect("a named file changed");
+        assert!(
+            why.contains("notes.txt changed since the plan was made"),
+            "{why}"
+        );
+    }
+
     #[test]
     fn dates() {
         assert_eq!(format_date(0), "1970-01-01 00:00");
