@@ -1028,6 +1028,21 @@ fn a_fit_above_an_out_of_memory_stops_the_bisection_and_answers_one_band_below()
     );
 }
 
+/// The noisy boundary's summary line is true of an answer at the band's low end itself (a size that
+/// fit twice there): it says the answer is at most that end, never that it lies below the band.
+#[test]
+fn the_noise_line_says_the_answer_is_at_most_the_band_low_end_which_it_may_be() {
+    let out = flaky_search(vec![(502, 1)]);
+    let band = out.noisy_boundary.clone().expect("the band is recorded");
+    assert_eq!(out.max_fitting, Some(band.band_low), "{:?}", sequence(&out));
+    let line = band.describe();
+    assert!(
+        line.contains(&format!("the answer is at most {}", band.band_low)),
+        "{line}"
+    );
+    assert!(!line.contains("below the noise band"), "{line}");
+}
+
 #[test]
 fn a_repeat_that_fails_steps_down_one_band() {
     // 492 fits once, then fails: the noise is wider than the band showed; it doubles (20) and the
@@ -1234,19 +1249,4 @@ proptest! {
             prop_assert!(failures.iter().all(|&f| f > b), "answer {} at or above a failure {:?}", b, failures);
         }
     }
-}
-
-/// The noisy boundary's summary line is true of an answer at the band's low end itself (a size that
-/// fit twice there): it says the answer is at most that end, never that it lies below the band.
-#[test]
-fn the_noise_line_says_the_answer_is_at_most_the_band_low_end_which_it_may_be() {
-    let out = flaky_search(vec![(502, 1)]);
-    let band = out.noisy_boundary.clone().expect("the band is recorded");
-    assert_eq!(out.max_fitting, Some(band.band_low), "{:?}", sequence(&out));
-    let line = band.describe();
-    assert!(
-        line.contains(&format!("the answer is at most {}", band.band_low)),
-        "{line}"
-    );
-    assert!(!line.contains("below the noise band"), "{line}");
 }
