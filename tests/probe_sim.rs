@@ -626,10 +626,15 @@ fn verify_runs_the_answer_as_often_as_the_probe_and_holds_it_to_the_measured_noi
     let spread = plan["search"]["noise_spread_bytes"].as_u64().unwrap();
     let limit = plan["limit_bytes"].as_u64().unwrap();
     assert!(spread > 0, "{plan}");
-    // the same device without noise: three fresh runs, all well under the ceiling
+    // the device without noise and half a spread lower: three fresh runs, all under the ceiling,
+    // and the first failing size still fails
+    let roomy = format!(
+        "base={},per-sample=3MiB,capacity=16GiB",
+        (1u64 << 30) - spread / 2
+    );
     let verified = path(&d, "verified.json");
     batchfit()
-        .args(["verify", "--quiet", "--sim", SIM, "--out"])
+        .args(["verify", "--quiet", "--sim", &roomy, "--out"])
         .arg(&verified)
         .arg(&out)
         .assert()

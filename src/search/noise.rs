@@ -17,7 +17,8 @@
 //! The rule, once a contradiction is seen (checked before every proposal): let `L` be the smallest
 //! size that ran out of memory or over the budget in a fresh process (a worker's failures are its
 //! leftovers, not the job's), `H` the largest size that fit at or above `L`, and the band's width
-//! `W = max(H − L, the tolerance gap at L)` (at least one step of the grid). The engine stops
+//! `W = max(H − L, the tolerance gap at L, the guard band's samples at L)` (at least one step of
+//! the grid). The engine stops
 //! bisecting and tries the largest size `c ≤ L − W` with the confirmation's steps, in a fresh process,
 //! until it has fit **twice**; a failure there makes `c` the new `L` and doubles `W` (the noise is
 //! wider than the band showed), and the engine steps down that band. It runs at most [`NOISY_TRIALS`] trials after the first contradiction (plus one
@@ -32,8 +33,9 @@
 //! A band of fixed width is a guess about one job's noise; [`super::SearchConfig::repeats`] measures it. The
 //! confirmed answer runs `repeats` more times, fresh, with the confirmation's steps: a repeat that
 //! fails is a contradiction (the rule above), and otherwise the **spread** of the footprints of the
-//! fresh runs at one size (the largest, over the sizes run more than once) is the job's measured
-//! noise. A fresh run may then reach the largest footprint seen plus that spread, so every fit of the
+//! fresh runs at one size (the largest, over the sizes run more than once), scaled to the whole
+//! range that so few draws imply (`whole_range`: three draws span half of it), is the job's
+//! measured noise. A fresh run may then reach the largest footprint seen plus that spread, so every fit of the
 //! answer must have a footprint at most `job limit − spread` (the noise ceiling; when the spread is
 //! within the guard band, every fit under the trials' limit is). An answer above the ceiling is a
 //! band of its own ([`NoisyBoundary::spread_bytes`]): its lowest bound is the answer, its width the
@@ -177,7 +179,17 @@ fn residual_range(by_size: &std::collections::BTreeMap<u64, Vec<u64>>) -> Option
     let k = if sxx > 0.0 { sxy / sxx } else { 0.0 };
     let residuals = points.iter().map(|p| p.1 - (mf + k * (p.0 - mb)));
     let (lo, hi) = residuals.fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(r), hi.max(r)));
-    Some((hi - lo).max(0.0) as u64)
+    Some(whole_range((hi - lo).max(0.0) as u64, points.len()))
+}
+
+/// The whole range of a noise of which `n` draws spanned `range`: `n` draws of a uniform noise
+/// span on average `(n − 1) / (n + 1)` of it (three draws, half), so the range is scaled by the
+/// inverse. With the scaled range as the room left under the job's limit, a fresh run of the
+/// answer at the tightest size the rule allows lands above it 2.7 % of the time with three draws
+/// and 1 % with four, where the bare range left 6 % with three (a simulation of uniform noise).
+fn whole_range(range: u64, n: usize) -> u64 {
+    let n = n.max(2) as f64;
+    (range as f64 * (n + 1.0) / (n - 1.0)).ceil() as u64
 }
 
 /// The smallest size that failed in a fresh process.
@@ -199,9 +211,20 @@ impl Prober<'_> {
         let spread = self
             .spread(steps)
             .map_or(0, |s| self.samples_for(s, lowest));
+        // the guard band is the noise the trials' limit was set to absorb: a contradiction shows
+        // noise of at least about that scale, so the band starts no narrower
+        let guard = self
+            .job_limit
+            .map_or(0, |j| j.saturating_sub(self.limit_bytes));
+        let guard = if guard > 0 {
+            self.samples_for(guard, lowest)
+        } else {
+            0
+        };
         let width = (high - lowest.min(high))
             .max(tolerance_gap(lowest, self.cfg.tolerance, grid.step))
-            .max(spread);
+            .max(spread)
+            .max(guard);
         Some(NoisyBoundary {
             band_low: lowest.saturating_sub(width),
             band_high: high,
@@ -249,7 +272,8 @@ impl Prober<'_> {
 
     /// The job's measured noise: the wider of the widest range of footprints among fresh fits at one
     /// size run more than once, and the range of all fresh fits' footprints about the line through
-    /// them near the top ([`residual_range`]), each with the confirmation's steps. (A failure says
+    /// them near the top ([`residual_range`]), each with the confirmation's steps and scaled to the
+    /// whole range its number of draws implies ([`whole_range`]). (A failure says
     /// only that its run needed more than the limit, not by how much: a flaky failure would make any
     /// spread.)
     pub(super) fn spread(&self, steps: u32) -> Option<u64> {
@@ -262,7 +286,7 @@ impl Prober<'_> {
         let repeated = by_size
             .values()
             .filter(|v| v.len() > 1)
-            .map(|v| v.iter().max().unwrap() - v.iter().min().unwrap())
+            .map(|v| whole_range(v.iter().max().unwrap() - v.iter().min().unwrap(), v.len()))
             .max();
         repeated.max(residual_range(&by_size))
     }

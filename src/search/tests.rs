@@ -1250,3 +1250,34 @@ proptest! {
         }
     }
 }
+
+/// A job whose footprint moves uniformly by ±`noise` from run to run: three fresh runs of the
+/// answer span on average only half that range, so the room left under the job's limit is the
+/// whole range those runs imply. Over many draws, a fresh run of the answer lands above the job's
+/// limit under 2 % of the time (the bare range of three runs left 3.2 % above it here).
+#[test]
+fn a_fresh_run_of_the_answer_rarely_lands_above_the_job_limit_under_uniform_noise() {
+    let (noise, band) = (40 * MIB, 16 * MIB);
+    let job_limit = (1000 * MIB + band) as f64;
+    let mut above = vec![];
+    for seed in 0..300 {
+        let out = repeated_search(noise, band, 2, seed);
+        let (Some(b), true) = (out.max_fitting, out.stop_reason.is_complete()) else {
+            continue;
+        };
+        let mean = (b * MIB) as f64;
+        let n = noise as f64;
+        above.push(((mean + n - job_limit) / (2.0 * n)).clamp(0.0, 1.0));
+    }
+    assert!(
+        above.len() >= 200,
+        "only {} of 300 searches complete",
+        above.len()
+    );
+    let rate = above.iter().sum::<f64>() / above.len() as f64;
+    assert!(
+        rate < 0.02,
+        "a fresh run of the answer lands above the job's limit {:.1} % of the time",
+        rate * 100.0
+    );
+}
