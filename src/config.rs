@@ -883,6 +883,26 @@ fn exec_words(a: &ProbeArgs) -> Result<Option<ProbeArgs>, ConfigError> {
     Ok(Some(b))
 }
 
+/// A command after `--` that is one word with whitespace in it and no such file (`--exec -- "python
+/// train.py --batch {batch}"`): quoted by mistake, it would be looked for as one program named by the
+/// whole line. Refused with the two forms that work.
+fn quoted_command(command: &[String]) -> Result<(), ConfigError> {
+    let [word] = command else {
+        return Ok(());
+    };
+    if !word.contains(char::is_whitespace) || std::path::Path::new(word).exists() {
+        return Ok(());
+    }
+    Err(ConfigError(format!(
+        "the command after `--` is one quoted word with spaces ({}): batchfit runs its words as \
+         given, so it would look for a program named by the whole line; pass the command unquoted, \
+         as separate words after `--` (batchfit probe --exec -- {word}), or as one string without \
+         `--` (batchfit probe --exec {})",
+        crate::output::env::shell_quote(word),
+        crate::output::env::shell_quote(word)
+    )))
+}
+
 /// `--exec -- CMD ARG…`: the command checked (it can be started), its fingerprint files hashed, its
 /// patterns compiled, the built-in model's flags refused (the command trains its own model).
 fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError> {
@@ -912,6 +932,7 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
     if a.command.is_empty() {
         return err(format!("--exec needs the command: {EXEC_FORMS}"));
     }
+    quoted_command(&a.command)?;
     let model_flags = [
         ("--model", a.model != "mlp"),
         ("--input", !a.inputs.is_empty()),

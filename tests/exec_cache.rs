@@ -16,6 +16,8 @@ fn write_job(dir: &Path) {
     let helper = repo().join("python/batchfit");
     std::fs::write(dir.join("model.py"), "WIDTH = 1\n").unwrap();
     std::fs::write(dir.join("cfg.toml"), "scale = 1\n").unwrap();
+    // a file the job never reads, for `--fingerprint-file`
+    std::fs::write(dir.join("notes.txt"), "v1\n").unwrap();
     std::fs::write(
         dir.join("job.py"),
         format!(
@@ -68,13 +70,22 @@ const JOB: [&str; 2] = ["/usr/bin/python3", "job.py"];
 
 /// Probes the job once, changes it with `change`, probes again: the second plan and stderr.
 fn probe_changed(change: impl FnOnce(&Path), env: [(&str, &str); 2]) -> (Value, Value, String) {
+    probe_changed_with(&[], change, env)
+}
+
+/// [`probe_changed`] with `flags` given to both probes (paths in them relative to the job's folder).
+fn probe_changed_with(
+    flags: &[&str],
+    change: impl FnOnce(&Path),
+    env: [(&str, &str); 2],
+) -> (Value, Value, String) {
     let d = tmp();
     let cache = fresh_cache_dir();
     write_job(d.path());
-    let (first, _) = probe(d.path(), &cache, &env[..1], &[], &JOB);
+    let (first, _) = probe(d.path(), &cache, &env[..1], flags, &JOB);
     assert_eq!(first["recommendation"]["max_fitting_batch"], 6, "{first}");
     change(d.path());
-    let (second, err) = probe(d.path(), &cache, &env[1..], &[], &JOB);
+    let (second, err) = probe(d.path(), &cache, &env[1..], flags, &JOB);
     (first, second, err)
 }
 
@@ -149,4 +160,30 @@ fn a_job_without_the_helper_is_answered_from_the_cache_only_with_fingerprint_fil
     probe(d.path(), &cache, &[], &flags, &cmd);
     let (_, err) = probe(d.path(), &cache, &[], &flags, &cmd);
     assert!(err.contains("plan from cache"), "{err}");
+}
+
+/// `--fingerprint-file` adds files to the check, it never replaces the check of the files the job
+/// read: with the named file unchanged, an edited module the job imports is still not answered
+/// from the cache.
+#[test]
+fn a_changed_module_is_not_answered_from_the_cache_when_fingerprint_files_are_also_named() {
+    let flags = ["--fingerprint-file", "notes.txt"];
+    let (first, second, err) = probe_changed_with(
+        &flags,
+        |d| std::fs::write(d.join("model.py"), "WIDTH = 2\n").unwrap(),
+        [("WIDTH_MULT", "1"), ("WIDTH_MULT", "1")],
+    );
+    assert!(
+        first["model"]["fingerprint_files"]
+            .to_string()
+            .contains("notes.txt"),
+        "{}",
+        first["model"]
+    );
+    assert!(!err.contains("plan from cache"), "{err}");
+    assert!(
+        err.contains("model.py changed since the plan was made"),
+        "{err}"
+    );
+    assert_eq!(second["recommendation"]["max_fitting_batch"], 3, "{second}");
 }

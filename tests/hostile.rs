@@ -1625,3 +1625,47 @@ fn cached_sim_probe(cache: &std::path::Path, extra: &[&str]) -> assert_cmd::Comm
         .args(extra);
     c
 }
+
+/// `--exec -- "python3 train.py --batch {batch}"` (the whole command quoted as one word after
+/// `--`) is a usage error before anything runs that says to pass it unquoted as separate words,
+/// not a search for a program named by the whole line; an existing file whose name has a space
+/// is still a program.
+#[test]
+fn a_whole_command_quoted_as_one_word_after_the_separator_is_refused_with_the_fix() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let probe = |cmd: &str| {
+        let mut c = batchfit();
+        c.current_dir(d.path())
+            .args(["probe", "--backend", "cpu", "--cpu-limit", "rlimit"])
+            .args([
+                "--memory-budget",
+                "100MiB",
+                "--quiet",
+                "--no-cache",
+                "--out",
+            ])
+            .arg(&out)
+            .args(["--exec", "--", cmd]);
+        c
+    };
+    probe("python3 train.py --batch {batch}")
+        .assert()
+        .code(2)
+        .stderr(
+            predicate::str::contains("one quoted word with spaces")
+                .and(predicate::str::contains(
+                    "pass the command unquoted, as separate words after `--` (batchfit probe \
+                     --exec -- python3 train.py --batch {batch})",
+                ))
+                .and(predicate::str::contains("cannot find the program").not()),
+        );
+    assert!(!out.exists() && !path(&d, "plan.partial.json").exists());
+    // a program whose file name has a space is a program, not a quoted command
+    let script = path(&d, "my train.sh");
+    std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+    probe(script.to_str().unwrap())
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("is not executable"));
+}

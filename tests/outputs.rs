@@ -543,6 +543,34 @@ fn doctor_without_a_driver_fails_clearly_and_json_stays_valid() {
     }
 }
 
+/// On a machine without an NVIDIA driver (as the cpu test machines are), `--backend auto` says in
+/// one short clause why it uses the cpu, not NVML's search of every library place; `batchfit
+/// doctor` keeps that search.
+#[test]
+fn a_machine_without_a_driver_gets_a_short_cpu_note_not_nvmls_search() {
+    let a = batchfit()
+        .args(["probe", "--memory-budget", "800MiB", "--mlp-input", "16"])
+        .args(["--mlp-hidden", "16", "--min-batch", "8", "--max-batch", "8"])
+        .assert()
+        .success();
+    let err = String::from_utf8_lossy(&a.get_output().stderr).into_owned();
+    let note = err
+        .lines()
+        .find(|l| l.contains("--backend auto: using the cpu backend"))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert_eq!(
+        note,
+        "batchfit: --backend auto: using the cpu backend (no NVIDIA driver on this machine; \
+         `batchfit doctor` says where it looked)"
+    );
+    assert!(!err.contains("libnvidia-ml"), "{err}");
+    let doctor = batchfit().args(["doctor", "--json"]).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&doctor.stdout).contains("libnvidia-ml"),
+        "{doctor:?}"
+    );
+}
+
 #[test]
 fn auto_backend_says_why_it_uses_the_cpu() {
     batchfit()
@@ -635,4 +663,135 @@ fn plot_draws_the_plan_and_refuses_other_formats_before_any_trial() {
         .code(2)
         .stdout(predicate::str::is_empty());
     assert!(!txt.exists());
+}
+
+/// The README's job-script gate: the line of its `--format env` recipe that checks the status.
+fn readme_status_gate() -> String {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    readme
+        .lines()
+        .find(|l| l.starts_with("[ \"${BATCHFIT_STATUS:-}\" = complete ]"))
+        .expect("README.md's job-script recipe checks BATCHFIT_STATUS")
+        .to_string()
+}
+
+/// A plan whose `batchfit verify` failed (exit 4) is not exported as complete: `--format env`
+/// says `BATCHFIT_STATUS=failed-verification` and `BATCHFIT_VERIFIED=0` and no size to train with,
+/// the README's job-script gate refuses it (the probe's own plan passes) and `--format deepspeed`
+/// refuses it for what it is.
+#[test]
+fn a_failed_verification_is_exported_as_a_status_the_readme_gate_refuses() {
+    let d = tmp();
+    let plan = path(&d, "plan.json");
+    probe(&["--global-batch", "8192", "--format", "json", "--out"])
+        .arg(&plan)
+        .assert()
+        .success();
+    let failed = path(&d, "failed.json");
+    batchfit()
+        .args(["verify", "--quiet", "--format", "json"])
+        .arg(&plan)
+        .args(["--sim", "base=1GiB,per-sample=4MiB,capacity=16GiB", "--out"])
+        .arg(&failed)
+        .assert()
+        .code(4);
+    let gate = readme_status_gate();
+    let gated = |p: &std::path::Path| {
+        let env = batchfit()
+            .arg("show")
+            .arg(p)
+            .args(["--format", "env"])
+            .assert()
+            .success();
+        let env = stdout_of(&env);
+        let script = format!("eval \"$1\"\n{gate}\necho \"$BATCHFIT_MICRO_BATCH\"\n");
+        let sh = StdCommand::new("sh")
+            .args(["-c", &script, "sh", &env])
+            .output()
+            .unwrap();
+        (
+            env,
+            sh.status.code(),
+            String::from_utf8_lossy(&sh.stderr).into_owned(),
+        )
+    };
+    let (env, code, err) = gated(&failed);
+    assert_eq!(
+        env,
+        "export BATCHFIT_STATUS=failed-verification\nexport BATCHFIT_VERIFIED=0\n"
+    );
+    assert_eq!(code, Some(1), "the gate let it through: {env}");
+    assert!(
+        err.contains("no usable plan (failed-verification)"),
+        "{err}"
+    );
+    batchfit()
+        .arg("show")
+        .arg(&failed)
+        .args(["--format", "deepspeed"])
+        .assert()
+        .code(2)
+        .stdout(predicate::str::is_empty())
+        .stderr(predicate::str::contains(
+            "a `batchfit verify` of this plan failed",
+        ));
+    let (env, code, _) = gated(&plan);
+    assert!(env.contains("export BATCHFIT_STATUS=complete\n"), "{env}");
+    assert_eq!(code, Some(0), "{env}");
+}
+
+/// When the split rounds the recommended micro-batch below the largest fit (8192 = 4096 × 2, the
+/// largest fit 4834), the summary gives each peak beside the size it was measured at: the largest
+/// fit's own peak on its line, the recommended size's peak and speed on the next.
+#[test]
+fn the_summary_puts_each_peak_beside_the_size_it_was_measured_at() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let a = probe(&[
+        "--global-batch",
+        "8192",
+        "--format",
+        "text",
+        "--quiet",
+        "--out",
+    ])
+    .arg(&out)
+    .assert()
+    .success();
+    let text = stdout_of(&a);
+    let plan = read_json(&out);
+    let r = &plan["recommendation"];
+    assert_eq!(
+        (r["micro_batch"].as_u64(), r["max_fitting_batch"].as_u64()),
+        (Some(4096), Some(4834))
+    );
+    let size = |b: u64| batchfit::platform::units::format_size(b);
+    let peak_of_largest = plan["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["batch"] == 4834 && t["outcome"] == "fits")
+        .filter_map(|t| t["peak_bytes"].as_u64())
+        .max()
+        .expect("a fitting trial of the largest fit");
+    let recommended_peak = size(r["peak_bytes"].as_u64().unwrap());
+    let largest_line = text
+        .lines()
+        .find(|l| l.starts_with("largest fitting micro-batch: 4834"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        largest_line.contains(&format!("peak (simulated) {} of", size(peak_of_largest))),
+        "{text}"
+    );
+    assert!(!largest_line.contains(&recommended_peak), "{text}");
+    assert!(!largest_line.contains("samples/s"), "{text}");
+    let recommended_line = text
+        .lines()
+        .find(|l| l.starts_with("recommended micro-batch 4096; "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        recommended_line.contains(&format!("peak (simulated) {recommended_peak} of")),
+        "{text}"
+    );
+    assert!(recommended_line.contains("samples/s"), "{text}");
 }

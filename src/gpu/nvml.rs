@@ -11,7 +11,14 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 use std::sync::OnceLock;
 
-static NVML: OnceLock<Result<Nvml, String>> = OnceLock::new();
+static NVML: OnceLock<Result<Nvml, InitFailure>> = OnceLock::new();
+
+/// Why NVML is not there: the message, and whether no library was found at any place searched (a
+/// machine without an NVIDIA driver, as opposed to a driver that is there and refuses).
+struct InitFailure {
+    message: String,
+    no_library: bool,
+}
 
 /// Names the NVML library to load, instead of searching for it.
 pub const LIB_ENV: &str = "BATCHFIT_NVML_LIB";
@@ -29,7 +36,7 @@ const FALLBACK_PATHS: &[&str] = &[
 ];
 
 /// Loads and initialises NVML from the first of `candidates` that loads.
-fn init_from(candidates: &[String]) -> Result<Nvml, String> {
+fn init_from(candidates: &[String]) -> Result<Nvml, InitFailure> {
     let mut missing = Vec::new();
     for lib in candidates {
         match Nvml::builder().lib_path(std::ffi::OsStr::new(lib)).init() {
@@ -38,10 +45,15 @@ fn init_from(candidates: &[String]) -> Result<Nvml, String> {
             // (libloading's message names the file)
             Err(NvmlError::LibloadingError(e)) => missing.push(e.to_string()),
             // the library is there and says no (or lacks what batchfit needs): that is the answer
-            Err(e) => return Err(format!("{lib}: {e}")),
+            Err(e) => {
+                return Err(InitFailure {
+                    message: format!("{lib}: {e}"),
+                    no_library: false,
+                })
+            }
         }
     }
-    Err(match missing.len() {
+    let message = match missing.len() {
         0 => "no NVML library to try".into(),
         1 => missing.remove(0),
         n => format!(
@@ -50,6 +62,10 @@ fn init_from(candidates: &[String]) -> Result<Nvml, String> {
             n - 1,
             candidates[1..].join(", ")
         ),
+    };
+    Err(InitFailure {
+        message,
+        no_library: true,
     })
 }
 
@@ -62,7 +78,11 @@ impl RealNvml {
     pub fn get() -> Result<RealNvml, GpuError> {
         let r = NVML.get_or_init(|| match std::env::var(LIB_ENV) {
             Ok(path) if !path.is_empty() => {
-                init_from(&[path]).map_err(|e| format!("{e} (from {LIB_ENV})"))
+                // a library the user named: never a machine without a driver
+                init_from(&[path]).map_err(|e| InitFailure {
+                    message: format!("{} (from {LIB_ENV})", e.message),
+                    no_library: false,
+                })
             }
             _ => init_from(
                 &std::iter::once("libnvidia-ml.so.1")
@@ -73,8 +93,17 @@ impl RealNvml {
         });
         match r {
             Ok(nvml) => Ok(RealNvml { nvml }),
-            Err(e) => Err(GpuError::NoDriver(e.clone())),
+            Err(e) => Err(GpuError::NoDriver(e.message.clone())),
         }
+    }
+
+    /// Whether NVML failed because no library was found at any place searched (no NVIDIA driver on
+    /// this machine), not because one was found and refused or was named by `BATCHFIT_NVML_LIB`.
+    pub fn no_library() -> bool {
+        Self::get().is_err()
+            && NVML
+                .get()
+                .is_some_and(|r| r.as_ref().is_err_and(|e| e.no_library))
     }
 }
 

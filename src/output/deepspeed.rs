@@ -22,14 +22,21 @@ struct DeepSpeedFragment {
     train_batch_size: u64,
 }
 
-/// A DeepSpeed config fragment (pretty JSON). A plan without a recommendation, or a merged one not
-/// verified, is an error: a job script merging the output into its config must not go on with
+/// A DeepSpeed config fragment (pretty JSON). A plan without a recommendation, a merged one not
+/// verified, or one whose `batchfit verify` failed, is an error: a job script merging the output into its config must not go on with
 /// nothing or with sizes nobody proved on its machine.
 pub fn deepspeed(plan: &Plan) -> Result<String, OutputError> {
     let r = match &plan.recommendation {
         Some(r) if plan.status == Status::Complete => r,
         _ => return Err(OutputError::NoRecommendation(plan.status)),
     };
+    if plan.failed_verification() {
+        return Err(OutputError::FailedVerification(
+            plan.verification_failure
+                .clone()
+                .unwrap_or_else(|| "the plan says verified: false".into()),
+        ));
+    }
     if !plan.is_verified() {
         return Err(OutputError::Unverified);
     }

@@ -46,6 +46,11 @@ pub enum OutputError {
          machines); run `batchfit verify PLAN` on the machine that trains, then export"
     )]
     Unverified,
+    #[error(
+        "--format deepspeed: a `batchfit verify` of this plan failed ({0}); its sizes did not hold \
+         here: probe this machine (batchfit probe) for a plan of its own"
+    )]
+    FailedVerification(String),
 }
 
 /// One output format of a plan.

@@ -80,17 +80,7 @@ pub fn summary(plan: &Plan) -> String {
                 );
             }
             s += "\n";
-            s += &format!(
-                "largest fitting micro-batch: {}{}; {} {} of the {} limit ({:.0}%){}; {:.0} samples/s\n",
-                r.max_fitting_batch,
-                r.first_failing_batch.map(|f| bracket(plan, r.max_fitting_batch, f)).unwrap_or_default(),
-                measure(plan),
-                format_size(r.peak_bytes),
-                format_size(plan.limit_bytes),
-                100.0 * r.peak_bytes as f64 / plan.limit_bytes.max(1) as f64,
-                tree_clause(plan, r.max_fitting_batch),
-                r.samples_per_second
-            );
+            s += &peak_lines(plan, r);
             if let Some(n) = plan.proven_steps() {
                 let mut sizes = r.micro_batches.clone();
                 sizes.sort_unstable_by(|a, b| b.cmp(a));
@@ -139,6 +129,47 @@ pub fn summary(plan: &Plan) -> String {
         s += &sweep_table(sw);
     }
     s
+}
+
+/// `; PEAK P of the L limit (N%)` and the tree figure, of a peak measured at `batch`.
+fn peak_clause(plan: &Plan, batch: u64, peak: u64) -> String {
+    format!(
+        "; {} {} of the {} limit ({:.0}%){}",
+        measure(plan),
+        format_size(peak),
+        format_size(plan.limit_bytes),
+        100.0 * peak as f64 / plan.limit_bytes.max(1) as f64,
+        tree_clause(plan, batch)
+    )
+}
+
+/// The largest fitting micro-batch with its bracket and its own peak, then, when the recommended
+/// micro-batch is smaller (a split's rounding), the recommended size with its peak and speed: each
+/// figure beside the size it was measured at. The largest fit's peak is the highest of its fitting
+/// trials; none measured (a merged plan's size proven elsewhere): no figure for it.
+fn peak_lines(plan: &Plan, r: &crate::plan::Recommendation) -> String {
+    let x = r.max_fitting_batch;
+    let bracket = r
+        .first_failing_batch
+        .map(|f| bracket(plan, x, f))
+        .unwrap_or_default();
+    let speed = format!("; {:.0} samples/s", r.samples_per_second);
+    let recommended = peak_clause(plan, r.micro_batch, r.peak_bytes);
+    if r.micro_batch == x {
+        return format!("largest fitting micro-batch: {x}{bracket}{recommended}{speed}\n");
+    }
+    let largest = plan
+        .trials
+        .iter()
+        .filter(|t| t.batch == x && t.outcome.fits())
+        .filter_map(|t| t.outcome.peak_bytes().filter(|&p| p > 0))
+        .max()
+        .map(|p| peak_clause(plan, x, p))
+        .unwrap_or_default();
+    format!(
+        "largest fitting micro-batch: {x}{bracket}{largest}\nrecommended micro-batch {}{recommended}{speed}\n",
+        r.micro_batch
+    )
 }
 
 /// ` (fits at b, b' runs out of memory)`, with the tolerance when b' is not the next size.

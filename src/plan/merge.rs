@@ -247,6 +247,7 @@ fn merged_plan(
     merged.tool = Tool::current();
     merged.recommendation = Some(recommendation_for(base, s));
     merged.verified = Some(false);
+    merged.verification_failure = None;
     merged.sources = sources
         .iter()
         .zip(failed_acc)

@@ -530,6 +530,11 @@ pub struct Plan {
     /// confirms it here; `true` once verified; absent in probe plans (proven where they were made).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verified: Option<bool>,
+    /// Why the last `batchfit verify` of this plan did not confirm it (a size that did not fit here,
+    /// or the verification was interrupted); absent otherwise. With it `--format env` exports
+    /// `BATCHFIT_STATUS=failed-verification`, so a job script's status check refuses the plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification_failure: Option<String>,
     /// The plans a merged plan was made from (`batchfit merge`); absent otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sources: Vec<PlanSource>,
@@ -579,6 +584,12 @@ impl Plan {
             Some(v) => v,
             None => self.sources.is_empty(),
         }
+    }
+    /// Whether a `batchfit verify` of this plan failed: it says why, or it is a probe plan (no
+    /// `sources`, proven where it was made) marked `verified: false`, which only a failed verify does.
+    pub fn failed_verification(&self) -> bool {
+        self.verification_failure.is_some()
+            || (self.verified == Some(false) && self.sources.is_empty())
     }
 }
 

@@ -159,30 +159,34 @@ pub fn read_files(
     )
 }
 
-/// Why a cached `--exec` plan does not hold for the command as it is now, if it does not: a file it
-/// read changed or is gone, or it reported nothing of what it reads and no `--fingerprint-file` was
-/// given.
+/// Why a cached `--exec` plan does not hold for the command as it is now, if it does not: a file
+/// named by `--fingerprint-file` or a file the command read changed or is gone (both are checked:
+/// naming some files never stops the check of the others), or it reported nothing of what it reads
+/// and no `--fingerprint-file` was given.
 fn stale_exec(plan: &Plan) -> Option<String> {
     let info = plan.model.exec()?;
-    let Some(files) = &info.read_files else {
-        return info
-            .fingerprint_files
-            .is_empty()
-            .then(|| NO_HELPER_DATA.to_string());
-    };
-    files.iter().find_map(
-        |f| match crate::platform::files::sha256(Path::new(&f.path)) {
+    if info.read_files.is_none() && info.fingerprint_files.is_empty() {
+        return Some(NO_HELPER_DATA.to_string());
+    }
+    let named = info
+        .fingerprint_files
+        .iter()
+        .map(|f| (f, "--fingerprint-file"));
+    let read = info
+        .read_files
+        .iter()
+        .flatten()
+        .map(|f| (f, "the command reads it"));
+    named.chain(read).find_map(|(f, why)| {
+        match crate::platform::files::sha256(Path::new(&f.path)) {
             Ok(h) if h == f.sha256 => None,
             Ok(_) => Some(format!(
-                "{} changed since the plan was made (the command reads it)",
+                "{} changed since the plan was made ({why})",
                 f.path
             )),
-            Err(e) => Some(format!(
-                "{}, which the command read, cannot be read now ({e})",
-                f.path
-            )),
-        },
-    )
+            Err(e) => Some(format!("{} ({why}) cannot be read now ({e})", f.path)),
+        }
+    })
 }
 
 /// Why an `--exec` plan of a job without the helper's report is never answered from the cache.
@@ -477,6 +481,54 @@ mod tests {
         assert_eq!(key(&plan, &explicit), key(&less_free, &explicit));
         let default = cfg(&[]);
         assert_ne!(key(&plan, &default), key(&less_free, &default));
+    }
+
+    /// A cached `--exec` plan is stale when a file named by `--fingerprint-file` changed, though
+    /// every file the job read is unchanged, and when a file the job read changed, though every named
+    /// file is unchanged: naming files adds to the check of the files read, never replaces it.
+    #[test]
+    fn named_and_read_files_are_both_checked_in_a_cached_exec_plan() {
+        use crate::plan::schema::{ExecInfo, ExecKind, FileHash};
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let hashed = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            FileHash {
+                path: p.display().to_string(),
+                sha256: crate::platform::files::sha256(&p).unwrap(),
+            }
+        };
+        let mut plan =
+            Plan::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/plan-v1-cpu.json"))
+                .unwrap();
+        plan.model = crate::plan::WorkloadInfo::Exec(ExecInfo {
+            kind: ExecKind::Exec,
+            argv: vec!["python".into(), "job.py".into()],
+            fingerprint: String::new(),
+            fingerprint_files: vec![hashed("notes.txt", "v1")],
+            environment: vec![],
+            oom_patterns: vec![],
+            threads: None,
+            auto_fingerprint_files: vec![],
+            sweep_point: None,
+            environment_sha256: String::new(),
+            read_files: Some(vec![hashed("model.py", "WIDTH = 1")]),
+        });
+        assert_eq!(stale_exec(&plan), None);
+        std::fs::write(dir.join("model.py"), "WIDTH = 2").unwrap();
+        let why = stale_exec(&plan).expect("a read file changed");
+        assert!(
+            why.contains("model.py changed since the plan was made"),
+            "{why}"
+        );
+        std::fs::write(dir.join("model.py"), "WIDTH = 1").unwrap();
+        std::fs::write(dir.join("notes.txt"), "v2").unwrap();
+        let why = stale_exec(&plan).expect("a named file changed");
+        assert!(
+            why.contains("notes.txt changed since the plan was made"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -261,9 +261,22 @@ fn cuda_usable(cfg: &ProbeConfig) -> Result<(), String> {
     if std::env::var_os(fake::ENV).is_some() {
         return Ok(());
     }
-    crate::gpu::nvml::RealNvml::get().map_err(|e| format!("NVML is unavailable: {e}"))?;
+    use crate::gpu::nvml::RealNvml;
+    if let Err(e) = RealNvml::get() {
+        // a machine without a driver at all gets one short line: where NVML was looked for is
+        // `batchfit doctor`'s, not every cpu probe's
+        return Err(if RealNvml::no_library() {
+            NO_DRIVER.to_string()
+        } else {
+            format!("NVML is unavailable: {e}")
+        });
+    }
     torch_sees_cuda(cfg)
 }
+
+/// Why `--backend auto` uses the cpu on a machine with no NVIDIA driver.
+pub const NO_DRIVER: &str =
+    "no NVIDIA driver on this machine; `batchfit doctor` says where it looked";
 
 /// The devices a probe runs on.
 pub enum Devices {
@@ -518,6 +531,7 @@ pub fn skeleton(
         trials: vec![],
         warnings: cfg.warnings.clone(),
         verified: None,
+        verification_failure: None,
         sources: vec![],
         sim_spec,
         gpu,

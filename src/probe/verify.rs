@@ -77,10 +77,12 @@ pub fn verify(
         VerifyEnding::Verified => mark_verified(&mut out, plan, &rec, &here, limit, &trials),
         VerifyEnding::Failed(why) => {
             out.verified = Some(false);
+            out.verification_failure = Some(why.clone());
             out.warnings.push(format!("verification failed: {why}"));
         }
         VerifyEnding::Interrupted(_) => {
             out.verified = Some(false);
+            out.verification_failure = Some("the verification was interrupted".into());
             out.warnings.push("verification interrupted".into());
         }
     }
@@ -293,6 +295,7 @@ fn mark_verified(
 ) {
     let device = &here.device;
     out.verified = Some(true);
+    out.verification_failure = None;
     if here.elsewhere {
         // The plan's line was measured on the plan's device; the trials here only confirm
         // sizes. Kept, it would be predicted from as this device's (`batchfit predict`).

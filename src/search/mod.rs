@@ -268,8 +268,8 @@ pub enum StopReason {
     /// Outcomes near the boundary disagreed; b fit twice with the confirmation's steps, at least one
     /// noise band below every failure ([`noise`]): complete.
     ProvenBelowNoise,
-    /// Outcomes near the boundary disagreed and no size below the noise band fit twice within the
-    /// trials allowed ([`noise::NOISY_TRIALS`]): partial.
+    /// Outcomes near the boundary disagreed and no size at or below the noise band's low end fit
+    /// twice within the trials allowed ([`noise::NOISY_TRIALS`]): partial.
     NoisyBoundary,
     /// `--exec`: the fitting trials' peaks do not grow with the batch size and no report shows
     /// the job ran the size it was given, so the size is not shown to reach the job: no answer.
@@ -303,8 +303,8 @@ impl StopReason {
                  processes (at least twice), at least one noise band below every size that failed"
             }
             StopReason::NoisyBoundary => {
-                "outcomes near the boundary disagree and no size below their noise band fit twice \
-                 within the trials allowed, so no size is proven"
+                "outcomes near the boundary disagree and no size at or below their noise band's low \
+                 end fit twice within the trials allowed, so no size is proven"
             }
         }
     }

@@ -87,7 +87,8 @@ pub struct NoisyBoundary {
 }
 
 impl NoisyBoundary {
-    /// The summary's line: where outcomes disagree and the band the answer stays below.
+    /// The summary's line: where outcomes disagree, and that the answer is at most the noise band's
+    /// low end (it may be that end itself: a size that fit twice there).
     pub fn describe(&self) -> String {
         if let (None, Some(spread), Some(ceiling)) = (
             self.contradictions.first(),
@@ -110,8 +111,9 @@ impl NoisyBoundary {
             None => String::new(),
         };
         format!(
-            "outcomes near {} disagree ({why}): the answer stays below the noise band {}–{}",
-            self.lowest_bound, self.band_low, self.band_high
+            "outcomes near {} disagree ({why}): the answer is at most {}, the low end of the noise \
+             band {}–{}",
+            self.lowest_bound, self.band_low, self.band_low, self.band_high
         )
     }
 }

@@ -1023,9 +1023,24 @@ fn a_fit_above_an_out_of_memory_stops_the_bisection_and_answers_one_band_below()
     assert_eq!(trials_after_first_contradiction(&out.trials), Some(2));
     assert_eq!(
         band.describe(),
-        "outcomes near 502 disagree (fit at 512 above an out-of-memory at 502): the answer stays \
-         below the noise band 492–512"
+        "outcomes near 502 disagree (fit at 512 above an out-of-memory at 502): the answer is at \
+         most 492, the low end of the noise band 492–512"
     );
+}
+
+/// The noisy boundary's summary line is true of an answer at the band's low end itself (a size that
+/// fit twice there): it says the answer is at most that end, never that it lies below the band.
+#[test]
+fn the_noise_line_says_the_answer_is_at_most_the_band_low_end_which_it_may_be() {
+    let out = flaky_search(vec![(502, 1)]);
+    let band = out.noisy_boundary.clone().expect("the band is recorded");
+    assert_eq!(out.max_fitting, Some(band.band_low), "{:?}", sequence(&out));
+    let line = band.describe();
+    assert!(
+        line.contains(&format!("the answer is at most {}", band.band_low)),
+        "{line}"
+    );
+    assert!(!line.contains("below the noise band"), "{line}");
 }
 
 #[test]
