@@ -56,9 +56,16 @@ pub fn exec_workload(
     oom_patterns: Vec<regex_lite::Regex>,
     world_size: Option<u64>,
     warm: bool,
+    ends_early_below: u32,
 ) -> Result<Arc<dyn Workload>, ProbeError> {
     ExecWorkload::new(info.clone(), oom_patterns, info.threads)
-        .map(|w| Arc::new(w.with_world_size(world_size).with_warm(warm)) as Arc<dyn Workload>)
+        .map(|w| {
+            let w = w
+                .with_world_size(world_size)
+                .with_warm(warm)
+                .ending_early_below(ends_early_below);
+            Arc::new(w) as Arc<dyn Workload>
+        })
         .map_err(|e| {
             ProbeError::Environment(format!("cannot make a folder for the trials' reports: {e}"))
         })
@@ -72,6 +79,7 @@ fn workload(cfg: &ProbeConfig) -> Result<Arc<dyn Workload>, ProbeError> {
             e.oom_patterns.clone(),
             Some(cfg.world_size),
             e.warm,
+            cfg.search.confirm_steps.max(cfg.search.steps),
         ),
         None => model_workload(&cfg.model, cfg.threads, cfg.seed, cfg.fault),
     }
@@ -658,6 +666,7 @@ pub fn plan_backend(plan: &Plan, sim: Option<SimSpec>) -> Result<Box<dyn Backend
                     patterns,
                     plan.recommendation.as_ref().map(|r| r.world_size),
                     false,
+                    0,
                 )
             }
         }

@@ -87,6 +87,9 @@ pub struct ExecWorkload {
     modules: Mutex<Option<Vec<String>>>,
     /// The file the last hand-off's warm process creates once the trial is the command's.
     ack: Mutex<Option<PathBuf>>,
+    /// Trials of fewer steps than this end once their report is complete ([`Self::ending_early_below`]);
+    /// the others run to the job's own end.
+    ends_early_below: u32,
 }
 
 /// `arg` with each placeholder `{name}` replaced by `value(name)`; a doubled one, `{{name}}`, is the
@@ -152,7 +155,19 @@ impl ExecWorkload {
             warm: None,
             modules: Mutex::new(None),
             ack: Mutex::new(None),
+            ends_early_below: 0,
         })
+    }
+
+    /// Trials of fewer than `steps` steps (the search's exploration, which never confirms an answer)
+    /// end a grace after their report is complete, without waiting for the job's teardown. A trial
+    /// that can confirm an answer runs to the job's own end: what a job does after its last step
+    /// (an evaluation pass, a prediction, a checkpoint) may need more memory than the steps did, and
+    /// a size whose job runs out of memory there does not fit. Without it (`verify`), every trial
+    /// runs to the end.
+    pub fn ending_early_below(mut self, steps: u32) -> Self {
+        self.ends_early_below = steps;
+        self
     }
 
     /// Trials after the first may run in warm processes ([`warm`]) when `on` and the command is a
@@ -599,6 +614,9 @@ impl Workload for ExecWorkload {
         let Some((req, path)) = self.last() else {
             return false;
         };
+        if req.steps >= self.ends_early_below {
+            return false;
+        }
         // (a cheap look first: the check runs every few milliseconds while the trial runs)
         std::fs::symlink_metadata(&path).is_ok()
             && matches!(read_reports(&path, self.world_size),

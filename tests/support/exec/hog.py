@@ -10,13 +10,15 @@ moment, as a real step's is while the error propagates, so the limit's samples s
 `base + batch x K > C`, for exact tests under a limit far above C.
 
   hog.py --batch {batch} [--steps {steps}] [--mib-per-sample K] [--base-mib B] [--capacity-mib C]
-         [--sleep S] [--report] [--helper DIR] [--report-steps N] [--linger S]
+         [--sleep S] [--report] [--helper DIR] [--report-steps N] [--linger S] [--evaluate F]
 
 Without --batch the batch comes from BATCHFIT_BATCH (an error if neither is there); without --steps
 from BATCHFIT_STEPS, else 3. `--report` writes the trial report through batchfit_trial (imported from
 --helper DIR, else from sys.path), saying `--report-steps N` steps when given (a job that did fewer
 than asked). `--linger S` sleeps S seconds after the report, before exit 0 (a job's teardown:
-checkpoint saving, logger flush). Exit 0 after the last step.
+checkpoint saving, logger flush). `--evaluate F` then runs an evaluation pass that needs
+`base + batch x K x F` MiB (out of memory for real above the capacity, as a step is): a job whose
+memory peaks after its last step. Exit 0 after the last step (and the evaluation).
 """
 import argparse
 import os
@@ -50,6 +52,7 @@ def main():
     p.add_argument("--helper", help="directory holding batchfit_trial.py")
     p.add_argument("--report-steps", type=int, help="steps the report says (default: the steps done)")
     p.add_argument("--linger", type=float, default=0.0, help="seconds to sleep after the report")
+    p.add_argument("--evaluate", type=float, help="F: an evaluation pass of batch*K*F MiB after it")
     args = p.parse_args()
     if args.batch is None:
         sys.exit("hog.py: no batch size: pass --batch N or set BATCHFIT_BATCH")
@@ -94,6 +97,15 @@ def main():
         bt.report(batch=args.batch, accumulation=1, steps=args.report_steps)
     print(f"hog: batch {args.batch}, {args.steps} steps, peak about {need_mib:g} MiB", flush=True)
     time.sleep(args.linger)
+    if args.evaluate is not None:
+        eval_mib = args.base_mib + args.batch * args.mib_per_sample * args.evaluate
+        if args.capacity_mib is not None and eval_mib > args.capacity_mib:
+            import oom  # next to this file
+
+            oom.run_out(f"hog: the evaluation needs {eval_mib:g} MiB, capacity {args.capacity_mib:g} MiB")
+        outputs = bytearray(int(args.batch * args.mib_per_sample * args.evaluate * MIB))
+        touch(outputs)
+        time.sleep(0.1)
 
 
 if __name__ == "__main__":
