@@ -803,6 +803,18 @@ fn a_job_that_halves_its_batch_behind_a_report_is_refused() {
     }
 }
 
+/// A job that trains at most 13 samples whatever it is given (a dataset of 13 without drop_last):
+/// its memory grows up to 13 and is flat above, within the top eighth of the `--max-batch` cap (16)
+/// where the slope from below still looks whole. The probe measures near the top of the cap and
+/// refuses the plan, not complete at 16.
+#[test]
+fn a_job_that_clamps_its_batch_near_the_cap_is_refused() {
+    for flags in limits() {
+        let (p, err, code) = run_code(&flags, &sneaky("clamp", &["--fits-up-to", "13"]));
+        refused_for_its_batch(&p, &err, code);
+    }
+}
+
 /// A job that logs the out-of-memory it caught before retrying smaller is no fit at any size where
 /// it retried: an error that says it carried on.
 #[test]

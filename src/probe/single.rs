@@ -257,23 +257,49 @@ pub fn non_monotone(trials: &[TrialRecord]) -> Option<String> {
 }
 
 /// A user's command that fit at the `--max-batch` cap never ran out of memory, which a job that
-/// lowers its own batch after an out-of-memory never does either. Its memory must then be seen to
-/// keep growing up to the cap ([`batch_not_shown`]), which needs a fit between a quarter and half
-/// the cap: where the search jumped from small sizes to the cap, one measurement at half of it is
-/// run. Its outcome is evidence for that check only (an error or a failure leaves it without the
-/// point, and a failure below the cap is the noisy boundary's to read on a later probe).
+/// lowers its own batch after an out-of-memory, or clamps it, never does either. Its memory must
+/// then be seen to keep growing up to the cap ([`batch_not_shown`]), which needs a fit between a
+/// quarter and half the cap (the slope) and one with the confirmation's steps between three
+/// quarters and fifteen sixteenths of it (the top): where the search jumped to the cap, the cap's
+/// half and seven eighths are measured, one trial each. Their outcomes are evidence for that check
+/// only: an error leaves it without the point.
 fn measure_the_slope_below(cfg: &ProbeConfig, prober: &mut Prober<'_>, max: u64) {
+    let confirm = cfg.search.confirm_steps.max(cfg.search.steps);
+    measure_within(cfg, prober, (max / 4, max / 2), max / 2, cfg.search.steps);
+    measure_within(
+        cfg,
+        prober,
+        (max * 3 / 4, max * 15 / 16),
+        max * 7 / 8,
+        confirm,
+    );
+}
+
+/// Runs one trial of `size` (on the grid, at or below it) with `steps` unless a fit with at least
+/// those steps lies in `(window.0, window.1]`, or the size is not above the smallest size tried.
+fn measure_within(
+    cfg: &ProbeConfig,
+    prober: &mut Prober<'_>,
+    window: (u64, u64),
+    size: u64,
+    steps: u32,
+) {
     let step = cfg.search.multiple_of.max(1);
-    let half = max / 2 / step * step;
+    let size = size / step * step;
     let measured = prober
         .trials()
         .iter()
-        .any(|t| t.outcome.fits() && t.batch > max / 4 && t.batch <= max / 2);
-    let first = prober.trials().iter().map(|t| t.batch).min().unwrap_or(max);
-    if measured || half <= first || half < cfg.search.min_batch {
+        .any(|t| t.outcome.fits() && t.steps >= steps && t.batch > window.0 && t.batch <= window.1);
+    let first = prober
+        .trials()
+        .iter()
+        .map(|t| t.batch)
+        .min()
+        .unwrap_or(size);
+    if measured || size <= first || size < cfg.search.min_batch {
         return;
     }
-    let _ = prober.trial(half, cfg.search.steps, Purpose::Explore);
+    let _ = prober.trial(size, steps, Purpose::Explore);
 }
 
 /// Why the trials of a user's command do not show that the batch size reaches it, if they do not.
@@ -281,7 +307,8 @@ fn measure_the_slope_below(cfg: &ProbeConfig, prober: &mut Prober<'_>, max: u64)
 /// fit) to the largest fit `hi`:
 ///
 /// - **Memory keeps growing.** Where the peak rose measurably from the smallest fit to `lo`, it
-///   must rise from `lo` to `hi` by at least half what that slope predicts (less the noise). A job
+///   must rise from `lo` to `hi`, and between sizes above `lo` that fit with the most steps
+///   ([`stalled_above`]), by at least half what that slope predicts (less the noise). A job
 ///   that lowers its own batch after an out-of-memory (a batch-size finder, a retry) trains a size
 ///   it chose above its real limit, and its peak stops growing there. No report excuses this: a
 ///   job that read its size through the helper may still have halved it. (A knee, memory flat
@@ -319,12 +346,15 @@ pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
     let mib = |b: f64| b / (1u64 << 20) as f64;
     if let Some(below) = (first < lo).then(|| peaks(first).min()).flatten() {
         let rise_below = low.saturating_sub(below) as f64;
-        let predicted = rise_below / (lo - first) as f64 * (hi - lo) as f64;
-        if rise_below > noise && rise + noise < predicted / 2.0 {
+        let slope = rise_below / (lo - first) as f64;
+        let stalled = (rise_below > noise)
+            .then(|| stalled_above(trials, lo, hi, slope, noise))
+            .flatten();
+        if let Some((a, c, rise, predicted)) = stalled {
             return Some(format!(
                 "refused: the batch size is not shown to reach the job: its peak rose {:.0} MiB \
-                 from micro-batch {first} to {lo}, and then only {:.0} MiB up to {hi} where that \
-                 slope predicts {:.0} MiB: memory stopped growing with the size given. {}",
+                 from micro-batch {first} to {lo}, and then only {:.0} MiB from {a} to {c} where \
+                 that slope predicts {:.0} MiB: memory stopped growing with the size given. {}",
                 mib(rise_below),
                 mib(rise),
                 mib(predicted),
@@ -351,6 +381,61 @@ pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
         mib(noise),
         UNSHOWN_CAUSES
     ))
+}
+
+/// Where the peak stopped growing above `lo`, by the slope below it: from `lo` to `hi`, or between
+/// two sizes in that range that fit with the most steps any fit ran (a job that clamps its size
+/// near the top, a finder that settles on the size it found), the rise is less than half what the
+/// slope predicts, less the noise; a pair only where the prediction is more than twice the noise
+/// and twice the scatter of those fits about their line.
+/// The pair, its rise and the prediction.
+fn stalled_above(
+    trials: &[TrialRecord],
+    lo: u64,
+    hi: u64,
+    slope: f64,
+    noise: f64,
+) -> Option<(u64, u64, f64, f64)> {
+    let steps = trials
+        .iter()
+        .filter(|t| t.outcome.fits())
+        .map(|t| t.steps)
+        .max()?;
+    let at = |b: u64, all_steps: bool| {
+        trials
+            .iter()
+            .filter(move |t| t.batch == b && t.outcome.fits() && (all_steps || t.steps == steps))
+            .filter_map(|t| t.outcome.peak_bytes())
+    };
+    let stalled = |a: u64, c: u64, all_steps: bool, needs: f64| {
+        let (low, high) = (at(a, all_steps).max()?, at(c, all_steps).min()?);
+        let rise = high.saturating_sub(low) as f64;
+        let predicted = slope * (c - a) as f64;
+        (predicted > needs && rise + noise < predicted / 2.0).then_some((a, c, rise, predicted))
+    };
+    let mut by_size: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
+    for t in trials
+        .iter()
+        .filter(|t| t.steps == steps && (lo..=hi).contains(&t.batch))
+    {
+        if let (true, Some(p)) = (t.outcome.fits(), t.outcome.peak_bytes()) {
+            by_size.entry(t.batch).or_default().push(p);
+        }
+    }
+    // a job whose peak moves from run to run scatters its fits about their line by that much: a
+    // pair is read only beyond it
+    let scatter = crate::search::noise::residual_range(&by_size).unwrap_or(0) as f64;
+    let needs = 2.0 * noise.max(scatter);
+    let sizes: Vec<u64> = by_size.keys().copied().collect();
+    let pairs = sizes
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &a)| sizes[i + 1..].iter().map(move |&c| (a, c)));
+    stalled(lo, hi, true, 0.0).or_else(|| {
+        pairs
+            .into_iter()
+            .find_map(|(a, c)| stalled(a, c, false, needs))
+    })
 }
 
 /// What a refusal for the batch size says to do.

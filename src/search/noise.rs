@@ -161,7 +161,7 @@ pub fn contradictions(trials: &[TrialRecord]) -> Vec<Contradiction> {
 /// largest fit up (memory grows linearly with the batch there, above any knee), when at least three
 /// sizes ran there: a few repeats of one size rarely see a job's whole range of noise, the fits of the
 /// search near the boundary add theirs.
-fn residual_range(by_size: &std::collections::BTreeMap<u64, Vec<u64>>) -> Option<u64> {
+pub(crate) fn residual_range(by_size: &std::collections::BTreeMap<u64, Vec<u64>>) -> Option<u64> {
     let top = *by_size.keys().next_back()?;
     let points: Vec<(f64, f64)> = by_size
         .range(top / 2..)

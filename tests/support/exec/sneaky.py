@@ -27,6 +27,8 @@ either way. Modes (applied to every size):
                  there), then the job halves its batch until it is at most N (an out-of-memory
                  retry inside the job, saying nothing), holds that many MiB, exits 0
   retry-logged   the same, logging each caught out-of-memory in PyTorch's words on stderr
+  clamp          trains min(batch, N) samples whatever it is given (a dataset of N samples without
+                 drop_last, a size clamped in the script): holds that many MiB, exits 0
   retry-reported above N each attempt is refused at once, before it touches a page (as a caching
                  allocator refuses a block), and the job halves its batch until it is at most N,
                  holds that many MiB and writes a report that says it read and ran the size it was
@@ -73,6 +75,12 @@ if mode == "retry-reported":
                    "accumulation": int(os.environ.get("BATCHFIT_ACCUMULATION", "1")),
                    "reads_accumulation": True, "step_seconds": [0.01], "rank": 0,
                    "world_size": 1, "cuda": None}, f)
+    sys.exit(0)
+
+if mode == "clamp":
+    import hold  # next to this file
+
+    hold.hold(min(batch, fits_up_to))
     sys.exit(0)
 
 if mode in ("grows", "ignore-batch", "retry-silent", "retry-logged"):
