@@ -289,3 +289,29 @@ fn a_changed_file_the_job_opens_outside_the_working_directory_is_not_answered_fr
     );
     assert_eq!(second["recommendation"]["max_fitting_batch"], 2, "{second}");
 }
+
+/// A helper that reports the files the job read but not its installed packages (a copy older than
+/// this batchfit) cannot show a changed package: its plan is not answered from the cache, said in
+/// one line.
+#[test]
+fn a_job_whose_helper_reports_no_installed_packages_is_not_answered_from_the_cache() {
+    let d = tmp();
+    let cache = fresh_cache_dir();
+    write_job(d.path());
+    let job = std::fs::read_to_string(d.path().join("job.py")).unwrap();
+    let old_helper = "import batchfit_trial as bt\nbt._python_environment = lambda: None\n";
+    std::fs::write(
+        d.path().join("job.py"),
+        job.replace("import batchfit_trial as bt\n", old_helper),
+    )
+    .unwrap();
+    for _ in 0..2 {
+        let (plan, err) = probe(d.path(), &cache, &[], &[], &JOB);
+        assert_eq!(plan["recommendation"]["max_fitting_batch"], 6, "{plan}");
+        assert!(!err.contains("plan from cache"), "{err}");
+        assert!(
+            err.contains("cache not used: the command's helper reports no installed packages"),
+            "{err}"
+        );
+    }
+}

@@ -38,9 +38,12 @@ The report (JSON, written atomically: a temporary file in the same directory, th
      "python": "3.11.7", "torch": "2.11.0+cu130"}  # torch: its __version__ when the script imported it, else null
 
 plus ``"read_files": [...]`` (absolute paths, at most 500: the files of the modules the job imported from
-outside the standard library and site-packages/dist-packages, then the files under the working directory
-it opened for reading after this module was imported; batchfit hashes them, so a cached plan is not
-used once one of them changed), ``"samples": N`` (the largest micro-batch counted with ``step(samples=len(x))``) only when counted, and
+outside the standard library and site-packages/dist-packages, then the files it opened for reading after
+this module was imported, in the working directory or anywhere else but the Python installation's
+folders and /proc, /sys, /dev; batchfit hashes them, so a cached plan is not used once one of them
+changed), ``"python_environment": {"site_dirs": [...], "distributions": [...], "files": [{"path", "size",
+"mtime_ns"}, ...]}`` (the installed packages: a cached plan is not used once one was edited, upgraded,
+installed or removed; null when it cannot be found), ``"samples": N`` (the largest micro-batch counted with ``step(samples=len(x))``) only when counted, and
 ``"extra": {...}`` only when ``report(**extra)`` was given extra keywords, and ``"modules": [...]`` (the
 top-level installed packages the job imported, e.g. ``["numpy", "torch"]``: what batchfit's warm trial
 processes import ahead of the next trial). A block or script that ends with an exception writes no
