@@ -1064,6 +1064,7 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
         sweep_point: None,
         environment_sha256: crate::plan::schema::environment_sha256(),
         read_files: None,
+        python_environment: None,
     };
     Ok((
         Some(ExecConfig {

@@ -187,3 +187,131 @@ fn a_changed_module_is_not_answered_from_the_cache_when_fingerprint_files_are_al
     );
     assert_eq!(second["recommendation"]["max_fitting_batch"], 3, "{second}");
 }
+
+/// An installed package the job imports (a module under a `site-packages` folder that sets the
+/// model's width) is not hashed like the job's own modules, but its files' sizes and modification
+/// times are recorded: edited in place (or upgraded), the cached plan is not answered.
+#[test]
+fn a_changed_installed_package_is_not_answered_from_the_cache() {
+    let d = tmp();
+    let cache = fresh_cache_dir();
+    let work = d.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    write_job(&work);
+    let site = d.path().join("venv/lib/python3/site-packages");
+    std::fs::create_dir_all(site.join("widthpkg")).unwrap();
+    std::fs::create_dir_all(site.join("widthpkg-1.0.dist-info")).unwrap();
+    let init = site.join("widthpkg/__init__.py");
+    std::fs::write(&init, "WIDTH = 1\n").unwrap();
+    let job = std::fs::read_to_string(work.join("job.py")).unwrap();
+    let import = format!(
+        "sys.path.insert(0, {:?})\nimport hold, widthpkg as model\n",
+        site.display().to_string()
+    );
+    std::fs::write(
+        work.join("job.py"),
+        job.replace("import hold, model\n", &import),
+    )
+    .unwrap();
+    let (first, _) = probe(&work, &cache, &[], &[], &JOB);
+    assert_eq!(first["recommendation"]["max_fitting_batch"], 6, "{first}");
+    let (_, err) = probe(&work, &cache, &[], &[], &JOB);
+    assert!(err.contains("plan from cache"), "{err}");
+    std::fs::write(&init, "WIDTH = 2\n").unwrap();
+    let (second, err) = probe(&work, &cache, &[], &[], &JOB);
+    assert!(!err.contains("plan from cache"), "{err}");
+    assert!(
+        err.contains("widthpkg/__init__.py changed since the plan was made"),
+        "{err}"
+    );
+    assert_eq!(second["recommendation"]["max_fitting_batch"], 3, "{second}");
+}
+
+/// A config file outside the working directory, named on the command line (`../conf/model.cfg`,
+/// an extension batchfit does not know) and opened by the job: changed, the cached plan is not
+/// answered.
+#[test]
+fn a_changed_config_file_outside_the_working_directory_is_not_answered_from_the_cache() {
+    let d = tmp();
+    let cache = fresh_cache_dir();
+    let work = d.path().join("work");
+    let conf = d.path().join("conf/model.cfg");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::create_dir_all(conf.parent().unwrap()).unwrap();
+    std::fs::write(&conf, "scale = 1\n").unwrap();
+    write_job(&work);
+    let job = std::fs::read_to_string(work.join("job.py")).unwrap();
+    std::fs::write(
+        work.join("job.py"),
+        job.replace("open('cfg.toml')", "open(sys.argv[1])"),
+    )
+    .unwrap();
+    let cmd = ["/usr/bin/python3", "job.py", "../conf/model.cfg"];
+    let (first, _) = probe(&work, &cache, &[], &[], &cmd);
+    assert_eq!(first["recommendation"]["max_fitting_batch"], 6, "{first}");
+    let (_, err) = probe(&work, &cache, &[], &[], &cmd);
+    assert!(err.contains("plan from cache"), "{err}");
+    std::fs::write(&conf, "scale = 3\n").unwrap();
+    let (second, err) = probe(&work, &cache, &[], &[], &cmd);
+    assert!(!err.contains("plan from cache"), "{err}");
+    assert_eq!(second["recommendation"]["max_fitting_batch"], 2, "{second}");
+}
+
+/// A config file outside the working directory that the job opens without naming it on the command
+/// line (`../conf/model.cfg` in its code) is recorded like the files it reads inside: changed, the
+/// cached plan is not answered, and the message names it.
+#[test]
+fn a_changed_file_the_job_opens_outside_the_working_directory_is_not_answered_from_the_cache() {
+    let d = tmp();
+    let cache = fresh_cache_dir();
+    let work = d.path().join("work");
+    let conf = d.path().join("conf/model.cfg");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::create_dir_all(conf.parent().unwrap()).unwrap();
+    std::fs::write(&conf, "scale = 1\n").unwrap();
+    write_job(&work);
+    let job = std::fs::read_to_string(work.join("job.py")).unwrap();
+    std::fs::write(
+        work.join("job.py"),
+        job.replace("open('cfg.toml')", "open('../conf/model.cfg')"),
+    )
+    .unwrap();
+    let (first, _) = probe(&work, &cache, &[], &[], &JOB);
+    assert_eq!(first["recommendation"]["max_fitting_batch"], 6, "{first}");
+    let (_, err) = probe(&work, &cache, &[], &[], &JOB);
+    assert!(err.contains("plan from cache"), "{err}");
+    std::fs::write(&conf, "scale = 3\n").unwrap();
+    let (second, err) = probe(&work, &cache, &[], &[], &JOB);
+    assert!(!err.contains("plan from cache"), "{err}");
+    assert!(
+        err.contains("conf/model.cfg changed since the plan was made"),
+        "{err}"
+    );
+    assert_eq!(second["recommendation"]["max_fitting_batch"], 2, "{second}");
+}
+
+/// A helper that reports the files the job read but not its installed packages (a copy older than
+/// this batchfit) cannot show a changed package: its plan is not answered from the cache, said in
+/// one line.
+#[test]
+fn a_job_whose_helper_reports_no_installed_packages_is_not_answered_from_the_cache() {
+    let d = tmp();
+    let cache = fresh_cache_dir();
+    write_job(d.path());
+    let job = std::fs::read_to_string(d.path().join("job.py")).unwrap();
+    let old_helper = "import batchfit_trial as bt\nbt._python_environment = lambda: None\n";
+    std::fs::write(
+        d.path().join("job.py"),
+        job.replace("import batchfit_trial as bt\n", old_helper),
+    )
+    .unwrap();
+    for _ in 0..2 {
+        let (plan, err) = probe(d.path(), &cache, &[], &[], &JOB);
+        assert_eq!(plan["recommendation"]["max_fitting_batch"], 6, "{plan}");
+        assert!(!err.contains("plan from cache"), "{err}");
+        assert!(
+            err.contains("cache not used: the command's helper reports no installed packages"),
+            "{err}"
+        );
+    }
+}

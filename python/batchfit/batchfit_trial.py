@@ -38,9 +38,12 @@ The report (JSON, written atomically: a temporary file in the same directory, th
      "python": "3.11.7", "torch": "2.11.0+cu130"}  # torch: its __version__ when the script imported it, else null
 
 plus ``"read_files": [...]`` (absolute paths, at most 500: the files of the modules the job imported from
-outside the standard library and site-packages/dist-packages, then the files under the working directory
-it opened for reading after this module was imported; batchfit hashes them, so a cached plan is not
-used once one of them changed), ``"samples": N`` (the largest micro-batch counted with ``step(samples=len(x))``) only when counted, and
+outside the standard library and site-packages/dist-packages, then the files it opened for reading after
+this module was imported, in the working directory or anywhere else but the Python installation's
+folders and /proc, /sys, /dev; batchfit hashes them, so a cached plan is not used once one of them
+changed), ``"python_environment": {"site_dirs": [...], "distributions": [...], "files": [{"path", "size",
+"mtime_ns"}, ...]}`` (the installed packages: a cached plan is not used once one was edited, upgraded,
+installed or removed; null when it cannot be found), ``"samples": N`` (the largest micro-batch counted with ``step(samples=len(x))``) only when counted, and
 ``"extra": {...}`` only when ``report(**extra)`` was given extra keywords, and ``"modules": [...]`` (the
 top-level installed packages the job imported, e.g. ``["numpy", "torch"]``: what batchfit's warm trial
 processes import ahead of the next trial). A block or script that ends with an exception writes no
@@ -136,11 +139,16 @@ _state = {
 #: At most this many paths in a report's ``read_files`` (and this many opened files recorded).
 READ_FILES_MAX = 500
 _OPENED_MAX = 200
-_opened = []  # files under the working directory opened for reading (audit hook), in order
+_opened = []  # files the job opened for reading (audit hook), in order, outside the installation
+#: Folders whose files are the installation's, not the job's: the interpreter's prefixes, standard
+#: library and site dirs, and the kernel's pseudo-files (set when the hook is installed).
+_not_the_jobs = ()
+_PSEUDO_DIRS = ("/proc", "/sys", "/dev")
 
 
 def _record_open(event, args):
-    """Audit hook: remember a file under the working directory opened for reading. Never raises."""
+    """Audit hook: remember a file the job opened for reading (in the working directory or anywhere
+    else, not the installation's own files). Never raises."""
     if event != "open" or len(_opened) >= _OPENED_MAX:
         return
     try:
@@ -153,23 +161,51 @@ def _record_open(event, args):
         elif flags is not None and (flags & os.O_ACCMODE) != os.O_RDONLY:
             return
         path = os.path.abspath(os.fsdecode(path))
-        if path.startswith(os.getcwd() + os.sep) and path not in _opened:
-            _opened.append(path)
+        if path in _opened or path.startswith(_not_the_jobs) or _in_site_packages(path):
+            return
+        _opened.append(path)
     except Exception:
         pass
 
 
 def _install_open_hook():
     """Record the files the job reads (only under batchfit; an audit hook cannot be removed)."""
+    global _not_the_jobs
     if not os.environ.get(ENV_RESULT):
         return
     try:
+        dirs = _library_dirs() | set(_site_dirs())
+        dirs |= {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}
+        dirs |= {os.path.realpath(d) for d in dirs}
+        _not_the_jobs = tuple(sorted(d.rstrip(os.sep) + os.sep for d in dirs if d and d != os.sep))
+        _not_the_jobs += tuple(d + os.sep for d in _PSEUDO_DIRS)
         sys.addaudithook(_record_open)
     except Exception:
         pass
 
 
-_install_open_hook()
+def _in_site_packages(path):
+    parts = path.split(os.sep)
+    return "site-packages" in parts or "dist-packages" in parts
+
+
+def _site_dirs():
+    """The interpreter's folders of installed packages: its site dirs and the ``site-packages`` /
+    ``dist-packages`` folders on ``sys.path``. Never raises."""
+    out = []
+    try:
+        import site
+
+        cands = list(getattr(site, "getsitepackages", lambda: [])())
+        cands.append(getattr(site, "getusersitepackages", lambda: "")())
+    except Exception:
+        cands = []
+    cands += [p for p in sys.path if isinstance(p, str) and os.path.basename(p.rstrip(os.sep)) in
+              ("site-packages", "dist-packages")]
+    for d in cands:
+        if d and os.path.isdir(d) and os.path.abspath(d) not in out:
+            out.append(os.path.abspath(d))
+    return out
 
 
 def _library_dirs():
@@ -185,11 +221,13 @@ def _library_dirs():
 
 
 def _is_library(path, dirs):
-    parts = path.split(os.sep)
-    if "site-packages" in parts or "dist-packages" in parts:
+    if _in_site_packages(path):
         return True
     real = os.path.realpath(path)
     return any(real == d or real.startswith(d + os.sep) for d in dirs)
+
+
+_install_open_hook()
 
 
 def _read_files():
@@ -212,6 +250,42 @@ def _read_files():
     except Exception:
         pass
     return sorted(out[:READ_FILES_MAX])
+
+
+#: The suffixes of the folders that name an installed distribution (name and version) in a site dir.
+_DISTRIBUTION_SUFFIXES = (".dist-info", ".egg-info")
+
+
+def _python_environment():
+    """What the job's installed packages are: the interpreter's site dirs, the distributions in them
+    (``torch-2.11.0.dist-info``, ...) and, for every module the job imported from a site-packages or
+    dist-packages folder, its file's size and modification time (a stat, no hash: ``import torch``
+    alone imports well over a thousand files). batchfit refuses a cached plan once any of it changed
+    (a package edited in place, upgraded, installed or removed). ``None`` when it cannot be found.
+    Never raises."""
+    try:
+        site_dirs = _site_dirs()
+        dists = []
+        for d in site_dirs:
+            with os.scandir(d) as it:
+                dists += [os.path.join(d, e.name) for e in it if e.name.endswith(_DISTRIBUTION_SUFFIXES)]
+        files = {}
+        for module in list(sys.modules.values()):
+            f = getattr(module, "__file__", None)
+            if not isinstance(f, str) or not f:
+                continue
+            f = os.path.abspath(f)
+            if f in files or not _in_site_packages(f):
+                continue
+            try:
+                st = os.stat(f)
+            except OSError:
+                continue
+            files[f] = {"path": f, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        return {"site_dirs": site_dirs, "distributions": sorted(dists),
+                "files": [files[k] for k in sorted(files)]}
+    except Exception:
+        return None
 
 
 #: At most this many names in a report's ``modules``.
@@ -435,6 +509,7 @@ def _build_report(batch, steps_done, accum, step_seconds, rank, world_size, extr
     }
     report_obj["read_files"] = _read_files()
     report_obj["modules"] = _third_party_modules()
+    report_obj["python_environment"] = _python_environment()
     if _state["samples"] is not None:
         report_obj["samples"] = _state["samples"]
     if _state["job_steps"] is not None:

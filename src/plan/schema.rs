@@ -214,8 +214,8 @@ pub struct ExecInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<u32>,
     /// Files of the command hashed without being asked (part of the cache key, not of
-    /// `fingerprint`): the first argument that is a regular file (the program or its script) and
-    /// every argument that is a regular file ending in `.py`, `.sh`, `.yaml`, `.yml` or `.json`.
+    /// `fingerprint`): every argument that is a regular file (the program, its script, a config
+    /// file in any folder and of any extension), as given.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub auto_fingerprint_files: Vec<FileHash>,
     /// A point of `--sweep` (`{seq}` or `{image-size}`, already substituted in `argv`): the
@@ -233,6 +233,34 @@ pub struct ExecInfo {
     /// cache is not used for it unless `--fingerprint-file` names what it reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_files: Option<Vec<FileHash>>,
+    /// The installed packages the command ran with, by its trials' reports (the helper's
+    /// `python_environment`): a cached plan is used only while they are the same. Absent when no
+    /// trial's report says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python_environment: Option<PythonEnvironment>,
+}
+
+/// The Python installation a job's helper saw: its site dirs, the distributions installed there
+/// and the stat of each file the job imported from them. A stat, not a hash: `import torch` alone
+/// imports well over a thousand files, and a package edited in place or upgraded by pip gets new
+/// modification times.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PythonEnvironment {
+    /// The interpreter's site-packages / dist-packages folders (absolute).
+    pub site_dirs: Vec<String>,
+    /// The `*.dist-info` and `*.egg-info` entries of those folders (absolute paths), sorted: each
+    /// names a distribution and its version.
+    pub distributions: Vec<String>,
+    /// The files of the modules the job imported from those folders, sorted by path.
+    pub files: Vec<FileStat>,
+}
+
+/// A file known by its size and modification time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStat {
+    pub path: String,
+    pub size: u64,
+    pub mtime_ns: i128,
 }
 
 /// The point of a `--sweep` an exec plan was probed at.
@@ -243,31 +271,21 @@ pub struct ExecSweepPoint {
     pub value: u64,
 }
 
-/// The file extensions of a command's arguments whose content is hashed into the cache key.
-pub const AUTO_FINGERPRINT_EXTENSIONS: [&str; 5] = ["py", "sh", "yaml", "yml", "json"];
-
 /// The files of `argv` whose content goes into the cache key (see
 /// [`ExecInfo::auto_fingerprint_files`]), with their hashes; files that cannot be read are skipped.
 pub fn auto_fingerprint(argv: &[String]) -> Vec<FileHash> {
     let mut v: Vec<FileHash> = vec![];
-    let mut first = true;
     for a in argv {
         let p = std::path::Path::new(a);
-        if !std::fs::metadata(p).is_ok_and(|m| m.is_file()) {
+        if !std::fs::metadata(p).is_ok_and(|m| m.is_file()) || v.iter().any(|f| f.path == *a) {
             continue;
         }
-        let listed = p
-            .extension()
-            .is_some_and(|e| AUTO_FINGERPRINT_EXTENSIONS.contains(&e.to_string_lossy().as_ref()));
-        if (first || listed) && !v.iter().any(|f| f.path == *a) {
-            if let Ok(sha256) = crate::platform::files::sha256(p) {
-                v.push(FileHash {
-                    path: a.clone(),
-                    sha256,
-                });
-            }
+        if let Ok(sha256) = crate::platform::files::sha256(p) {
+            v.push(FileHash {
+                path: a.clone(),
+                sha256,
+            });
         }
-        first = false;
     }
     v
 }
@@ -797,5 +815,41 @@ impl SearchSettings {
             repeats: c.repeats,
             noise_spread_bytes: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every argument that is a regular file is hashed into the key, whatever its extension and
+    /// folder (`../conf/model.cfg`); a folder, a missing path and a plain word are not files.
+    #[test]
+    fn every_regular_file_argument_is_fingerprinted_whatever_its_extension_and_folder() {
+        let tmp = tempfile::tempdir().unwrap();
+        let conf = tmp.path().join("conf");
+        std::fs::create_dir(&conf).unwrap();
+        for name in ["model.cfg", "settings", "train.py"] {
+            std::fs::write(conf.join(name), name).unwrap();
+        }
+        let arg = |name: &str| conf.join(name).display().to_string();
+        let argv = [
+            arg("train.py"),
+            "{batch}".to_string(),
+            arg("model.cfg"),
+            conf.display().to_string(),
+            arg("missing.toml"),
+            arg("settings"),
+            arg("model.cfg"),
+        ];
+        let paths: Vec<String> = auto_fingerprint(&argv)
+            .into_iter()
+            .map(|f| f.path)
+            .collect();
+        assert_eq!(
+            paths,
+            [arg("train.py"), arg("model.cfg"), arg("settings")],
+            "{paths:?}"
+        );
     }
 }

@@ -331,6 +331,7 @@ mod tests {
                 job_steps: None,
                 read_files: None,
                 modules: None,
+                python_environment: None,
             }),
             ..Default::default()
         });

@@ -159,14 +159,108 @@ pub fn read_files(
     )
 }
 
+/// The installed packages the trials' reports say the command ran with (their site dirs,
+/// distributions and imported files, merged over the trials); `None` when no report says.
+pub fn python_environment(
+    trials: &[crate::search::TrialRecord],
+) -> Option<crate::plan::schema::PythonEnvironment> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut site_dirs: Vec<String> = vec![];
+    let mut distributions = BTreeSet::new();
+    let mut files = BTreeMap::new();
+    let mut any = false;
+    let reports = trials
+        .iter()
+        .filter_map(|t| t.details.as_ref())
+        .flat_map(|d| d.report.iter().chain(&d.rank_reports));
+    for env in reports.filter_map(|r| r.python_environment.as_ref()) {
+        any = true;
+        for d in &env.site_dirs {
+            if !site_dirs.contains(d) {
+                site_dirs.push(d.clone());
+            }
+        }
+        distributions.extend(env.distributions.iter().cloned());
+        for f in &env.files {
+            files.entry(f.path.clone()).or_insert_with(|| f.clone());
+        }
+    }
+    any.then(|| crate::plan::schema::PythonEnvironment {
+        site_dirs,
+        distributions: distributions.into_iter().collect(),
+        files: files.into_values().collect(),
+    })
+}
+
+/// The `*.dist-info` / `*.egg-info` entries of `site_dirs` now (absolute, sorted); a folder that
+/// cannot be listed has none.
+fn distributions_now(site_dirs: &[String]) -> Vec<String> {
+    let mut v: Vec<String> = site_dirs
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flatten()
+        .flatten()
+        .map(|e| e.path().display().to_string())
+        .filter(|p| p.ends_with(".dist-info") || p.ends_with(".egg-info"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Why the installed packages a cached plan was made with are not those of now, if they are not: a
+/// distribution installed, removed or upgraded in one of its site dirs, or a file the job imported
+/// from them changed (size or modification time) or gone.
+fn stale_environment(env: &crate::plan::schema::PythonEnvironment) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let now = distributions_now(&env.site_dirs);
+    if now != env.distributions {
+        let added = now.iter().find(|d| !env.distributions.contains(d));
+        let removed = env.distributions.iter().find(|d| !now.contains(d));
+        let what = match (added, removed) {
+            (Some(a), _) => format!("{a} is new"),
+            (None, Some(r)) => format!("{r} is gone"),
+            (None, None) => "their order".to_string(),
+        };
+        return Some(format!(
+            "the installed packages changed since the plan was made ({what})"
+        ));
+    }
+    env.files.iter().find_map(|f| {
+        let why = match std::fs::metadata(&f.path) {
+            Ok(m) => {
+                let mtime_ns = i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec());
+                if m.len() == f.size && mtime_ns == f.mtime_ns {
+                    return None;
+                }
+                "changed since the plan was made".to_string()
+            }
+            Err(e) => format!("cannot be read now ({e})"),
+        };
+        Some(format!(
+            "{} {why} (an installed package the command imports)",
+            f.path
+        ))
+    })
+}
+
 /// Why a cached `--exec` plan does not hold for the command as it is now, if it does not: a file
 /// named by `--fingerprint-file` or a file the command read changed or is gone (both are checked:
-/// naming some files never stops the check of the others), or it reported nothing of what it reads
-/// and no `--fingerprint-file` was given.
+/// naming some files never stops the check of the others), its installed packages changed, or it
+/// reported nothing of what it reads (or, by the helper, nothing of its installed packages) and no
+/// `--fingerprint-file` was given.
 fn stale_exec(plan: &Plan) -> Option<String> {
     let info = plan.model.exec()?;
     if info.read_files.is_none() && info.fingerprint_files.is_empty() {
         return Some(NO_HELPER_DATA.to_string());
+    }
+    match &info.python_environment {
+        Some(env) => {
+            if let Some(why) = stale_environment(env) {
+                return Some(why);
+            }
+        }
+        None if info.read_files.is_some() => return Some(NO_ENVIRONMENT_DATA.to_string()),
+        None => {}
     }
     let named = info
         .fingerprint_files
@@ -192,6 +286,12 @@ fn stale_exec(plan: &Plan) -> Option<String> {
 /// Why an `--exec` plan of a job without the helper's report is never answered from the cache.
 pub const NO_HELPER_DATA: &str = "cache not used: the command reports no helper data, so batchfit \
      cannot see which files it reads; add --fingerprint-file FILE... or use the helper";
+
+/// Why an `--exec` plan whose helper reported the files the job read but not its installed
+/// packages (a copy of the helper older than this batchfit) is never answered from the cache.
+pub const NO_ENVIRONMENT_DATA: &str = "cache not used: the command's helper reports no installed \
+     packages (an older batchfit_trial.py?), so batchfit cannot see whether they changed; update it \
+     with `batchfit python-helper > batchfit_trial.py`";
 
 /// The cache key of a probe: `skeleton` is the plan before any trial (device, model, budget, search
 /// flags, runtime), `cfg` adds the split and advice settings.
@@ -514,6 +614,7 @@ mod tests {
             sweep_point: None,
             environment_sha256: String::new(),
             read_files: Some(vec![hashed("model.py", "WIDTH = 1")]),
+            python_environment: Some(Default::default()),
         });
         assert_eq!(stale_exec(&plan), None);
         std::fs::write(dir.join("model.py"), "WIDTH = 2").unwrap();
@@ -529,6 +630,48 @@ mod tests {
             why.contains("notes.txt changed since the plan was made"),
             "{why}"
         );
+    }
+
+    /// The installed packages of a cached plan are checked by their site dirs' distributions and
+    /// the stat of the files the job imported: a distribution installed (or upgraded: a new
+    /// version's folder) and a file rewritten are each noticed, the same stat is not.
+    #[test]
+    fn a_changed_distribution_or_imported_package_file_makes_the_environment_stale() {
+        use crate::plan::schema::{FileStat, PythonEnvironment};
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let site = tmp.path().join("site-packages");
+        std::fs::create_dir_all(site.join("pkg-1.0.dist-info")).unwrap();
+        let file = site.join("pkg.py");
+        std::fs::write(&file, "WIDTH = 1").unwrap();
+        let stat = |p: &Path| {
+            let m = std::fs::metadata(p).unwrap();
+            FileStat {
+                path: p.display().to_string(),
+                size: m.len(),
+                mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            }
+        };
+        let env = PythonEnvironment {
+            site_dirs: vec![site.display().to_string()],
+            distributions: vec![site.join("pkg-1.0.dist-info").display().to_string()],
+            files: vec![stat(&file)],
+        };
+        assert_eq!(stale_environment(&env), None);
+        std::fs::create_dir(site.join("other-2.0.dist-info")).unwrap();
+        let why = stale_environment(&env).expect("a distribution was installed");
+        assert!(why.contains("other-2.0.dist-info is new"), "{why}");
+        std::fs::remove_dir(site.join("other-2.0.dist-info")).unwrap();
+        let mut older = env.clone();
+        older.files[0].mtime_ns -= 1;
+        let why = stale_environment(&older).expect("the file's modification time moved");
+        assert!(
+            why.contains("pkg.py changed since the plan was made"),
+            "{why}"
+        );
+        std::fs::remove_file(&file).unwrap();
+        let why = stale_environment(&env).expect("the file is gone");
+        assert!(why.contains("pkg.py cannot be read now"), "{why}");
     }
 
     #[test]

@@ -176,13 +176,13 @@ fn finish(
     mut notices: Vec<String>,
 ) -> Result<ProbeReport, ProbeError> {
     let mut plan = plan;
-    let cacheable = record_read_files(&mut plan);
+    let uncacheable = record_read_files(&mut plan);
     let written = report::write(cfg.out.as_deref(), &plan)?;
     let cache = cache.filter(|c| c.write);
-    if let (Some(_), Status::Complete, false) = (cache, plan.status, cacheable) {
-        notices.push(format!("batchfit: {}", cache::NO_HELPER_DATA));
+    if let (Some(_), Status::Complete, Some(why)) = (cache, plan.status, uncacheable) {
+        notices.push(format!("batchfit: {why}"));
     }
-    let cache = cache.filter(|_| cacheable);
+    let cache = cache.filter(|_| uncacheable.is_none());
     if let (Some(c), Some(key), Status::Complete) = (cache, key, plan.status) {
         if let Err(e) = cache::store(&c.dir, key, &plan) {
             notices.push(format!("batchfit: warning: the plan was not cached: {e}"));
@@ -196,22 +196,32 @@ fn finish(
     })
 }
 
-/// An `--exec` plan records the files its trials' reports say the command read, with their hashes
-/// (moved out of each trial's report). Whether the plan may be answered from the cache later: not
-/// an `--exec` plan, or one that knows what the command reads (the helper's reports or
-/// `--fingerprint-file`).
-fn record_read_files(plan: &mut Plan) -> bool {
+/// An `--exec` plan records the files its trials' reports say the command read, with their hashes,
+/// and the installed packages they ran with (moved out of each trial's report). Why the plan may
+/// not be answered from the cache later, if not: an `--exec` plan that does not know what the
+/// command reads (neither the helper's reports nor `--fingerprint-file`), or whose helper reports
+/// what it reads but not its installed packages.
+fn record_read_files(plan: &mut Plan) -> Option<&'static str> {
     let read = cache::read_files(&plan.trials);
+    let environment = cache::python_environment(&plan.trials);
     for d in plan.trials.iter_mut().filter_map(|t| t.details.as_mut()) {
         for r in d.report.iter_mut().chain(d.rank_reports.iter_mut()) {
             r.read_files = None;
+            r.python_environment = None;
         }
     }
     let plan::WorkloadInfo::Exec(info) = &mut plan.model else {
-        return true;
+        return None;
     };
     info.read_files = read;
-    info.read_files.is_some() || !info.fingerprint_files.is_empty()
+    info.python_environment = environment;
+    if info.read_files.is_none() && info.fingerprint_files.is_empty() {
+        Some(cache::NO_HELPER_DATA)
+    } else if info.read_files.is_some() && info.python_environment.is_none() {
+        Some(cache::NO_ENVIRONMENT_DATA)
+    } else {
+        None
+    }
 }
 
 fn one_device(

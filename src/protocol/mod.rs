@@ -431,6 +431,11 @@ pub struct TrialReport {
     /// a warm trial process imports ahead of the next trial. Absent when the report does not say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub modules: Option<Vec<String>>,
+    /// The installed packages the job ran with (the helper's: its site dirs, their distributions,
+    /// the stat of each file it imported from them). Absent in a report that does not say (the
+    /// plan then keeps it in `model.python_environment`, not per trial).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python_environment: Option<crate::plan::schema::PythonEnvironment>,
 }
 
 fn one_u32() -> u32 {

@@ -21,7 +21,8 @@ sys.path.insert(0, HELPER_DIR)
 import batchfit_trial as bt  # noqa: E402
 
 REPORT_KEYS = {"schema", "batch", "steps", "accumulation", "reads_accumulation", "reads_batch", "step_seconds",
-               "rank", "world_size", "cuda", "python", "torch", "read_files", "modules"}
+               "rank", "world_size", "cuda", "python", "torch", "read_files", "modules",
+               "python_environment"}
 
 
 class HelperCase(unittest.TestCase):
@@ -121,6 +122,47 @@ class InsideBatchfit(HelperCase):
         self.assertIn("cfg.toml", names)
         self.assertNotIn("out.log", names)
         self.assertFalse(any(f.endswith(os.sep + "json" + os.sep + "__init__.py") for f in files), files)
+
+    def test_files_opened_outside_the_working_directory_are_read_files_but_the_installations_are_not(self):
+        self.trial_env()
+        conf = os.path.join(self.tmp.name, "conf")
+        work = os.path.join(self.tmp.name, "work")
+        lib = os.path.join(self.tmp.name, "prefix", "lib")
+        for d in (conf, work, lib):
+            os.makedirs(d)
+        for f in (os.path.join(conf, "model.cfg"), os.path.join(lib, "installed.txt")):
+            with open(f, "w") as fh:
+                fh.write("x\n")
+        cwd = os.getcwd()
+        os.chdir(work)
+        self.addCleanup(os.chdir, cwd)
+        del bt._opened[:]
+        with mock.patch.object(bt, "_not_the_jobs", (os.path.join(self.tmp.name, "prefix") + os.sep,)):
+            bt._record_open("open", ("../conf/model.cfg", "r", 0))
+            bt._record_open("open", (os.path.join(lib, "installed.txt"), "r", 0))
+        files = bt.report(batch=16, steps=3) and self.read()["read_files"]
+        self.assertIn(os.path.join(conf, "model.cfg"), files)
+        self.assertNotIn(os.path.join(lib, "installed.txt"), files)
+
+    def test_installed_packages_are_recorded_by_their_distributions_and_their_files_stat(self):
+        self.trial_env()
+        site = os.path.join(self.tmp.name, "venv", "site-packages")
+        os.makedirs(os.path.join(site, "pkg_for_env_test"))
+        os.makedirs(os.path.join(site, "pkg_for_env_test-1.0.dist-info"))
+        init = os.path.join(site, "pkg_for_env_test", "__init__.py")
+        with open(init, "w") as f:
+            f.write("WIDTH = 3\n")
+        sys.path.insert(0, site)
+        self.addCleanup(sys.path.remove, site)
+        self.addCleanup(sys.modules.pop, "pkg_for_env_test", None)
+        importlib.import_module("pkg_for_env_test")
+        r = bt.report(batch=16, steps=3) and self.read()
+        env = r["python_environment"]
+        self.assertIn(site, env["site_dirs"])
+        self.assertIn(os.path.join(site, "pkg_for_env_test-1.0.dist-info"), env["distributions"])
+        st = os.stat(init)
+        self.assertIn({"path": init, "size": st.st_size, "mtime_ns": st.st_mtime_ns}, env["files"])
+        self.assertNotIn(init, r["read_files"])
 
     def test_a_failure_finding_the_read_files_leaves_the_report_whole(self):
         self.trial_env()
