@@ -124,7 +124,11 @@ fn a_plain_pytorch_script_gets_its_true_maximum() {
     let p = read_json(&out);
     let r = &p["recommendation"];
     let b = r["max_fitting_batch"].as_u64().unwrap();
-    assert_eq!(r["first_failing_batch"].as_u64(), Some(b + GRID), "{r}");
+    // the bracket is the next size up, unless fresh runs spread wider than the guard band and the
+    // answer stepped below that noise (then the fresh runs below bound it from both sides)
+    if p["stop_reason"] != "proven-below-noise" {
+        assert_eq!(r["first_failing_batch"].as_u64(), Some(b + GRID), "{r}");
+    }
     let limit = p["limit_bytes"].as_u64().unwrap();
     let mech = p["limit_mechanism"].as_str().unwrap().to_string();
     // every fit was checked against the script's own report
