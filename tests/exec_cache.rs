@@ -89,6 +89,25 @@ fn probe_changed_with(
     (first, second, err)
 }
 
+/// `job.py` in `dir` with `from` replaced by `to`.
+fn edit_job(dir: &Path, from: &str, to: &str) {
+    let job = std::fs::read_to_string(dir.join("job.py")).unwrap();
+    assert!(job.contains(from), "{from:?} not in job.py");
+    std::fs::write(dir.join("job.py"), job.replace(from, to)).unwrap();
+}
+
+/// Probes `cmd` in `work` (answer 6), probes it again from the cache, runs `change` and probes a
+/// third time: that plan and stderr.
+fn cached_then_changed(work: &Path, cmd: &[&str], change: impl FnOnce()) -> (Value, String) {
+    let cache = fresh_cache_dir();
+    let (first, _) = probe(work, &cache, &[], &[], cmd);
+    assert_eq!(first["recommendation"]["max_fitting_batch"], 6, "{first}");
+    let (_, err) = probe(work, &cache, &[], &[], cmd);
+    assert!(err.contains("plan from cache"), "{err}");
+    change();
+    probe(work, &cache, &[], &[], cmd)
+}
+
 #[test]
 fn an_unchanged_job_is_answered_from_the_cache() {
     let (first, _, err) = probe_changed(|_| {}, [("WIDTH_MULT", "1"), ("WIDTH_MULT", "1")]);
@@ -194,7 +213,6 @@ fn a_changed_module_is_not_answered_from_the_cache_when_fingerprint_files_are_al
 #[test]
 fn a_changed_installed_package_is_not_answered_from_the_cache() {
     let d = tmp();
-    let cache = fresh_cache_dir();
     let work = d.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
     write_job(&work);
@@ -203,22 +221,14 @@ fn a_changed_installed_package_is_not_answered_from_the_cache() {
     std::fs::create_dir_all(site.join("widthpkg-1.0.dist-info")).unwrap();
     let init = site.join("widthpkg/__init__.py");
     std::fs::write(&init, "WIDTH = 1\n").unwrap();
-    let job = std::fs::read_to_string(work.join("job.py")).unwrap();
     let import = format!(
         "sys.path.insert(0, {:?})\nimport hold, widthpkg as model\n",
         site.display().to_string()
     );
-    std::fs::write(
-        work.join("job.py"),
-        job.replace("import hold, model\n", &import),
-    )
-    .unwrap();
-    let (first, _) = probe(&work, &cache, &[], &[], &JOB);
-    assert_eq!(first["recommendation"]["max_fitting_batch"], 6, "{first}");
-    let (_, err) = probe(&work, &cache, &[], &[], &JOB);
-    assert!(err.contains("plan from cache"), "{err}");
-    std::fs::write(&init, "WIDTH = 2\n").unwrap();
-    let (second, err) = probe(&work, &cache, &[], &[], &JOB);
+    edit_job(&work, "import hold, model\n", &import);
+    let (second, err) = cached_then_changed(&work, &JOB, || {
+        std::fs::write(&init, "WIDTH = 2\n").unwrap()
+    });
     assert!(!err.contains("plan from cache"), "{err}");
     assert!(
         err.contains("widthpkg/__init__.py changed since the plan was made"),
@@ -232,29 +242,27 @@ fn a_changed_installed_package_is_not_answered_from_the_cache() {
 /// answered.
 #[test]
 fn a_changed_config_file_outside_the_working_directory_is_not_answered_from_the_cache() {
+    let (d, work, conf) = job_with_outside_config();
+    edit_job(&work, "open('cfg.toml')", "open(sys.argv[1])");
+    let cmd = ["/usr/bin/python3", "job.py", "../conf/model.cfg"];
+    let (second, err) = cached_then_changed(&work, &cmd, || {
+        std::fs::write(&conf, "scale = 3\n").unwrap()
+    });
+    assert!(!err.contains("plan from cache"), "{err}");
+    assert_eq!(second["recommendation"]["max_fitting_batch"], 2, "{second}");
+    drop(d);
+}
+
+/// The job in `work/` of a temporary folder, and `conf/model.cfg` beside `work/` (scale 1).
+fn job_with_outside_config() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
     let d = tmp();
-    let cache = fresh_cache_dir();
     let work = d.path().join("work");
     let conf = d.path().join("conf/model.cfg");
     std::fs::create_dir_all(&work).unwrap();
     std::fs::create_dir_all(conf.parent().unwrap()).unwrap();
     std::fs::write(&conf, "scale = 1\n").unwrap();
     write_job(&work);
-    let job = std::fs::read_to_string(work.join("job.py")).unwrap();
-    std::fs::write(
-        work.join("job.py"),
-        job.replace("open('cfg.toml')", "open(sys.argv[1])"),
-    )
-    .unwrap();
-    let cmd = ["/usr/bin/python3", "job.py", "../conf/model.cfg"];
-    let (first, _) = probe(&work, &cache, &[], &[], &cmd);
-    assert_eq!(first["recommendation"]["max_fitting_batch"], 6, "{first}");
-    let (_, err) = probe(&work, &cache, &[], &[], &cmd);
-    assert!(err.contains("plan from cache"), "{err}");
-    std::fs::write(&conf, "scale = 3\n").unwrap();
-    let (second, err) = probe(&work, &cache, &[], &[], &cmd);
-    assert!(!err.contains("plan from cache"), "{err}");
-    assert_eq!(second["recommendation"]["max_fitting_batch"], 2, "{second}");
+    (d, work, conf)
 }
 
 /// A config file outside the working directory that the job opens without naming it on the command
@@ -262,32 +270,18 @@ fn a_changed_config_file_outside_the_working_directory_is_not_answered_from_the_
 /// cached plan is not answered, and the message names it.
 #[test]
 fn a_changed_file_the_job_opens_outside_the_working_directory_is_not_answered_from_the_cache() {
-    let d = tmp();
-    let cache = fresh_cache_dir();
-    let work = d.path().join("work");
-    let conf = d.path().join("conf/model.cfg");
-    std::fs::create_dir_all(&work).unwrap();
-    std::fs::create_dir_all(conf.parent().unwrap()).unwrap();
-    std::fs::write(&conf, "scale = 1\n").unwrap();
-    write_job(&work);
-    let job = std::fs::read_to_string(work.join("job.py")).unwrap();
-    std::fs::write(
-        work.join("job.py"),
-        job.replace("open('cfg.toml')", "open('../conf/model.cfg')"),
-    )
-    .unwrap();
-    let (first, _) = probe(&work, &cache, &[], &[], &JOB);
-    assert_eq!(first["recommendation"]["max_fitting_batch"], 6, "{first}");
-    let (_, err) = probe(&work, &cache, &[], &[], &JOB);
-    assert!(err.contains("plan from cache"), "{err}");
-    std::fs::write(&conf, "scale = 3\n").unwrap();
-    let (second, err) = probe(&work, &cache, &[], &[], &JOB);
+    let (d, work, conf) = job_with_outside_config();
+    edit_job(&work, "open('cfg.toml')", "open('../conf/model.cfg')");
+    let (second, err) = cached_then_changed(&work, &JOB, || {
+        std::fs::write(&conf, "scale = 3\n").unwrap()
+    });
     assert!(!err.contains("plan from cache"), "{err}");
     assert!(
         err.contains("conf/model.cfg changed since the plan was made"),
         "{err}"
     );
     assert_eq!(second["recommendation"]["max_fitting_batch"], 2, "{second}");
+    drop(d);
 }
 
 /// A helper that reports the files the job read but not its installed packages (a copy older than
@@ -298,13 +292,8 @@ fn a_job_whose_helper_reports_no_installed_packages_is_not_answered_from_the_cac
     let d = tmp();
     let cache = fresh_cache_dir();
     write_job(d.path());
-    let job = std::fs::read_to_string(d.path().join("job.py")).unwrap();
     let old_helper = "import batchfit_trial as bt\nbt._python_environment = lambda: None\n";
-    std::fs::write(
-        d.path().join("job.py"),
-        job.replace("import batchfit_trial as bt\n", old_helper),
-    )
-    .unwrap();
+    edit_job(d.path(), "import batchfit_trial as bt\n", old_helper);
     for _ in 0..2 {
         let (plan, err) = probe(d.path(), &cache, &[], &[], &JOB);
         assert_eq!(plan["recommendation"]["max_fitting_batch"], 6, "{plan}");

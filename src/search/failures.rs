@@ -16,12 +16,7 @@ impl Prober<'_> {
     /// The sizes above the largest fit and below the smallest bound (every trial there failed), with
     /// their trials' count and first failure's message, smallest first.
     fn failed_sizes(&self) -> BTreeMap<u64, (usize, &str)> {
-        let fit = self
-            .trials
-            .iter()
-            .filter(|t| t.outcome.fits())
-            .map(|t| t.batch)
-            .max();
+        let fit = self.largest_fit();
         let bound = self
             .trials
             .iter()
@@ -35,6 +30,15 @@ impl Prober<'_> {
             sizes.entry(t.batch).or_insert((0, why)).0 += 1;
         }
         sizes
+    }
+
+    /// The largest size that fit, any steps.
+    fn largest_fit(&self) -> Option<u64> {
+        self.trials
+            .iter()
+            .filter(|t| t.outcome.fits())
+            .map(|t| t.batch)
+            .max()
     }
 
     /// Whether a failure has repeated at a size that bounds the search (then it is no flake).
@@ -91,13 +95,7 @@ impl Prober<'_> {
             1 => format!("; so did size {}", others[0]),
             _ => format!("; so did sizes {}", others.join(", ")),
         };
-        let fit = self
-            .trials
-            .iter()
-            .filter(|t| t.outcome.fits())
-            .map(|t| t.batch)
-            .max();
-        let fit = fit.map_or("no size fit".into(), |f| {
+        let fit = self.largest_fit().map_or("no size fit".into(), |f| {
             format!("the largest size that fit: {f}")
         });
         Some(format!(
