@@ -15,8 +15,8 @@ pub use super::capacity::{AccumulationOffset, CapacityModel, CapacityPoint};
 pub use super::model::ModelSpec;
 pub use crate::device::{sim::SimSpec, DeviceInfo, DeviceKind, IsolationMode, LimitMechanism};
 pub use crate::protocol::{
-    AllocatorReport, FootprintMethod, GpuMeasure, GpuProcess, Isolation, ReportedCuda, StepTime,
-    TrialDetails, TrialOutcome, TrialReport,
+    AllocatorReport, FileStat, FootprintMethod, GpuMeasure, GpuProcess, Isolation,
+    PythonEnvironment, ReportedCuda, StepTime, TrialDetails, TrialOutcome, TrialReport,
 };
 pub use crate::search::{Purpose, StopReason, StrategyKind, TrialRecord};
 
@@ -238,29 +238,6 @@ pub struct ExecInfo {
     /// trial's report says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python_environment: Option<PythonEnvironment>,
-}
-
-/// The Python installation a job's helper saw: its site dirs, the distributions installed there
-/// and the stat of each file the job imported from them. A stat, not a hash: `import torch` alone
-/// imports well over a thousand files, and a package edited in place or upgraded by pip gets new
-/// modification times.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct PythonEnvironment {
-    /// The interpreter's site-packages / dist-packages folders (absolute).
-    pub site_dirs: Vec<String>,
-    /// The `*.dist-info` and `*.egg-info` entries of those folders (absolute paths), sorted: each
-    /// names a distribution and its version.
-    pub distributions: Vec<String>,
-    /// The files of the modules the job imported from those folders, sorted by path.
-    pub files: Vec<FileStat>,
-}
-
-/// A file known by its size and modification time.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileStat {
-    pub path: String,
-    pub size: u64,
-    pub mtime_ns: i128,
 }
 
 /// The point of a `--sweep` an exec plan was probed at.

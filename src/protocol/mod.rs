@@ -435,7 +435,7 @@ pub struct TrialReport {
     /// the stat of each file it imported from them). Absent in a report that does not say (the
     /// plan then keeps it in `model.python_environment`, not per trial).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub python_environment: Option<crate::plan::schema::PythonEnvironment>,
+    pub python_environment: Option<PythonEnvironment>,
 }
 
 fn one_u32() -> u32 {
@@ -565,4 +565,27 @@ pub trait Workload: Send + Sync {
     fn warm_took(&self) -> bool {
         false
     }
+}
+
+/// The Python installation a job's helper saw: its site dirs, the distributions installed there
+/// and the stat of each file the job imported from them. A stat, not a hash: `import torch` alone
+/// imports well over a thousand files, and a package edited in place or upgraded by pip gets new
+/// modification times.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PythonEnvironment {
+    /// The interpreter's site-packages / dist-packages folders (absolute).
+    pub site_dirs: Vec<String>,
+    /// The `*.dist-info` and `*.egg-info` entries of those folders (absolute paths), sorted: each
+    /// names a distribution and its version.
+    pub distributions: Vec<String>,
+    /// The files of the modules the job imported from those folders, sorted by path.
+    pub files: Vec<FileStat>,
+}
+
+/// A file known by its size and modification time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStat {
+    pub path: String,
+    pub size: u64,
+    pub mtime_ns: i128,
 }
