@@ -308,7 +308,8 @@ fn measure_within(
 ///
 /// - **Memory keeps growing.** Where the peak rose measurably from the smallest fit to `lo`, it
 ///   must rise from `lo` to `hi`, and between sizes above `lo` that fit with the most steps
-///   ([`stalled_above`]), by at least half what that slope predicts (less the noise). A job
+///   ([`stalled_above`]), by at least half what that slope predicts (less the noise; the slope
+///   taken at its least, the rise below less one noise). A job
 ///   that lowers its own batch after an out-of-memory (a batch-size finder, a retry) trains a size
 ///   it chose above its real limit, and its peak stops growing there. No report excuses this: a
 ///   job that read its size through the helper may still have halved it. (A knee, memory flat
@@ -346,7 +347,9 @@ pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
     let mib = |b: f64| b / (1u64 << 20) as f64;
     if let Some(below) = (first < lo).then(|| peaks(first).min()).flatten() {
         let rise_below = low.saturating_sub(below) as f64;
-        let slope = rise_below / (lo - first) as f64;
+        // the slope's least: a rise of a few noises is known only to within one noise (a data
+        // segment that grows in arenas at small sizes rises by a chunk, not by the line)
+        let slope = (rise_below - noise) / (lo - first) as f64;
         let stalled = (rise_below > noise)
             .then(|| stalled_above(trials, lo, hi, slope, noise))
             .flatten();
@@ -669,6 +672,39 @@ mod tests {
         assert!(seen >= 3, "the partial plan was seen {seen} times");
         assert_eq!(report.plan.status, crate::plan::Status::Complete);
         assert!(out.exists() && !partial.exists());
+    }
+
+    fn fit_at(batch: u64, peak_bytes: u64) -> TrialRecord {
+        let mut r = t(batch, true, 2, Isolation::Process);
+        if let TrialOutcome::Fits { peak_bytes: p, .. } = &mut r.outcome {
+            *p = peak_bytes;
+        }
+        r
+    }
+
+    /// A real job's data segment under RLIMIT_DATA (a script with persistent DataLoader workers)
+    /// rose by an arena from 32 to 64 samples and by the line above: the slope below is known only
+    /// to within the noise, and the job is not refused for growing slower than the arena's slope.
+    #[test]
+    fn a_data_segment_that_grows_by_a_chunk_at_small_sizes_is_not_a_stalled_batch() {
+        let measured = [
+            (32, 848_265_216),
+            (64, 894_861_312),
+            (128, 916_865_024),
+            (192, 969_007_104),
+            (224, 993_660_928),
+            (224, 993_648_640),
+            (224, 993_656_832),
+        ];
+        let trials: Vec<_> = measured.iter().map(|&(b, p)| fit_at(b, p)).collect();
+        assert_eq!(batch_not_shown(&trials), None);
+        // a job that stops growing at 128 (a clamp) is still refused on the same measurements
+        let clamped: Vec<_> = measured
+            .iter()
+            .map(|&(b, p)| fit_at(b, if b > 128 { 916_865_024 } else { p }))
+            .collect();
+        let why = batch_not_shown(&clamped).expect("a clamp above 128 is refused");
+        assert!(why.contains("memory stopped growing"), "{why}");
     }
 
     #[test]
