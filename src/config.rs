@@ -385,31 +385,103 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     Ok(c)
 }
 
-/// [`validate`] of one probe (a `--sweep` is taken apart by [`sweep`]).
+/// [`validate`] of one probe (a `--sweep` is taken apart by [`sweep`]). The checks run in the
+/// order a reader meets the flags: the device, the workload, the memory, the sizes, the clocks,
+/// the outputs; the first that fails is the error.
 fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
-    let err = |m: String| Err(ConfigError(m));
-    let backend = match (a.backend, &a.sim) {
-        (BackendArg::Sim, Some(s)) => {
-            BackendChoice::Sim(SimSpec::parse(s).map_err(|e| ConfigError(e.to_string()))?)
-        }
-        (BackendArg::Sim, None) => {
-            return err("--backend sim needs --sim base=SIZE,per-sample=SIZE,capacity=SIZE".into())
-        }
-        (_, Some(_)) => return err("--sim is only used with --backend sim".into()),
-        (BackendArg::Auto, None) => BackendChoice::Auto,
-        (BackendArg::Cpu, None) => BackendChoice::Cpu,
-        (BackendArg::Cuda, None) => BackendChoice::Cuda,
+    let backend = backend(a)?;
+    let (exec, warnings) = exec(a)?;
+    let model = workload_model(a, &backend, exec.is_some())?;
+    device_flags(a, &backend, &model)?;
+    let (budget, reserve) = memory(a)?;
+    let sizes = sizes(a, exec.is_some())?;
+    let (time_limit, trial_timeout) = clocks(a)?;
+    let threads = match a.threads {
+        Some(0) => return Err(ConfigError("--threads must be at least 1".into())),
+        Some(t) => t,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
     };
-    let (exec, mut warnings) = exec(a)?;
-    if exec.is_some() && matches!(backend, BackendChoice::Sim(_)) {
-        return err(
+    fractions(a)?;
+    outputs(a)?;
+    let fault = a
+        .inject_fault
+        .as_deref()
+        .map(FaultAt::parse)
+        .transpose()
+        .map_err(ConfigError)?;
+    Ok(ProbeConfig {
+        backend,
+        model,
+        budget,
+        reserve,
+        reserve_given: a.reserve.is_some(),
+        margin: a.margin + 0.0,
+        global: sizes.global,
+        world_size: sizes.world_size,
+        world_size_given: a.world_size.is_some(),
+        gpus: a.gpus.clone(),
+        parallel: a.parallel,
+        compare_alloc_conf: a.compare_alloc_conf,
+        alloc_conf: std::env::var("PYTORCH_CUDA_ALLOC_CONF")
+            .ok()
+            .filter(|v| !v.trim().is_empty()),
+        allow_uneven: a.allow_uneven,
+        search: search_config(a, sizes.max_batch, time_limit),
+        trial_timeout,
+        isolation: match a.isolation {
+            IsolationArg::Process => IsolationMode::Process,
+            IsolationArg::Hybrid => IsolationMode::Hybrid,
+        },
+        threads,
+        seed: a.seed,
+        out: a.out.clone(),
+        plot: a.plot.clone(),
+        format: crate::cli::format_or_default(a.format),
+        throughput_tolerance: a.throughput_tolerance,
+        quiet: a.quiet,
+        fault,
+        exec,
+        logs: a.logs.clone(),
+        warnings,
+        notes: sizes.notes,
+        sweep: None,
+        plot_scale: a.plot_scale.into(),
+    })
+}
+
+/// `--backend` with `--sim`.
+fn backend(a: &ProbeArgs) -> Result<BackendChoice, ConfigError> {
+    let err = |m: &str| Err(ConfigError(m.into()));
+    match (a.backend, &a.sim) {
+        (BackendArg::Sim, Some(s)) => Ok(BackendChoice::Sim(
+            SimSpec::parse(s).map_err(|e| ConfigError(e.to_string()))?,
+        )),
+        (BackendArg::Sim, None) => {
+            err("--backend sim needs --sim base=SIZE,per-sample=SIZE,capacity=SIZE")
+        }
+        (_, Some(_)) => err("--sim is only used with --backend sim"),
+        (BackendArg::Auto, None) => Ok(BackendChoice::Auto),
+        (BackendArg::Cpu, None) => Ok(BackendChoice::Cpu),
+        (BackendArg::Cuda, None) => Ok(BackendChoice::Cuda),
+    }
+}
+
+/// The model batchfit trains (`--model` and its flags), or, with `--exec`, the placeholder the
+/// configuration carries for a command it does not build.
+fn workload_model(
+    a: &ProbeArgs,
+    backend: &BackendChoice,
+    exec: bool,
+) -> Result<ModelSpec, ConfigError> {
+    if exec && matches!(backend, BackendChoice::Sim(_)) {
+        return Err(ConfigError(
             "--exec runs your command on a real device, and --backend sim runs nothing (it \
              simulates batchfit's own model from --sim): use --backend cpu, cuda or auto with --exec"
                 .into(),
-        );
+        ));
     }
     let model = ModelSpec {
-        architecture: if exec.is_some() {
+        architecture: if exec {
             ModelSpec::default_mlp().architecture
         } else {
             architecture(a)?
@@ -431,13 +503,24 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     if model.precision == Precision::Bf16
         && matches!(model.architecture, Architecture::Torchscript { .. })
     {
-        return err(
+        return Err(ConfigError(
             "--precision bf16 with a TorchScript model: batchfit can cast its parameters but not its \
              buffers (e.g. BatchNorm statistics); export the model in bf16 (model.to(torch.bfloat16)) with \
              bf16 --input specs and probe it with --precision fp32, or use --precision amp-bf16 on cuda"
                 .into(),
-        );
+        ));
     }
+    Ok(model)
+}
+
+/// The flags that only one device kind runs: cuda's `--gpus`, `--compare-alloc-conf`,
+/// `--allow-retries` and autocast precisions, cpu's `--isolation hybrid`, and `--parallel`.
+fn device_flags(
+    a: &ProbeArgs,
+    backend: &BackendChoice,
+    model: &ModelSpec,
+) -> Result<(), ConfigError> {
+    let err = |m: String| Err(ConfigError(m));
     // --allow-retries also applies to sim curves with retries=N (the search logic without a GPU).
     let cuda_only = [
         ("--gpus", a.gpus.is_some(), true),
@@ -456,10 +539,10 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             ));
         }
     }
-    if a.isolation == IsolationArg::Hybrid && backend == BackendChoice::Cuda {
+    if a.isolation == IsolationArg::Hybrid && *backend == BackendChoice::Cuda {
         return err(HYBRID_ON_CUDA.into());
     }
-    if let Some(why) = parallel_refused(a, &backend) {
+    if let Some(why) = parallel_refused(a, backend) {
         return err(why);
     }
     if let Some(g) = &a.gpus {
@@ -472,14 +555,19 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             ));
         }
     }
-    if model.precision.is_amp() && backend == BackendChoice::Cpu {
+    if model.precision.is_amp() && *backend == BackendChoice::Cpu {
         return err(format!(
             "--precision {} is autocast mixed precision, which batchfit runs on CUDA only; on cpu use \
              --precision bf16 (or fp32)",
             model.precision.as_str()
         ));
     }
+    Ok(())
+}
 
+/// `--memory-budget`, `--reserve` and `--margin`: the budget and the reserve.
+fn memory(a: &ProbeArgs) -> Result<(Option<u64>, u64), ConfigError> {
+    let err = |m: String| Err(ConfigError(m));
     let budget = a
         .memory_budget
         .as_deref()
@@ -504,6 +592,24 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
             a.margin
         ));
     }
+    Ok((budget, reserve))
+}
+
+/// The sizes a probe may try and the global batch they serve.
+struct Sizes {
+    world_size: u64,
+    /// (global batch, world size)
+    global: Option<(u64, u64)>,
+    /// `--max-batch`, or with `--exec` the global batch per rank where that is smaller.
+    max_batch: u64,
+    /// What was decided for the user (the search's narrowed top).
+    notes: Vec<String>,
+}
+
+/// `--world-size`, `--steps`, `--confirm-steps`, the grid of sizes, `--global-batch` against it,
+/// and `--max-trials`.
+fn sizes(a: &ProbeArgs, exec: bool) -> Result<Sizes, ConfigError> {
+    let err = |m: String| Err(ConfigError(m));
     let world_size = a.world_size.unwrap_or(1);
     if world_size == 0 {
         return err("--world-size must be at least 1".into());
@@ -548,10 +654,7 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     // the search stops there unless --max-batch asks for more.
     let mut notes = vec![];
     let mut max_batch = a.max_batch;
-    if let (Some((g, w)), true) = (
-        global,
-        exec.is_some() && a.max_batch == crate::cli::DEFAULT_MAX_BATCH,
-    ) {
+    if let (Some((g, w)), true) = (global, exec && a.max_batch == crate::cli::DEFAULT_MAX_BATCH) {
         let per_rank = g / w.max(1);
         if per_rank < max_batch && Grid::new(a.min_batch, per_rank, a.multiple_of).is_some() {
             max_batch = per_rank;
@@ -564,6 +667,16 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     if a.max_trials == Some(0) {
         return err("--max-trials must be at least 1".into());
     }
+    Ok(Sizes {
+        world_size,
+        global,
+        max_batch,
+        notes,
+    })
+}
+
+/// `--time-limit` and `--trial-timeout`: positive, at most [`MAX_SECONDS`].
+fn clocks(a: &ProbeArgs) -> Result<(Option<Duration>, Duration), ConfigError> {
     let positive_secs = |flag: &str, v: f64| -> Result<Duration, ConfigError> {
         if !v.is_finite() || v <= 0.0 {
             Err(ConfigError(format!(
@@ -582,30 +695,38 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         .time_limit
         .map(|t| positive_secs("--time-limit", t))
         .transpose()?;
-    let trial_timeout = positive_secs("--trial-timeout", a.trial_timeout)?;
-    let threads = match a.threads {
-        Some(0) => return err("--threads must be at least 1".into()),
-        Some(t) => t,
-        None => std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
-    };
+    Ok((
+        time_limit,
+        positive_secs("--trial-timeout", a.trial_timeout)?,
+    ))
+}
+
+/// `--throughput-tolerance` and `--tolerance`: fractions in their ranges.
+fn fractions(a: &ProbeArgs) -> Result<(), ConfigError> {
     if !a.throughput_tolerance.is_finite() || !(0.0..1.0).contains(&a.throughput_tolerance) {
-        return err(format!(
+        return Err(ConfigError(format!(
             "--throughput-tolerance {} is outside [0, 1); it is a fraction, e.g. 0.03 for 3%",
             a.throughput_tolerance
-        ));
+        )));
     }
     if !a.tolerance.is_finite() || !(0.0..=0.1).contains(&a.tolerance) {
-        return err(format!(
+        return Err(ConfigError(format!(
             "--tolerance {} is outside [0, 0.1]; it is a fraction, e.g. 0.005 for 0.5% (0: exact)",
             a.tolerance
-        ));
+        )));
     }
+    Ok(())
+}
+
+/// `--format`, `--out` (and the partial plan beside it), `--logs` and `--plot`: each can be
+/// written, and none replaces an input or another output.
+fn outputs(a: &ProbeArgs) -> Result<(), ConfigError> {
     if a.format == Some(crate::cli::FormatArg::Deepspeed) && a.allow_uneven {
-        return err(
+        return Err(ConfigError(
             "--format deepspeed cannot express micro-batches of unequal size; drop --allow-uneven \
              (or use --format json)"
                 .into(),
-        );
+        ));
     }
     if let Some(out) = &a.out {
         files::check_target(out).map_err(|e| ConfigError(format!("--out: {e}")))?;
@@ -625,83 +746,43 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     }
     if let Some(p) = &a.plot {
         crate::output::plot::check_target(p).map_err(|e| ConfigError(e.to_string()))?;
-        if let Some(out) = &a.out {
-            if files::same_target(p, out) {
-                return err(format!(
-                    "--plot {} and --out {} are the same file: the picture would replace the plan; \
-                     give the plot its own name, e.g. --plot plan.svg",
-                    p.display(),
-                    out.display()
-                ));
-            }
+        if let Some(out) = a.out.as_ref().filter(|out| files::same_target(p, out)) {
+            return Err(ConfigError(format!(
+                "--plot {} and --out {} are the same file: the picture would replace the plan; \
+                 give the plot its own name, e.g. --plot plan.svg",
+                p.display(),
+                out.display()
+            )));
         }
     }
-    let fault = a
-        .inject_fault
-        .as_deref()
-        .map(FaultAt::parse)
-        .transpose()
-        .map_err(ConfigError)?;
-    Ok(ProbeConfig {
-        backend,
-        model,
-        budget,
-        reserve,
-        reserve_given: a.reserve.is_some(),
-        margin: a.margin + 0.0,
-        global,
-        world_size,
-        world_size_given: a.world_size.is_some(),
-        gpus: a.gpus.clone(),
-        parallel: a.parallel,
-        compare_alloc_conf: a.compare_alloc_conf,
-        alloc_conf: std::env::var("PYTORCH_CUDA_ALLOC_CONF")
-            .ok()
-            .filter(|v| !v.trim().is_empty()),
-        allow_uneven: a.allow_uneven,
-        search: SearchConfig {
-            strategy: match a.strategy {
-                StrategyArg::Guided => StrategyKind::Guided,
-                StrategyArg::Bisect => StrategyKind::Bisect,
-                StrategyArg::Power => StrategyKind::Power,
-            },
-            steps: a.steps,
-            confirm_steps: a.confirm_steps,
-            min_batch: a.min_batch,
-            max_batch,
-            multiple_of: a.multiple_of,
-            max_trials: a.max_trials,
-            time_limit,
-            allow_retries: a.allow_retries,
-            // `--tolerance=-0` is 0 (the plan would say -0.0)
-            tolerance: a.tolerance + 0.0,
-            prior: None,
-            repeats: a.repeats.unwrap_or(if a.exec.is_some() {
-                crate::search::noise::EXEC_REPEATS
-            } else {
-                0
-            }),
+    Ok(())
+}
+
+/// The search's settings: the strategy, the steps, the grid and its budget of trials and time.
+fn search_config(a: &ProbeArgs, max_batch: u64, time_limit: Option<Duration>) -> SearchConfig {
+    SearchConfig {
+        strategy: match a.strategy {
+            StrategyArg::Guided => StrategyKind::Guided,
+            StrategyArg::Bisect => StrategyKind::Bisect,
+            StrategyArg::Power => StrategyKind::Power,
         },
-        trial_timeout,
-        isolation: match a.isolation {
-            IsolationArg::Process => IsolationMode::Process,
-            IsolationArg::Hybrid => IsolationMode::Hybrid,
-        },
-        threads,
-        seed: a.seed,
-        out: a.out.clone(),
-        plot: a.plot.clone(),
-        format: crate::cli::format_or_default(a.format),
-        throughput_tolerance: a.throughput_tolerance,
-        quiet: a.quiet,
-        fault,
-        exec,
-        logs: a.logs.clone(),
-        warnings: std::mem::take(&mut warnings),
-        notes,
-        sweep: None,
-        plot_scale: a.plot_scale.into(),
-    })
+        steps: a.steps,
+        confirm_steps: a.confirm_steps,
+        min_batch: a.min_batch,
+        max_batch,
+        multiple_of: a.multiple_of,
+        max_trials: a.max_trials,
+        time_limit,
+        allow_retries: a.allow_retries,
+        // `--tolerance=-0` is 0 (the plan would say -0.0)
+        tolerance: a.tolerance + 0.0,
+        prior: None,
+        repeats: a.repeats.unwrap_or(if a.exec.is_some() {
+            crate::search::noise::EXEC_REPEATS
+        } else {
+            0
+        }),
+    }
 }
 
 /// `--logs DIR` before any trial: a directory (following a link to one) that batchfit can write, or
