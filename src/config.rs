@@ -989,90 +989,14 @@ fn quoted_command(command: &[String]) -> Result<(), ConfigError> {
 fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError> {
     let err = |m: String| Err(ConfigError(m));
     if a.exec.is_none() {
-        if !a.command.is_empty() {
-            return err(format!(
-                "a command after `--` ({}) is probed only with --exec: batchfit probe --exec -- {}",
-                a.command.join(" "),
-                a.command.join(" ")
-            ));
-        }
-        for (flag, given) in [
-            ("--fingerprint-file", !a.fingerprint_file.is_empty()),
-            ("--oom-pattern", !a.oom_pattern.is_empty()),
-            ("--cpu-limit", a.cpu_limit != CpuLimitArg::Auto),
-            ("--warm", a.warm != WarmArg::Auto),
-        ] {
-            if given {
-                return err(format!(
-                    "{flag} goes with --exec (probing your own command)"
-                ));
-            }
-        }
-        return Ok((None, vec![]));
+        return exec_flags_without_exec(a).map(|()| (None, vec![]));
     }
     if a.command.is_empty() {
         return err(format!("--exec needs the command: {EXEC_FORMS}"));
     }
     quoted_command(&a.command)?;
-    let model_flags = [
-        ("--model", a.model != "mlp"),
-        ("--input", !a.inputs.is_empty()),
-        ("--loss", a.loss.is_some()),
-        ("--precision", a.precision != PrecisionArg::Fp32),
-        ("--optimizer", a.optimizer != OptimizerArg::Adam),
-        (
-            "--mlp-input/--mlp-hidden/--mlp-classes",
-            a.mlp_input != 1024 || a.mlp_hidden != [2048, 2048] || a.mlp_classes != 10,
-        ),
-        ("--layers", a.layers.is_some()),
-        ("--d-model", a.d_model.is_some()),
-        ("--heads", a.heads.is_some()),
-        ("--seq-len", a.seq_len.is_some()),
-        ("--vocab", a.vocab.is_some()),
-        ("--image-size", a.image_size.is_some()),
-        ("--patch", a.patch.is_some()),
-        ("--isolation hybrid", a.isolation == IsolationArg::Hybrid),
-        ("--inject-fault", a.inject_fault.is_some()),
-    ];
-    if let Some((flag, _)) = model_flags.iter().find(|(_, given)| *given) {
-        return err(format!(
-            "{flag} describes batchfit's own model; with --exec your command trains its own, so drop \
-             {flag}"
-        ));
-    }
-    let program = &a.command[0];
-    // what exec would run: a file with an execute bit (execvp skips the others on PATH)
-    let executable = |p: &std::path::Path| {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    let candidates: Vec<std::path::PathBuf> = if program.contains('/') {
-        vec![std::path::PathBuf::from(program)]
-    } else {
-        std::env::var_os("PATH")
-            .map(|paths| {
-                std::env::split_paths(&paths)
-                    .map(|d| d.join(program))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    if !candidates.iter().any(|p| executable(p)) {
-        if let Some(file) = candidates.iter().find(|p| p.is_file()) {
-            // was: every trial failed to start (`Permission denied`), exit 4 after the set-up
-            return err(format!(
-                "--exec: {} is not executable (no execute permission); make it executable (chmod \
-                 +x {}) or run it through its interpreter, e.g. --exec -- sh {} …",
-                file.display(),
-                file.display(),
-                file.display()
-            ));
-        }
-        return err(format!(
-            "--exec: cannot find the program {program:?} (not a file{}); give its path or check PATH",
-            if program.contains('/') { "" } else { " in any PATH directory" }
-        ));
-    }
+    model_flags_refused(a)?;
+    find_program(&a.command[0])?;
     let mut files = vec![];
     for f in &a.fingerprint_file {
         let sha256 = files::sha256(f)
@@ -1093,21 +1017,7 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    for param in [SweepParam::SeqLen, SweepParam::ImageSize] {
-        let ph = param.placeholder();
-        let swept = a
-            .sweep
-            .as_deref()
-            .and_then(|s| s.split_once('='))
-            .map(|x| x.0.trim());
-        if swept != Some(param.as_str()) && a.command.iter().any(|w| w.contains(ph)) {
-            return err(format!(
-                "the command has {ph} in its arguments but there is no --sweep {}=V1,V2,…: \
-                 {ph} is the sweep's point (give that --sweep, or write the value itself)",
-                param.as_str()
-            ));
-        }
-    }
+    sweep_placeholders_swept(a)?;
     let mut warnings = vec![];
     if !a
         .command
@@ -1157,6 +1067,121 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
         }),
         warnings,
     ))
+}
+
+/// Without `--exec`: no command after `--`, and none of the flags that judge one.
+fn exec_flags_without_exec(a: &ProbeArgs) -> Result<(), ConfigError> {
+    let err = |m: String| Err(ConfigError(m));
+    if !a.command.is_empty() {
+        return err(format!(
+            "a command after `--` ({}) is probed only with --exec: batchfit probe --exec -- {}",
+            a.command.join(" "),
+            a.command.join(" ")
+        ));
+    }
+    for (flag, given) in [
+        ("--fingerprint-file", !a.fingerprint_file.is_empty()),
+        ("--oom-pattern", !a.oom_pattern.is_empty()),
+        ("--cpu-limit", a.cpu_limit != CpuLimitArg::Auto),
+        ("--warm", a.warm != WarmArg::Auto),
+    ] {
+        if given {
+            return err(format!(
+                "{flag} goes with --exec (probing your own command)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// With `--exec`: none of the flags that describe batchfit's own model.
+fn model_flags_refused(a: &ProbeArgs) -> Result<(), ConfigError> {
+    let model_flags = [
+        ("--model", a.model != "mlp"),
+        ("--input", !a.inputs.is_empty()),
+        ("--loss", a.loss.is_some()),
+        ("--precision", a.precision != PrecisionArg::Fp32),
+        ("--optimizer", a.optimizer != OptimizerArg::Adam),
+        (
+            "--mlp-input/--mlp-hidden/--mlp-classes",
+            a.mlp_input != 1024 || a.mlp_hidden != [2048, 2048] || a.mlp_classes != 10,
+        ),
+        ("--layers", a.layers.is_some()),
+        ("--d-model", a.d_model.is_some()),
+        ("--heads", a.heads.is_some()),
+        ("--seq-len", a.seq_len.is_some()),
+        ("--vocab", a.vocab.is_some()),
+        ("--image-size", a.image_size.is_some()),
+        ("--patch", a.patch.is_some()),
+        ("--isolation hybrid", a.isolation == IsolationArg::Hybrid),
+        ("--inject-fault", a.inject_fault.is_some()),
+    ];
+    if let Some((flag, _)) = model_flags.iter().find(|(_, given)| *given) {
+        return Err(ConfigError(format!(
+            "{flag} describes batchfit's own model; with --exec your command trains its own, so drop \
+             {flag}"
+        )));
+    }
+    Ok(())
+}
+
+/// The command's program is a file that exec can run: found (on PATH when it has no `/`), with an
+/// execute bit.
+fn find_program(program: &str) -> Result<(), ConfigError> {
+    let err = |m: String| Err(ConfigError(m));
+    // what exec would run: a file with an execute bit (execvp skips the others on PATH)
+    let executable = |p: &std::path::Path| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let candidates: Vec<std::path::PathBuf> = if program.contains('/') {
+        vec![std::path::PathBuf::from(program)]
+    } else {
+        std::env::var_os("PATH")
+            .map(|paths| {
+                std::env::split_paths(&paths)
+                    .map(|d| d.join(program))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    if !candidates.iter().any(|p| executable(p)) {
+        if let Some(file) = candidates.iter().find(|p| p.is_file()) {
+            // found now, not as every trial failing to start (`Permission denied`) after the set-up
+            return err(format!(
+                "--exec: {} is not executable (no execute permission); make it executable (chmod \
+                 +x {}) or run it through its interpreter, e.g. --exec -- sh {} …",
+                file.display(),
+                file.display(),
+                file.display()
+            ));
+        }
+        return err(format!(
+            "--exec: cannot find the program {program:?} (not a file{}); give its path or check PATH",
+            if program.contains('/') { "" } else { " in any PATH directory" }
+        ));
+    }
+    Ok(())
+}
+
+/// `{S}` and `{image}` in the command only where `--sweep` varies them.
+fn sweep_placeholders_swept(a: &ProbeArgs) -> Result<(), ConfigError> {
+    for param in [SweepParam::SeqLen, SweepParam::ImageSize] {
+        let ph = param.placeholder();
+        let swept = a
+            .sweep
+            .as_deref()
+            .and_then(|s| s.split_once('='))
+            .map(|x| x.0.trim());
+        if swept != Some(param.as_str()) && a.command.iter().any(|w| w.contains(ph)) {
+            return Err(ConfigError(format!(
+                "the command has {ph} in its arguments but there is no --sweep {}=V1,V2,…: \
+                 {ph} is the sweep's point (give that --sweep, or write the value itself)",
+                param.as_str()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The architecture of `--model` with its knobs: a preset's defaults, overridden by the flags given,

@@ -154,9 +154,9 @@ pub fn confirmed(
 mod tests {
     use super::*;
 
-    /// A size that ran out of memory at accumulation 1 and fit when re-tested used to be
-    /// recommended, while the warning said no recommendation relied on it; now the split is
-    /// recomputed below it, and the warning is true.
+    /// A size that ran out of memory at accumulation 1 and fit when re-tested is not recommended:
+    /// the split is recomputed below it, so the warning that no recommendation relies on it is
+    /// true.
     #[test]
     fn a_flaky_retest_is_not_recommended() {
         let mut calls = vec![];

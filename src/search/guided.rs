@@ -720,7 +720,7 @@ mod tests {
             let gap = crate::search::tolerance_gap(m, tolerance, 1);
             assert!(m <= 10_000 && m + gap > 10_000 && n == 4, "{m} {n}");
         }
-        // An overshoot above a knee or a cliff used to back off one size at a time (38 and 24 trials).
+        // An overshoot above a knee or a cliff does not back off one size at a time (38 and 24 trials).
         let (m, n) = trials("base=1GiB,per-sample=4681046,capacity=24GiB,knee=2048", 0.0);
         assert_eq!(m, Some(5000));
         assert!(n <= 10, "{n} trials");
