@@ -822,272 +822,248 @@ impl<'b> Prober<'b> {
     }
 
     fn search_inner(&mut self, found: &mut (Option<u64>, Option<u64>)) -> Stop {
-        let Some(grid) = Grid::new(self.cfg.min_batch, self.cfg.max_batch, self.cfg.multiple_of)
-        else {
-            return Stop::Fatal(format!(
-                "no multiple of {} lies in [{}, {}]",
-                self.cfg.multiple_of, self.cfg.min_batch, self.cfg.max_batch
-            ));
-        };
+        match self.bracket_and_prove(found) {
+            Ok(stop) | Err(stop) => stop,
+        }
+    }
+
+    /// The search's loop. Each turn first stops on noise (outcomes that disagree: no more
+    /// bisection inside it) or on failures that repeat; then proves a closed bracket, or confirms
+    /// a fit that a longer trial above makes suspect; else explores what the strategy proposes.
+    /// `Err` is a stop with no size proven.
+    fn bracket_and_prove(&mut self, found: &mut (Option<u64>, Option<u64>)) -> Result<Stop, Stop> {
+        let grid = Grid::new(self.cfg.min_batch, self.cfg.max_batch, self.cfg.multiple_of)
+            .ok_or_else(|| {
+                Stop::Fatal(format!(
+                    "no multiple of {} lies in [{}, {}]",
+                    self.cfg.multiple_of, self.cfg.min_batch, self.cfg.max_batch
+                ))
+            })?;
         let mut strategy = self
             .strategy
             .take()
             .unwrap_or_else(|| make_strategy(self.cfg.strategy));
-        let tolerance = self.cfg.tolerance;
-        let confirm_steps = self.cfg.confirm_steps.max(self.cfg.steps);
-        // Whether the out-of-memory at grid index `h` closes the bracket above a fit at `l`.
-        let closes = |l: u64, h: u64| {
-            h > l && within_tolerance(grid.batch(l), grid.batch(h), tolerance, grid.step)
+        let mut br = Bracket {
+            lo: None,
+            hi: None,
+            ceiling: None,
+            steps: self.cfg.steps,
         };
-        // Exploration steps; raised to the confirm steps once a confirmation shows that memory keeps
-        // growing after the exploration steps (then only trials of that length are evidence).
-        let mut steps = self.cfg.steps;
-        let (mut lo, mut hi, mut ceiling): (Option<u64>, Option<u64>, Option<u64>) =
-            (None, None, None);
         loop {
-            // Outcomes that disagree: no more bisection inside the noise.
             if let Some(band) = self.noisy_band(&grid) {
-                return self.below_noise(&grid, band, found);
+                return Ok(self.below_noise(&grid, band, found));
             }
-            // A failure that repeated, and a second size that failed: nothing more to learn.
             if let Some(stop) = self.failures_stop() {
-                return stop;
+                return Ok(stop);
             }
-            // Is the bracket closed?
-            let upper = upper_bound(hi, ceiling);
-            let closed = match (lo, upper) {
-                (Some(l), Some(u)) => l + 1 >= u || hi.is_some_and(|h| closes(l, h)),
-                (Some(l), None) => l == grid.last_index,
-                (None, Some(0)) => true,
-                _ => false,
-            };
             let power_done =
-                self.cfg.strategy == StrategyKind::Power && lo.is_some() && hi.is_some();
-            if closed || power_done {
-                let Some(l) = lo else {
-                    // Nothing fits at index 0.
-                    found.1 = Some(grid.batch(0));
-                    return if hi == Some(0) {
-                        Stop::Reason(StopReason::NothingFits)
-                    } else {
-                        Stop::Reason(StopReason::TrialErrors)
-                    };
-                };
-                let b = grid.batch(l);
-                // The failure above must hold in a fresh process, as the training job will run.
-                if let Some(h) = hi.filter(|&h| closes(l, h)) {
-                    let hb = grid.batch(h);
-                    let fresh_oom = self.trials.iter().any(|t| {
-                        t.batch == hb && t.outcome.is_bound() && t.isolation != Isolation::Worker
-                    });
-                    if !fresh_oom {
-                        match self.trial_with_retry(hb, steps, Purpose::Proof) {
-                            Err(s) => return s,
-                            Ok(TrialOutcome::Fits { .. }) => {
-                                // The worker's leftovers caused a false oom: search on above, in
-                                // fresh processes only.
-                                self.worker_trusted = false;
-                                lo = Some(h);
-                                // Worker ooms are no evidence any more; only fresh ones bound.
-                                hi = self
-                                    .trials
-                                    .iter()
-                                    .filter(|t| {
-                                        t.outcome.is_bound()
-                                            && t.batch > hb
-                                            && t.isolation != Isolation::Worker
-                                    })
-                                    .map(|t| grid.index_at_or_below(t.batch))
-                                    .min();
-                                continue;
-                            }
-                            Ok(o) if o.is_bound() => {}
-                            Ok(_) => {
-                                // No fresh proof possible: the error is a ceiling, the worker's oom
-                                // is not evidence.
-                                ceiling = Some(ceiling.map_or(h, |c| c.min(h)));
-                                hi = None;
-                                continue;
-                            }
-                        }
-                    }
-                }
-                match self.confirm(b, Purpose::Confirm) {
-                    Err(s) => {
-                        found.0 = None;
-                        return s;
-                    }
-                    Ok(Confirmation::Failed(why)) => {
-                        // Neither a fit nor memory: nothing is proven about b.
-                        found.0 = None;
-                        return Stop::Fatal(format!(
-                            "the confirmation trial of {b} failed ({why}); no size is proven"
-                        ));
-                    }
-                    Ok(Confirmation::Fits) => {
-                        // The answer again, fresh: a repeat that fails, or footprints spread wider
-                        // than the guard band, is noise the answer must stay below.
-                        if let Err(s) = self.repeat_answer(b, confirm_steps) {
-                            found.0 = None;
-                            return s;
-                        }
-                        if let Some(band) = self
-                            .noisy_band(&grid)
-                            .or_else(|| self.spread_band(b, &grid))
-                        {
-                            return self.below_noise(&grid, band, found);
-                        }
-                        found.0 = Some(b);
-                        found.1 = hi.map(|h| grid.batch(h));
-                        let reason = if hi == Some(l + 1) {
-                            StopReason::Proven
-                        } else if hi.is_some_and(|h| closes(l, h)) {
-                            StopReason::ProvenWithinTolerance
-                        } else if l == grid.last_index && hi.is_none() {
-                            StopReason::MaxBatch
-                        } else if power_done && hi.is_some() {
-                            StopReason::PowerResolution
-                        } else {
-                            StopReason::TrialErrors
-                        };
-                        return Stop::Reason(reason);
-                    }
-                    Ok(Confirmation::OutOfMemory) => {
-                        // More memory appears with more steps, unless a repeat fits (noise).
-                        match self.repeat_of_late_memory(b, confirm_steps) {
-                            Err(s) => {
-                                found.0 = None;
-                                return s;
-                            }
-                            Ok(false) => continue,
-                            Ok(true) => {}
-                        }
-                        // The bound moves down, and from now on only fits with the confirm steps
-                        // count (a walk down one size at a time, confirming each, would cost
-                        // hundreds of trials).
-                        hi = Some(l);
-                        steps = confirm_steps;
-                        lo = self.largest_fit_below(b, steps, &grid);
-                        continue;
-                    }
-                }
-            }
-            // Whether the smallest out-of-memory came only from confirmation-length trials.
-            let confirm_ooms = hi.is_some_and(|h| {
-                let hb = grid.batch(h);
-                let mut bound = self
-                    .trials
-                    .iter()
-                    .filter(|t| t.batch == hb && t.outcome.is_bound());
-                bound.clone().next().is_some() && bound.all(|t| t.steps > steps)
-            });
-            // A confirmation-length out-of-memory just above a fit of fewer steps: memory that grows
-            // after the exploration steps, or a candidate a little too large. Confirm the fit first
-            // instead of walking down to it with confirmation-length trials.
-            if let (Some(l), Some(h), true) = (lo, hi, confirm_ooms) {
-                let b = grid.batch(l);
-                let near = grid.batch(h) - b
-                    <= (2 * tolerance_gap(b, tolerance, grid.step)).max(4 * grid.step);
-                // Two confirmation-length failures above it: the fit below is the suspect.
-                let failed_above = self
-                    .trials
-                    .iter()
-                    .filter(|t| t.batch > b && t.steps > steps && t.outcome.is_bound())
-                    .count();
-                if (near || failed_above >= 2) && steps < confirm_steps && !self.confirmed(b) {
-                    match self.confirm(b, Purpose::Confirm) {
-                        Err(s) => {
-                            found.0 = None;
-                            return s;
-                        }
-                        Ok(Confirmation::Failed(why)) => {
-                            found.0 = None;
-                            return Stop::Fatal(format!(
-                                "the confirmation trial of {b} failed ({why}); no size is proven"
-                            ));
-                        }
-                        Ok(Confirmation::Fits) => continue,
-                        Ok(Confirmation::OutOfMemory) => {
-                            match self.repeat_of_late_memory(b, confirm_steps) {
-                                Err(s) => {
-                                    found.0 = None;
-                                    return s;
-                                }
-                                Ok(false) => continue,
-                                Ok(true) => {}
-                            }
-                            hi = Some(l);
-                            steps = confirm_steps;
-                            lo = self.largest_fit_below(b, steps, &grid);
-                            continue;
-                        }
-                    }
-                }
-            }
-            let state = SearchState {
-                grid,
-                lo,
-                hi,
-                ceiling,
-                trials: &self.trials,
-                limit_bytes: self.limit_bytes,
-                steps,
-                base_steps: self.cfg.steps,
-                confirm_steps,
-                tolerance,
-                confirm_ooms,
-                prior: self.cfg.prior.as_ref(),
-            };
-            if self.backend.width() > 1 {
-                // Several trials at once: the strategy proposes a round, each checked as one.
-                let proposals = strategy.propose_round(&state, self.backend.width());
-                let planned: Result<Vec<_>, _> = proposals
-                    .iter()
-                    .map(|p| self.plan_trial(&state, *p))
-                    .collect();
-                let outcomes = match planned.map_err(Stop::Fatal) {
-                    Ok(planned) => self.explore_round(&planned).map(|o| (planned, o)),
-                    Err(s) => Err(s),
-                };
-                match outcomes {
-                    Err(s) => {
-                        found.0 = None;
-                        return s;
-                    }
-                    Ok((planned, outcomes)) => {
-                        for (p, o) in planned.iter().zip(&outcomes) {
-                            if !p.measure {
-                                apply(o, p.index, &mut lo, &mut hi, &mut ceiling);
-                            }
-                        }
-                    }
+                self.cfg.strategy == StrategyKind::Power && br.lo.is_some() && br.hi.is_some();
+            if self.closed(&grid, &br) || power_done {
+                if let Some(stop) = self.prove(&grid, &mut br, power_done, found)? {
+                    return Ok(stop);
                 }
                 continue;
             }
-            let proposal = strategy.propose(&state);
-            let p = match self.plan_trial(&state, proposal) {
-                Ok(p) => p,
-                Err(m) => {
-                    found.0 = None;
-                    return Stop::Fatal(m);
-                }
-            };
-            if p.measure {
-                // whatever its outcome, the bracket stays
-                if let Err(s) = self.trial(p.batch, p.steps, p.purpose) {
-                    found.0 = None;
-                    return s;
-                }
+            let confirm_ooms = self.confirm_ooms(&grid, &br);
+            if let Some(l) = self.suspect_fit(&grid, &br, confirm_ooms) {
+                self.confirm_or_lower(&grid, &mut br, l)?;
                 continue;
             }
-            match self.explore_trial(p.batch, p.steps, p.purpose) {
-                Err(s) => {
-                    found.0 = None;
-                    return s;
-                }
-                Ok(o) => apply(&o, p.index, &mut lo, &mut hi, &mut ceiling),
+            self.explore(strategy.as_mut(), grid, &mut br, confirm_ooms)?;
+        }
+    }
+
+    /// Whether the out-of-memory at grid index `h` closes the bracket above a fit at `l`.
+    fn closes(&self, grid: &Grid, l: u64, h: u64) -> bool {
+        h > l && within_tolerance(grid.batch(l), grid.batch(h), self.cfg.tolerance, grid.step)
+    }
+
+    /// Whether the bracket is closed: the fit and the bound above are neighbours (or within the
+    /// tolerance), the fit is the grid's last size, or the first size is bounded.
+    fn closed(&self, grid: &Grid, br: &Bracket) -> bool {
+        match (br.lo, upper_bound(br.hi, br.ceiling)) {
+            (Some(l), Some(u)) => l + 1 >= u || br.hi.is_some_and(|h| self.closes(grid, l, h)),
+            (Some(l), None) => l == grid.last_index,
+            (None, Some(0)) => true,
+            _ => false,
+        }
+    }
+
+    /// A closed bracket proven: the failure above holds fresh, the fit is confirmed and repeated.
+    /// `None` when that moved the bracket and the search goes on.
+    fn prove(
+        &mut self,
+        grid: &Grid,
+        br: &mut Bracket,
+        power_done: bool,
+        found: &mut (Option<u64>, Option<u64>),
+    ) -> Result<Option<Stop>, Stop> {
+        let Some(l) = br.lo else {
+            // Nothing fits at index 0.
+            found.1 = Some(grid.batch(0));
+            return Ok(Some(Stop::Reason(if br.hi == Some(0) {
+                StopReason::NothingFits
+            } else {
+                StopReason::TrialErrors
+            })));
+        };
+        if !self.fresh_failure_above(grid, br, l)? || !self.confirm_or_lower(grid, br, l)? {
+            return Ok(None);
+        }
+        // The answer again, fresh: a repeat that fails, or footprints spread wider than the guard
+        // band, is noise the answer must stay below.
+        let b = grid.batch(l);
+        self.repeat_answer(b, self.cfg.confirm_steps.max(self.cfg.steps))?;
+        if let Some(band) = self.noisy_band(grid).or_else(|| self.spread_band(b, grid)) {
+            return Ok(Some(self.below_noise(grid, band, found)));
+        }
+        found.0 = Some(b);
+        found.1 = br.hi.map(|h| grid.batch(h));
+        let reason = if br.hi == Some(l + 1) {
+            StopReason::Proven
+        } else if br.hi.is_some_and(|h| self.closes(grid, l, h)) {
+            StopReason::ProvenWithinTolerance
+        } else if l == grid.last_index && br.hi.is_none() {
+            StopReason::MaxBatch
+        } else if power_done && br.hi.is_some() {
+            StopReason::PowerResolution
+        } else {
+            StopReason::TrialErrors
+        };
+        Ok(Some(Stop::Reason(reason)))
+    }
+
+    /// Whether the out-of-memory that closes the bracket above `l` holds in a fresh process, as
+    /// the job will run (a worker's is retried fresh). `false` when the fresh trial moved the
+    /// bracket instead: it fit (the worker's leftovers caused a false out-of-memory; from now on
+    /// only fresh failures bound), or it ended in an error (a ceiling, not evidence).
+    fn fresh_failure_above(&mut self, grid: &Grid, br: &mut Bracket, l: u64) -> Result<bool, Stop> {
+        let Some(h) = br.hi.filter(|&h| self.closes(grid, l, h)) else {
+            return Ok(true);
+        };
+        let hb = grid.batch(h);
+        let fresh = |t: &TrialRecord| t.outcome.is_bound() && t.isolation != Isolation::Worker;
+        if self.trials.iter().any(|t| t.batch == hb && fresh(t)) {
+            return Ok(true);
+        }
+        match self.trial_with_retry(hb, br.steps, Purpose::Proof)? {
+            TrialOutcome::Fits { .. } => {
+                self.worker_trusted = false;
+                br.lo = Some(h);
+                br.hi = (self.trials.iter())
+                    .filter(|t| t.batch > hb && fresh(t))
+                    .map(|t| grid.index_at_or_below(t.batch))
+                    .min();
+                Ok(false)
+            }
+            o if o.is_bound() => Ok(true),
+            _ => {
+                br.ceiling = Some(br.ceiling.map_or(h, |c| c.min(h)));
+                br.hi = None;
+                Ok(false)
             }
         }
+    }
+
+    /// Confirms the fit at grid index `l` with the confirmation's steps: `true` when it fits. An
+    /// out-of-memory that a repeat does not contradict is memory that grows after the exploration
+    /// steps: the bound moves down to `l`, and from then on only fits of the confirmation's length
+    /// count (a walk down one size at a time, confirming each, would cost hundreds of trials).
+    fn confirm_or_lower(&mut self, grid: &Grid, br: &mut Bracket, l: u64) -> Result<bool, Stop> {
+        let b = grid.batch(l);
+        let confirm_steps = self.cfg.confirm_steps.max(self.cfg.steps);
+        match self.confirm(b, Purpose::Confirm)? {
+            // Neither a fit nor memory: nothing is proven about b.
+            Confirmation::Failed(why) => Err(Stop::Fatal(format!(
+                "the confirmation trial of {b} failed ({why}); no size is proven"
+            ))),
+            Confirmation::Fits => Ok(true),
+            Confirmation::OutOfMemory => {
+                // More memory appears with more steps, unless a repeat fits (noise).
+                if self.repeat_of_late_memory(b, confirm_steps)? {
+                    br.hi = Some(l);
+                    br.steps = confirm_steps;
+                    br.lo = self.largest_fit_below(b, confirm_steps, grid);
+                }
+                Ok(false)
+            }
+        }
+    }
+
+    /// Whether the smallest out-of-memory came only from trials longer than the exploration's.
+    fn confirm_ooms(&self, grid: &Grid, br: &Bracket) -> bool {
+        br.hi.is_some_and(|h| {
+            let hb = grid.batch(h);
+            let mut bound = (self.trials.iter()).filter(|t| t.batch == hb && t.outcome.is_bound());
+            bound.clone().next().is_some() && bound.all(|t| t.steps > br.steps)
+        })
+    }
+
+    /// The fit to confirm before exploring further, if any: a confirmation-length out-of-memory
+    /// just above a fit of fewer steps (memory that grows after the exploration steps, or a
+    /// candidate a little too large), or two of them above it (the fit below is the suspect).
+    /// Confirming it costs one trial where walking down to it would cost several.
+    fn suspect_fit(&self, grid: &Grid, br: &Bracket, confirm_ooms: bool) -> Option<u64> {
+        let (Some(l), Some(h), true) = (br.lo, br.hi, confirm_ooms) else {
+            return None;
+        };
+        let b = grid.batch(l);
+        let near = grid.batch(h) - b
+            <= (2 * tolerance_gap(b, self.cfg.tolerance, grid.step)).max(4 * grid.step);
+        let failed_above = (self.trials.iter())
+            .filter(|t| t.batch > b && t.steps > br.steps && t.outcome.is_bound())
+            .count();
+        let shorter = br.steps < self.cfg.confirm_steps.max(self.cfg.steps);
+        ((near || failed_above >= 2) && shorter && !self.confirmed(b)).then_some(l)
+    }
+
+    /// One turn of exploration: the strategy proposes (a round of sizes where the device runs
+    /// several trials at once), the engine plans and checks each proposal, and the outcomes move
+    /// the bracket (a measurement leaves it as it is).
+    fn explore(
+        &mut self,
+        strategy: &mut (dyn Strategy + '_),
+        grid: Grid,
+        br: &mut Bracket,
+        confirm_ooms: bool,
+    ) -> Result<(), Stop> {
+        let state = SearchState {
+            grid,
+            lo: br.lo,
+            hi: br.hi,
+            ceiling: br.ceiling,
+            trials: &self.trials,
+            limit_bytes: self.limit_bytes,
+            steps: br.steps,
+            base_steps: self.cfg.steps,
+            confirm_steps: self.cfg.confirm_steps.max(self.cfg.steps),
+            tolerance: self.cfg.tolerance,
+            confirm_ooms,
+            prior: self.cfg.prior.as_ref(),
+        };
+        if self.backend.width() > 1 {
+            let proposals = strategy.propose_round(&state, self.backend.width());
+            let planned = (proposals.iter())
+                .map(|p| self.plan_trial(&state, *p))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(Stop::Fatal)?;
+            let outcomes = self.explore_round(&planned)?;
+            for (p, o) in planned.iter().zip(&outcomes).filter(|(p, _)| !p.measure) {
+                apply(o, p.index, &mut br.lo, &mut br.hi, &mut br.ceiling);
+            }
+            return Ok(());
+        }
+        let p = self
+            .plan_trial(&state, strategy.propose(&state))
+            .map_err(Stop::Fatal)?;
+        if p.measure {
+            // whatever its outcome, the bracket stays
+            self.trial(p.batch, p.steps, p.purpose)?;
+        } else {
+            let o = self.explore_trial(p.batch, p.steps, p.purpose)?;
+            apply(&o, p.index, &mut br.lo, &mut br.hi, &mut br.ceiling);
+        }
+        Ok(())
     }
 
     /// How a proposal runs: its size, steps and purpose; an error when the engine refuses it (a
@@ -1169,6 +1145,16 @@ struct Planned {
     purpose: Purpose,
     /// A measurement below the largest fit: its outcome never moves the bracket.
     measure: bool,
+}
+
+/// The open bracket on the grid (indices): the largest fit `lo`, the smallest out-of-memory `hi`,
+/// a `ceiling` above which an error leaves nothing provable, and the steps a trial needs to count.
+#[derive(Debug, Clone, Copy)]
+struct Bracket {
+    lo: Option<u64>,
+    hi: Option<u64>,
+    ceiling: Option<u64>,
+    steps: u32,
 }
 
 /// Moves the bracket by one trial's outcome at grid index `i`: a fit raises the largest fit, an
