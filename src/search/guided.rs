@@ -391,7 +391,35 @@ impl Strategy for Guided {
     }
 }
 
+/// Where a proposal is made: the largest fit `l` (its size `lb`), the exclusive upper end `u`
+/// (the bound, or past the grid's last size), whether a bound exists, and half the bracket.
+struct Here {
+    l: u64,
+    lb: u64,
+    u: u64,
+    upper: Option<u64>,
+    half: u64,
+}
+
+/// The grid index at or below size `b` (-1 below the grid, at most one past its last size).
+fn to_index(g: super::Grid, b: f64) -> i64 {
+    if b < g.first as f64 {
+        -1
+    } else {
+        ((b - g.first as f64) / g.step as f64)
+            .floor()
+            .min((g.last_index + 1) as f64) as i64
+    }
+}
+
+/// The tolerance's gap at `b`, in grid steps.
+fn gap_steps(st: &SearchState, b: u64) -> u64 {
+    (st.gap(b) / st.grid.step).max(1)
+}
+
 impl Guided {
+    /// The proposal: without a fit, the prior's start or half the bound; without a slope, growth
+    /// or bisection; with a line, by where it crosses the limit against the bracket.
     fn propose_inner(&mut self, st: &SearchState) -> Proposal {
         let g = st.grid;
         let upper = upper_bound(st.hi, st.ceiling);
@@ -401,10 +429,44 @@ impl Guided {
                 Some(u) => Proposal::explore(Self::prior_retry(st, u).unwrap_or(u / 2)),
             };
         };
-        let lb = g.batch(l);
-        let limit = st.limit_bytes;
-        // Fits measured with at least the current exploration steps (a confirmation-length fit is
-        // an exploration fit too); where a size ran with several, its largest peak.
+        let u = upper.unwrap_or(g.last_index + 1); // exclusive
+        let at = Here {
+            l,
+            lb: g.batch(l),
+            u,
+            upper,
+            half: ((u - l) / 2).max(1),
+        };
+        let points = self.points(st, at.lb);
+        let Some(m) = self.model(st, &points) else {
+            // No slope yet: one point, or all in the flat part below a knee.
+            self.up_run = 0;
+            self.down_run = 0;
+            return Self::without_slope(st, &at, &points);
+        };
+        let p = m.line.crossing(st.limit_bytes);
+        let mut pi = to_index(g, p);
+        if upper.is_none() && pi > g.last_index as i64 {
+            // Beyond the largest allowed size: try that.
+            pi = g.last_index as i64;
+        }
+        if let Some(proposal) = self.prior_line(st, &at, &points, pi) {
+            return proposal;
+        }
+        if pi < (l + gap_steps(st, at.lb)) as i64 {
+            return self.closing_size_fails(st, &at, &m);
+        }
+        if pi as u64 >= u {
+            return self.line_overshoots(st, &at, &m);
+        }
+        self.up_run = 0;
+        self.down_run = 0;
+        self.inside(st, &at, &m, &points, p, pi as u64)
+    }
+
+    /// Fits measured with at least the current exploration steps (a confirmation-length fit is an
+    /// exploration fit too), up to `lb`; where a size ran with several, its largest peak.
+    fn points(&self, st: &SearchState, lb: u64) -> Vec<(u64, u64)> {
         let min_steps = if self.late {
             st.confirm_steps
         } else {
@@ -418,62 +480,52 @@ impl Guided {
             .collect();
         points.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
         points.dedup_by_key(|p| p.0);
+        points
+    }
 
-        let u = upper.unwrap_or(g.last_index + 1); // exclusive
-        let half = ((u - l) / 2).max(1);
-        let to_index = |b: f64| -> i64 {
-            if b < g.first as f64 {
-                -1
-            } else {
-                ((b - g.first as f64) / g.step as f64)
-                    .floor()
-                    .min((g.last_index + 1) as f64) as i64
+    /// No slope: bisect a bracket (geometrically while it spans more than a factor of four), or
+    /// grow from the fit by what its headroom allows.
+    fn without_slope(st: &SearchState, at: &Here, points: &[(u64, u64)]) -> Proposal {
+        let (g, l, lb, u) = (st.grid, at.l, at.lb, at.u);
+        if at.upper.is_some() {
+            let ub = g.batch(u);
+            if ub > 4 * lb {
+                let m = ((lb as f64) * (ub as f64)).sqrt() as u64;
+                return Proposal::explore(g.index_at_or_below(m).clamp(l + 1, u - 1));
             }
-        };
-        // The tolerance's gap at b, in grid steps.
-        let gap_steps = |b: u64| (st.gap(b) / g.step).max(1);
-
-        let Some(m) = self.model(st, &points) else {
-            // No slope yet: one point, or all in the flat part below a knee.
-            self.up_run = 0;
-            self.down_run = 0;
-            if upper.is_some() {
-                // Bisection, geometric while the bracket spans more than a factor of four.
-                let ub = g.batch(u);
-                if ub > 4 * lb {
-                    let m = ((lb as f64) * (ub as f64)).sqrt() as u64;
-                    return Proposal::explore(g.index_at_or_below(m).clamp(l + 1, u - 1));
-                }
-                return Proposal::explore(l + half);
-            }
-            let &(_, pt) = points.last().unwrap_or(&(lb, limit));
-            // Under max(c, a + k·b) with a ≥ 0, lb·limit/pt surely fits; a small headroom suggests a
-            // small answer (a large model), where ×16 would overshoot.
-            let safe = (lb as f64 * limit as f64 / pt.max(1) as f64) as u64;
-            let target = if safe >= lb.saturating_mul(16) {
-                safe
-            } else if points.len() == 1 && (limit as f64) < 1.25 * pt as f64 {
-                lb.saturating_mul(2)
-            } else {
-                lb.saturating_mul(16)
-            };
-            return Proposal::explore(
-                g.index_at_or_below(target.min(g.batch(g.last_index)))
-                    .max(l + 1),
-            );
-        };
-
-        let p = m.line.crossing(limit);
-        let e_steps = ((m.err / g.step as f64).ceil().max(1.0)) as u64;
-        let mut pi = to_index(p);
-        if upper.is_none() && pi > g.last_index as i64 {
-            // Beyond the largest allowed size: try that.
-            pi = g.last_index as i64;
+            return Proposal::explore(l + at.half);
         }
+        let limit = st.limit_bytes;
+        let &(_, pt) = points.last().unwrap_or(&(lb, limit));
+        // Under max(c, a + k·b) with a ≥ 0, lb·limit/pt surely fits; a small headroom suggests a
+        // small answer (a large model), where ×16 would overshoot.
+        let safe = (lb as f64 * limit as f64 / pt.max(1) as f64) as u64;
+        let target = if safe >= lb.saturating_mul(16) {
+            safe
+        } else if points.len() == 1 && (limit as f64) < 1.25 * pt as f64 {
+            lb.saturating_mul(2)
+        } else {
+            lb.saturating_mul(16)
+        };
+        Proposal::explore(
+            g.index_at_or_below(target.min(g.batch(g.last_index)))
+                .max(l + 1),
+        )
+    }
 
+    /// A sweep prior's line, once, where no line of this point's own has a slope yet; then the
+    /// closing size above its prediction when that fit.
+    fn prior_line(
+        &mut self,
+        st: &SearchState,
+        at: &Here,
+        points: &[(u64, u64)],
+        pi: i64,
+    ) -> Option<Proposal> {
+        let (l, lb, u) = (at.l, at.lb, at.u);
         if st.prior.is_some()
             && !self.prior_line_tried
-            && fit_line(&points).filter(|ln| ln.0.k > 0.0).is_none()
+            && fit_line(points).filter(|ln| ln.0.k > 0.0).is_none()
         {
             // A sweep prior's line (its fixed part through the one fit measured here): its
             // prediction, once, with the confirmation's steps, or the closing size above the fit
@@ -481,115 +533,135 @@ impl Guided {
             // the proof; a fit is a confirmed lower bound. (Galloping from the fit by the line's
             // noise first cost a point 1-2 trials more than it takes without a prior.)
             self.prior_line_tried = true;
-            let i = (pi.max(0) as u64).max(l + gap_steps(lb)).min(u - 1);
+            let i = (pi.max(0) as u64).max(l + gap_steps(st, lb)).min(u - 1);
             if i > l {
                 self.prior_line_at = Some(i);
-                return Proposal::candidate(i);
+                return Some(Proposal::candidate(i));
             }
         }
         if let Some(c) = self.prior_line_at.take() {
-            if c == l && l + gap_steps(lb) < u {
+            if c == l && l + gap_steps(st, lb) < u {
                 // The prediction fit (confirmed): the size whose out-of-memory closes the proof,
                 // once, rather than a line through two points measured this far apart (1 % noise
                 // in either peak moves it by more than the gap).
-                return Proposal::candidate(l + gap_steps(lb));
+                return Some(Proposal::candidate(l + gap_steps(st, lb)));
             }
         }
-        if pi < (l + gap_steps(lb)) as i64 {
-            // The line says the size whose out-of-memory would close the bracket (the next size when
-            // exact) fails: try it; if it fits after all, gallop up from l by the expected error (at
-            // least that gap), doubling while the line keeps falling short (a gallop that ran out
-            // of memory starts over: the line was right there).
-            self.down_run = 0;
-            if st
-                .trials
-                .last()
-                .is_some_and(|t| t.outcome.is_bound() && t.batch > lb)
-            {
-                self.up_run = 0;
-            }
-            // A largest fit already confirmed (a candidate that fit) is worth one out-of-memory
-            // trial at the closing size: it ends the search, and a fit there is confirmed too.
-            let lo_confirmed = st
-                .trials
-                .iter()
-                .any(|t| t.batch == lb && t.outcome.fits() && t.steps >= st.confirm_steps);
-            let step = if m.exact
-                || (self.up_run == 0 && (lo_confirmed || 3 * gap_steps(lb) >= e_steps))
-            {
-                gap_steps(lb).saturating_mul(1u64 << self.up_run.min(40))
-            } else {
-                e_steps
-                    .max(gap_steps(lb))
-                    .saturating_mul(1u64 << self.up_run.min(40))
-            };
-            self.up_run += 1;
-            return Proposal::explore(l + step.min(half).max(1));
-        }
-        if pi as u64 >= u {
-            // The line says u−1 fits, but u failed: the line is wrong above the last fit (or, when
-            // u failed only with the confirmation's steps, memory grows after the exploration steps).
-            // A near miss first: when the line was measured close below u (its last fit at least
-            // half of u) and u failed at confirmation length, the size whose fit closes the bracket
-            // within the tolerance is most likely the answer (on CPU the quickstart's line through
-            // 4096 and 6538 put 8280 at 30 KB under the limit; 8277 fit). Once; then late memory.
-            if st.confirm_ooms
-                && !self.late
-                && !self.near_miss_tried
-                && st.tolerance > 0.0
-                && st.hi == Some(u)
-                && 2 * lb >= g.batch(u)
-            {
-                self.near_miss_tried = true;
-                let c = lowest_closing(st, u).max(l + 1);
-                if c < u {
-                    return Proposal::candidate(c);
-                }
-            }
-            if st.confirm_ooms && m.exact && !m.knee_suspect && !self.late {
-                // An exact exploration line, contradicted by a confirmation-length failure: late
-                // memory (or a jump, which the confirmation-length trials then find as well).
-                self.late = true;
-                self.up_run = 0;
-                self.down_run = self.down_run.max(1);
-                return self.propose_inner(st);
-            }
+        None
+    }
+
+    /// The line says the size whose out-of-memory would close the bracket (the next size when
+    /// exact) fails: try it; if it fits after all, gallop up from the fit by the expected error
+    /// (at least that gap), doubling while the line keeps falling short (a gallop that ran out of
+    /// memory starts over: the line was right there).
+    fn closing_size_fails(&mut self, st: &SearchState, at: &Here, m: &Model) -> Proposal {
+        let (l, lb) = (at.l, at.lb);
+        let e_steps = ((m.err / st.grid.step as f64).ceil().max(1.0)) as u64;
+        self.down_run = 0;
+        if st
+            .trials
+            .last()
+            .is_some_and(|t| t.outcome.is_bound() && t.batch > lb)
+        {
             self.up_run = 0;
-            // At least far enough below u that a fit there closes the bracket.
-            let closing = if st.hi == Some(u) {
-                u - lowest_closing(st, u)
-            } else {
-                1
-            };
-            let step = if m.knee_suspect || ((m.exact || self.late) && self.down_run > 0) {
-                // A slope that may come from the flat part below a knee, or an exact line that missed
-                // twice (a jump): the error has no known size. Bisect.
-                half
-            } else {
-                // Noise: gallop down from u, starting at the expected error. A line that was exact so
-                // far gets one step of the noise prior first: on real devices a near miss of a few
-                // samples (seen on CPU: predicted 16977, true 16976) is far more common than a jump.
-                let first = if m.exact {
-                    ((m.noise / g.step as f64).ceil().max(1.0)) as u64
-                } else {
-                    e_steps
-                };
-                first
-                    .max(closing)
-                    .saturating_mul(1u64 << self.down_run.min(40))
-                    .min(half)
-            };
-            self.down_run += 1;
-            let i = u - step.clamp(1, u - l - 1);
-            return if st.confirm_ooms {
-                Proposal::candidate(i)
-            } else {
-                Proposal::explore(i)
-            };
+        }
+        // A largest fit already confirmed (a candidate that fit) is worth one out-of-memory
+        // trial at the closing size: it ends the search, and a fit there is confirmed too.
+        let lo_confirmed = st
+            .trials
+            .iter()
+            .any(|t| t.batch == lb && t.outcome.fits() && t.steps >= st.confirm_steps);
+        let step = if m.exact
+            || (self.up_run == 0 && (lo_confirmed || 3 * gap_steps(st, lb) >= e_steps))
+        {
+            gap_steps(st, lb).saturating_mul(1u64 << self.up_run.min(40))
+        } else {
+            e_steps
+                .max(gap_steps(st, lb))
+                .saturating_mul(1u64 << self.up_run.min(40))
+        };
+        self.up_run += 1;
+        Proposal::explore(l + step.min(at.half).max(1))
+    }
+
+    /// The line says u−1 fits, but u failed: the line is wrong above the last fit (or, when u
+    /// failed only with the confirmation's steps, memory grows after the exploration steps).
+    fn line_overshoots(&mut self, st: &SearchState, at: &Here, m: &Model) -> Proposal {
+        let (g, l, lb, u, half) = (st.grid, at.l, at.lb, at.u, at.half);
+        let e_steps = ((m.err / g.step as f64).ceil().max(1.0)) as u64;
+        // A near miss first: when the line was measured close below u (its last fit at least
+        // half of u) and u failed at confirmation length, the size whose fit closes the bracket
+        // within the tolerance is most likely the answer (on CPU the quickstart's line through
+        // 4096 and 6538 put 8280 at 30 KB under the limit; 8277 fit). Once; then late memory.
+        if st.confirm_ooms
+            && !self.late
+            && !self.near_miss_tried
+            && st.tolerance > 0.0
+            && st.hi == Some(u)
+            && 2 * lb >= g.batch(u)
+        {
+            self.near_miss_tried = true;
+            let c = lowest_closing(st, u).max(l + 1);
+            if c < u {
+                return Proposal::candidate(c);
+            }
+        }
+        if st.confirm_ooms && m.exact && !m.knee_suspect && !self.late {
+            // An exact exploration line, contradicted by a confirmation-length failure: late
+            // memory (or a jump, which the confirmation-length trials then find as well).
+            self.late = true;
+            self.up_run = 0;
+            self.down_run = self.down_run.max(1);
+            return self.propose_inner(st);
         }
         self.up_run = 0;
-        self.down_run = 0;
-        let i = pi as u64;
+        // At least far enough below u that a fit there closes the bracket.
+        let closing = if st.hi == Some(u) {
+            u - lowest_closing(st, u)
+        } else {
+            1
+        };
+        let step = if m.knee_suspect || ((m.exact || self.late) && self.down_run > 0) {
+            // A slope that may come from the flat part below a knee, or an exact line that missed
+            // twice (a jump): the error has no known size. Bisect.
+            half
+        } else {
+            // Noise: gallop down from u, starting at the expected error. A line that was exact so
+            // far gets one step of the noise prior first: on real devices a near miss of a few
+            // samples (seen on CPU: predicted 16977, true 16976) is far more common than a jump.
+            let first = if m.exact {
+                ((m.noise / g.step as f64).ceil().max(1.0)) as u64
+            } else {
+                e_steps
+            };
+            first
+                .max(closing)
+                .saturating_mul(1u64 << self.down_run.min(40))
+                .min(half)
+        };
+        self.down_run += 1;
+        let i = u - step.clamp(1, u - l - 1);
+        if st.confirm_ooms {
+            Proposal::candidate(i)
+        } else {
+            Proposal::explore(i)
+        }
+    }
+
+    /// The line crosses the limit inside the bracket: the prediction, proven at once where the
+    /// line is exact or confident, measured further where its slope may come from a flat part.
+    fn inside(
+        &mut self,
+        st: &SearchState,
+        at: &Here,
+        m: &Model,
+        points: &[(u64, u64)],
+        p: f64,
+        i: u64,
+    ) -> Proposal {
+        let (g, l, lb, u, half, upper) = (st.grid, at.l, at.lb, at.u, at.half, at.upper);
+        let pi = i as i64;
+        let e_steps = ((m.err / g.step as f64).ceil().max(1.0)) as u64;
         let gap_p = st.gap(p.max(0.0) as u64) as f64;
         if m.exact {
             // The line predicted its last point: the prediction is the answer; prove it at once.
@@ -607,7 +679,7 @@ impl Guided {
             // not, and two points there give the slope.
             // After a fit here, at least twice the last step: a slope from below a jump is too
             // steep, its prediction too small after every fit, and the middle walked up one size
-            // at a time (review of 8f01ca8: 569 trials on a curve with two jumps).
+            // at a time (569 trials on a curve with two jumps).
             let mid = ((lb as f64) * p.max(lb as f64)).sqrt();
             let prev = points.iter().rev().nth(1).map(|q| q.0).unwrap_or(0);
             let last_fit_here = st
@@ -620,13 +692,13 @@ impl Guided {
                 0.0
             };
             self.flat_run += 1;
-            let gi = to_index(mid.max(floor)).clamp(l as i64 + 1, u as i64 - 1) as u64;
+            let gi = to_index(g, mid.max(floor)).clamp(l as i64 + 1, u as i64 - 1) as u64;
             return Proposal::explore(gi);
         }
         if m.err <= gap_p / 2.0 {
             // Confident within the tolerance: the size the error below the prediction, at once with
             // the confirmation's steps; an out-of-memory one gap above it then closes the proof.
-            let c = to_index(p - m.err).clamp(l as i64 + 1, u as i64 - 1) as u64;
+            let c = to_index(g, p - m.err).clamp(l as i64 + 1, u as i64 - 1) as u64;
             self.confident = true;
             return Proposal::candidate(c);
         }
@@ -644,14 +716,14 @@ impl Guided {
             } else {
                 0.0
             };
-            let c = to_index(p - back).clamp(l as i64 + 1, i as i64) as u64;
+            let c = to_index(g, p - back).clamp(l as i64 + 1, i as i64) as u64;
             return Proposal::candidate(c);
         }
         if st.hi == Some(u) && g.batch(u) - lb <= 2 * st.gap(lb) {
             // One trial can close a bracket this narrow: the lowest size whose fit closes it when
             // the line leans to the top half, else the size whose out-of-memory closes it.
             let from_above = lowest_closing(st, u).max(l + 1);
-            let from_below = (l + gap_steps(lb)).min(u - 1);
+            let from_below = (l + gap_steps(st, lb)).min(u - 1);
             let mid = (lb + g.batch(u)) as f64 / 2.0;
             return Proposal::explore(if p >= mid { from_above } else { from_below });
         }
