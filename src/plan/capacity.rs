@@ -13,6 +13,7 @@
 //! arithmetic on plans: no device, no clap.
 
 use crate::accumulate::{self, Split};
+use crate::search::line::least_squares;
 use crate::search::{Prior, TrialRecord};
 use serde::{Deserialize, Serialize};
 
@@ -86,30 +87,6 @@ pub struct CapacityModel {
     /// Why the model predicts nothing at all (too few points, no slope), if so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refusal: Option<String>,
-}
-
-/// Least squares through `(x, y)`: `(intercept, slope, slope standard error)`.
-fn least_squares(points: &[(f64, f64)]) -> Option<(f64, f64, f64)> {
-    let n = points.len() as f64;
-    if points.len() < 2 {
-        return None;
-    }
-    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
-    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
-    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
-    if sxx <= 0.0 {
-        return None;
-    }
-    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
-    let k = sxy / sxx;
-    let a = my - k * mx;
-    let se = if points.len() > 2 {
-        let ssr: f64 = points.iter().map(|p| (p.1 - a - k * p.0).powi(2)).sum();
-        (ssr / (n - 2.0) / sxx).sqrt()
-    } else {
-        0.0
-    };
-    Some((a, k, se))
 }
 
 /// The noise assumed in each peak on the line `a + k·b` through `pts` (bytes): [`NOISE`] of the top
@@ -1571,6 +1548,31 @@ mod sweep_tests {
 
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
+
+    /// On a probe's own trials (an exact device), the line the search proposed from and the line
+    /// of the capacity model (which `predict` and the plot draw) are one line.
+    #[test]
+    fn the_search_and_the_capacity_model_fit_one_line_to_the_same_trials() {
+        let spec = SimSpec::parse("base=1GiB,per-sample=3MiB,capacity=16GiB").unwrap();
+        let limit = spec.capacity / 20 * 19;
+        let out = Prober::new(&mut SimBackend::new(spec), SearchConfig::default(), limit).search();
+        let mut points: Vec<(u64, u64)> = (out.trials.iter())
+            .filter(|t| t.outcome.fits())
+            .filter_map(|t| Some((t.batch, t.outcome.peak_bytes()?)))
+            .collect();
+        points.sort();
+        points.dedup_by_key(|p| p.0);
+        let (search, _) = crate::search::line::fit_line(&points).expect("a slope");
+        let model = CapacityModel::fit(&out.trials, limit).expect("a capacity model");
+        assert!(model.refusal.is_none(), "{:?}", model.refusal);
+        let close = |x: f64, y: f64| (x - y).abs() <= 1e-6 * x.abs().max(y.abs()).max(1.0);
+        assert!(
+            close(search.k, model.per_sample_bytes),
+            "{search:?} {model:?}"
+        );
+        assert!(close(search.a, model.fixed_bytes), "{search:?} {model:?}");
+        assert!(close(search.k, 3.0 * MIB as f64) && close(search.a, GIB as f64));
+    }
 
     /// A point's search with `prior` (trials, answer) and its truth, and the trials without a prior.
     fn point(spec: &SimSpec, prior: Option<Prior>) -> (Vec<TrialRecord>, u64, u64, usize) {

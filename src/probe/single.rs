@@ -427,7 +427,7 @@ fn stalled_above(
     }
     // a job whose peak moves from run to run scatters its fits about their line by that much: a
     // pair is read only beyond it
-    let scatter = crate::search::noise::residual_range(&by_size).unwrap_or(0) as f64;
+    let scatter = crate::search::line::residual_range(&by_size).unwrap_or(0) as f64;
     let needs = 2.0 * noise.max(scatter);
     let sizes: Vec<u64> = by_size.keys().copied().collect();
     let pairs = sizes

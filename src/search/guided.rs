@@ -39,6 +39,7 @@
 //! The engine ([`super::Prober`]) decides when the proof is complete and confirms the answer; this
 //! strategy never reports anything, and only proposes sizes strictly inside the open bracket.
 
+use super::line::{fit_line, Line};
 use super::{upper_bound, Prior, Proposal, SearchState, Strategy};
 
 /// Smallest rise of the top peak over another point, as a fraction of the top peak, for the pair to set
@@ -74,44 +75,6 @@ pub struct Guided {
     /// The last proposal is the line's answer within the tolerance (an exact line, or an error
     /// under half the gap): a round then also runs the size whose out-of-memory proves it.
     confident: bool,
-}
-
-/// A line `peak = a + k·b` through measured points.
-#[derive(Debug, Clone, Copy)]
-pub struct Line {
-    pub a: f64,
-    pub k: f64,
-}
-
-impl Line {
-    /// Largest real b with `a + k·b ≤ limit`.
-    pub fn crossing(&self, limit: u64) -> f64 {
-        (limit as f64 - self.a) / self.k
-    }
-    pub fn at(&self, b: f64) -> f64 {
-        self.a + self.k * b
-    }
-}
-
-/// Fits the line from (batch, peak) points of fitting trials, sorted by batch with distinct batches.
-/// Anchored at the largest batch; slope from the *nearest* smaller batch whose peak is at least
-/// [`MIN_RISE`] below (near, so a point in the flat part below a knee is not used when a point above
-/// the knee exists; far enough in peak that noise does not dominate). `None` when no point qualifies.
-pub fn fit_line(points: &[(u64, u64)]) -> Option<(Line, (u64, u64))> {
-    let &(bt, pt) = points.last()?;
-    let &(bs, ps) = points
-        .iter()
-        .rev()
-        .skip(1)
-        .find(|p| p.1 < pt && (pt - p.1) as f64 >= MIN_RISE * pt as f64)?;
-    let k = (pt - ps) as f64 / (bt - bs) as f64;
-    Some((
-        Line {
-            a: pt as f64 - k * bt as f64,
-            k,
-        },
-        (bs, ps),
-    ))
 }
 
 /// Whether the slope of a line whose lower point is `partner` may come from the flat part below a

@@ -44,6 +44,7 @@
 pub mod bisect;
 mod failures;
 pub mod guided;
+pub mod line;
 pub mod noise;
 pub mod rounds;
 

@@ -42,6 +42,7 @@
 //! samples the excess footprint takes by the slope of the fits below, and the rule above steps down
 //! to a size whose fits, `1 + repeats` of them, all lie under the ceiling.
 
+use super::line::{residual_range, whole_range};
 use super::{tolerance_gap, Grid, Prober, Purpose, Stop, StopReason, TrialRecord};
 use crate::protocol::{Isolation, TrialOutcome};
 use serde::{Deserialize, Serialize};
@@ -155,41 +156,6 @@ pub fn contradictions(trials: &[TrialRecord]) -> Vec<Contradiction> {
     }
     out.sort_by_key(|c| c.bound);
     out
-}
-
-/// The range of footprints about their least-squares line, over the fits at sizes from half the
-/// largest fit up (memory grows linearly with the batch there, above any knee), when at least three
-/// sizes ran there: a few repeats of one size rarely see a job's whole range of noise, the fits of the
-/// search near the boundary add theirs.
-pub(crate) fn residual_range(by_size: &std::collections::BTreeMap<u64, Vec<u64>>) -> Option<u64> {
-    let top = *by_size.keys().next_back()?;
-    let points: Vec<(f64, f64)> = by_size
-        .range(top / 2..)
-        .flat_map(|(&b, v)| v.iter().map(move |&f| (b as f64, f as f64)))
-        .collect();
-    if by_size.range(top / 2..).count() < 3 {
-        return None;
-    }
-    let n = points.len() as f64;
-    let (mb, mf) = points
-        .iter()
-        .fold((0.0, 0.0), |(x, y), p| (x + p.0 / n, y + p.1 / n));
-    let sxx: f64 = points.iter().map(|p| (p.0 - mb).powi(2)).sum();
-    let sxy: f64 = points.iter().map(|p| (p.0 - mb) * (p.1 - mf)).sum();
-    let k = if sxx > 0.0 { sxy / sxx } else { 0.0 };
-    let residuals = points.iter().map(|p| p.1 - (mf + k * (p.0 - mb)));
-    let (lo, hi) = residuals.fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(r), hi.max(r)));
-    Some(whole_range((hi - lo).max(0.0) as u64, points.len()))
-}
-
-/// The whole range of a noise of which `n` draws spanned `range`: `n` draws of a uniform noise
-/// span on average `(n − 1) / (n + 1)` of it (three draws, half), so the range is scaled by the
-/// inverse. With the scaled range as the room left under the job's limit, a fresh run of the
-/// answer at the tightest size the rule allows lands above it 2.7 % of the time with three draws
-/// and 1 % with four, where the bare range left 6 % with three (a simulation of uniform noise).
-fn whole_range(range: u64, n: usize) -> u64 {
-    let n = n.max(2) as f64;
-    (range as f64 * (n + 1.0) / (n - 1.0)).ceil() as u64
 }
 
 /// The smallest size that failed in a fresh process.
