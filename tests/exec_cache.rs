@@ -8,6 +8,8 @@ mod common;
 use common::*;
 use serde_json::Value;
 use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 /// A job in `dir`: imports the local module `model.py` (its WIDTH), reads `cfg.toml` (its scale)
 /// and `$WIDTH_MULT`, holds batch × width × scale × mult MiB, and runs out of memory above 6 of them.
@@ -46,9 +48,39 @@ fn probe(
     flags: &[&str],
     cmd: &[&str],
 ) -> (Value, String) {
+    let o = probe_command(dir, cache, env, flags, cmd).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{err}");
+    (read_json(&dir.join("plan.json")), err)
+}
+
+/// [`probe`] without variables or flags that must end within `limit` (killed and failed past it).
+fn probe_within(dir: &Path, cache: &Path, cmd: &[&str], limit: Duration) -> (Value, String) {
+    let stderr = dir.join("probe-stderr.txt");
+    let mut child = probe_command(dir, cache, &[], &[], cmd)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let (status, _) = wait_within(&mut child, limit);
+    let err = std::fs::read_to_string(&stderr).unwrap();
+    assert!(status.success(), "{err}");
+    (read_json(&dir.join("plan.json")), err)
+}
+
+/// The `batchfit probe` of [`probe`], its `--out` (`plan.json` in `dir`) removed first.
+fn probe_command(
+    dir: &Path,
+    cache: &Path,
+    env: &[(&str, &str)],
+    flags: &[&str],
+    cmd: &[&str],
+) -> Command {
     let out = dir.join("plan.json");
     let _ = std::fs::remove_file(&out);
-    let o = batchfit()
+    let mut c = Command::new(env!("CARGO_BIN_EXE_batchfit"));
+    c.env_remove("RUST_BACKTRACE")
+        .stdin(Stdio::null())
         .current_dir(dir)
         .env("BATCHFIT_CACHE_DIR", cache)
         .envs(env.iter().copied())
@@ -58,12 +90,8 @@ fn probe(
         .args(flags)
         .arg("--exec")
         .arg("--")
-        .args(cmd)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert!(o.status.success(), "{err}");
-    (read_json(&out), err)
+        .args(cmd);
+    c
 }
 
 const JOB: [&str; 2] = ["/usr/bin/python3", "job.py"];
@@ -303,4 +331,88 @@ fn a_job_whose_helper_reports_no_installed_packages_is_not_answered_from_the_cac
             "{err}"
         );
     }
+}
+
+/// A file the job reads of at least `STAT_ONLY_BYTES` (a dataset) is known by its size,
+/// modification time and inode, never read by batchfit: the job's 1 TiB sparse file would take
+/// minutes to hash, and each probe, the cached one too, must end in well under that. Grown by a
+/// page, it is seen changed: the cached plan is not answered, and the message names it.
+#[test]
+fn a_large_file_the_job_reads_is_checked_by_its_stat_without_being_read() {
+    let d = tmp();
+    let cache = fresh_cache_dir();
+    write_job(d.path());
+    let data = d.path().join("data.bin");
+    let size: u64 = 1 << 40;
+    std::fs::File::create(&data).unwrap().set_len(size).unwrap();
+    edit_job(
+        d.path(),
+        "import hold, model\n",
+        "import hold, model\nopen('data.bin', 'rb').read(16)\n",
+    );
+    let limit = Duration::from_secs(120);
+    let (first, _) = probe_within(d.path(), &cache, &JOB, limit);
+    assert_eq!(
+        first["model"]["read_files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| {
+                f["path"].as_str().unwrap().ends_with("/data.bin")
+                    && f["size"] == size
+                    && f.get("sha256").is_none()
+            })
+            .count(),
+        1,
+        "{}",
+        first["model"]
+    );
+    let (_, err) = probe_within(d.path(), &cache, &JOB, limit);
+    assert!(err.contains("plan from cache"), "{err}");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&data)
+        .unwrap()
+        .set_len(size + 4096)
+        .unwrap();
+    let (second, err) = probe_within(d.path(), &cache, &JOB, limit);
+    assert!(!err.contains("plan from cache"), "{err}");
+    assert!(
+        err.contains("data.bin changed since the plan was made (the command reads it)"),
+        "{err}"
+    );
+    assert_eq!(second["recommendation"]["max_fitting_batch"], 6, "{second}");
+}
+
+/// A plan keeps only a summary of the installed packages the job imported (their counts and a
+/// digest), not a line per file: the list, which the cache needs to see and name a changed file,
+/// is stored beside the cached plan. Removed, the cached plan is not answered, said in one line.
+#[test]
+fn the_plan_summarises_the_installed_packages_and_the_cache_keeps_their_list_beside_it() {
+    let d = tmp();
+    let cache = fresh_cache_dir();
+    write_job(d.path());
+    let (first, _) = probe(d.path(), &cache, &[], &[], &JOB);
+    let env = &first["model"]["python_environment"];
+    assert!(env["record_sha256"].is_string(), "{env}");
+    assert!(
+        env["file_count"].is_u64() && env.get("files").is_none(),
+        "{env}"
+    );
+    let records: Vec<_> = std::fs::read_dir(&cache)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(".environment.json"))
+        .collect();
+    assert_eq!(records.len(), 1, "{records:?}");
+    let (_, err) = probe(d.path(), &cache, &[], &[], &JOB);
+    assert!(err.contains("plan from cache"), "{err}");
+    std::fs::remove_file(&records[0]).unwrap();
+    let (_, err) = probe(d.path(), &cache, &[], &[], &JOB);
+    assert!(!err.contains("plan from cache"), "{err}");
+    assert!(
+        err.contains("the record of its installed packages") && err.contains("cannot be read"),
+        "{err}"
+    );
 }

@@ -29,25 +29,6 @@ fn batchfit_process(marker: &str) -> Command {
     c
 }
 
-/// Waits for `child` up to `limit`; kills it and fails when it takes longer.
-fn wait_within(
-    child: &mut std::process::Child,
-    limit: Duration,
-) -> (std::process::ExitStatus, f64) {
-    let t0 = Instant::now();
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return (s, t0.elapsed().as_secs_f64());
-        }
-        if t0.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("batchfit did not end within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Whether process `pid`'s environment holds `needle`.
 fn environ_has(pid: u32, needle: &str) -> bool {
     std::fs::read(format!("/proc/{pid}/environ"))

@@ -194,6 +194,85 @@ pub struct FileHash {
     pub sha256: String,
 }
 
+impl FileHash {
+    /// Whether the file's content is still the one hashed (an error when it cannot be read).
+    pub fn unchanged(&self) -> std::io::Result<bool> {
+        Ok(crate::platform::files::sha256(std::path::Path::new(&self.path))? == self.sha256)
+    }
+}
+
+/// From this size up a file a cached plan depends on (one the command reads, or an argument) is
+/// recorded by its [`FileIdentity`] instead of its content's hash: hashing a dataset of gigabytes on
+/// every probe and every cache lookup would cost a full read of it each time, while a rewrite,
+/// replacement or truncation of such a file still moves its size, modification time or inode.
+pub const STAT_ONLY_BYTES: u64 = 64 << 20;
+
+/// A large file known by its size, modification time, inode and device (see [`STAT_ONLY_BYTES`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileIdentity {
+    pub path: String,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub inode: u64,
+    pub device: u64,
+}
+
+impl FileIdentity {
+    fn of(path: &str, m: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        FileIdentity {
+            path: path.to_string(),
+            size: m.len(),
+            mtime_ns: m.mtime().saturating_mul(1_000_000_000) + m.mtime_nsec(),
+            inode: m.ino(),
+            device: m.dev(),
+        }
+    }
+}
+
+/// A file a cached `--exec` plan depends on: by its content's hash below [`STAT_ONLY_BYTES`]
+/// (`{"path", "sha256"}`), by its [`FileIdentity`] from there up (`{"path", "size", "mtime_ns",
+/// "inode", "device"}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum FileRecord {
+    Hash(FileHash),
+    Identity(FileIdentity),
+}
+
+impl FileRecord {
+    /// The record of the regular file at `path` now.
+    pub fn of(path: &str) -> std::io::Result<Self> {
+        let p = std::path::Path::new(path);
+        let m = std::fs::metadata(p)?;
+        if m.is_file() && m.len() >= STAT_ONLY_BYTES {
+            return Ok(FileRecord::Identity(FileIdentity::of(path, &m)));
+        }
+        Ok(FileRecord::Hash(FileHash {
+            path: path.to_string(),
+            sha256: crate::platform::files::sha256(p)?,
+        }))
+    }
+
+    pub fn path(&self) -> &str {
+        match self {
+            FileRecord::Hash(h) => &h.path,
+            FileRecord::Identity(i) => &i.path,
+        }
+    }
+
+    /// Whether the file is still the one recorded (an error when it cannot be read). A large file
+    /// is never read: its stat decides; a file hashed when it was small is changed once it is large.
+    pub fn unchanged(&self) -> std::io::Result<bool> {
+        let m = std::fs::metadata(self.path())?;
+        match self {
+            FileRecord::Identity(i) => Ok(FileIdentity::of(&i.path, &m) == *i),
+            FileRecord::Hash(_) if m.len() >= STAT_ONLY_BYTES => Ok(false),
+            FileRecord::Hash(h) => h.unchanged(),
+        }
+    }
+}
+
 /// The user's training command (`batchfit probe --exec -- CMD ARG…`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecInfo {
@@ -213,11 +292,12 @@ pub struct ExecInfo {
     /// `--threads`: `OMP_NUM_THREADS` of every trial (absent: the user's environment).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<u32>,
-    /// Files of the command hashed without being asked (part of the cache key, not of
+    /// Files of the command recorded without being asked (part of the cache key, not of
     /// `fingerprint`): every argument that is a regular file (the program, its script, a config
-    /// file in any folder and of any extension), as given.
+    /// file in any folder and of any extension), as given; hashed, or from [`STAT_ONLY_BYTES`] up
+    /// known by their stat.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub auto_fingerprint_files: Vec<FileHash>,
+    pub auto_fingerprint_files: Vec<FileRecord>,
     /// A point of `--sweep` (`{seq}` or `{image-size}`, already substituted in `argv`): the
     /// environment variable every trial also gets it in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -228,16 +308,88 @@ pub struct ExecInfo {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub environment_sha256: String,
     /// The files the command read, by its trials' reports (the helper's `read_files`), with their
-    /// hashes when the plan was made: a cached plan is used only while every one is unchanged.
+    /// hashes (from [`STAT_ONLY_BYTES`] up: their stat) when the plan was made: a cached plan is
+    /// used only while every one is unchanged.
     /// Absent when no trial wrote a report that says (the job does not use the helper): then the
     /// cache is not used for it unless `--fingerprint-file` names what it reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub read_files: Option<Vec<FileHash>>,
+    pub read_files: Option<Vec<FileRecord>>,
     /// The installed packages the command ran with, by its trials' reports (the helper's
-    /// `python_environment`): a cached plan is used only while they are the same. Absent when no
-    /// trial's report says.
+    /// `python_environment`), summed up ([`PlanEnvironment`]): a cached plan is used only while
+    /// they are the same. Absent when no trial's report says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub python_environment: Option<PythonEnvironment>,
+    pub python_environment: Option<PlanEnvironment>,
+}
+
+/// `model.python_environment` of an `--exec` plan. The per-file stats of a job's installed
+/// packages run to well over a thousand entries for `import torch` (most of the plan's bytes), so a
+/// plan keeps only their [`EnvironmentSummary`] and the cache keeps the list itself beside the
+/// cached plan; plans written before that keep the list inline, and are read as they are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum PlanEnvironment {
+    Summary(EnvironmentSummary),
+    Listed(PythonEnvironment),
+}
+
+// by hand: serde's untagged enums cannot read the list's `i128` modification times
+impl<'de> Deserialize<'de> for PlanEnvironment {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = serde_json::Value::deserialize(d)?;
+        let read = if v.get("record_sha256").is_some() {
+            serde_json::from_value(v).map(PlanEnvironment::Summary)
+        } else {
+            serde_json::from_value(v).map(PlanEnvironment::Listed)
+        };
+        read.map_err(serde::de::Error::custom)
+    }
+}
+
+/// What a plan says of its job's installed packages: their site dirs, how many distributions and
+/// imported files, and the digest of the full record (the helper's [`PythonEnvironment`], stored
+/// as compact JSON beside the cached plan) that a cache lookup checks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvironmentSummary {
+    pub site_dirs: Vec<String>,
+    pub distribution_count: u64,
+    pub file_count: u64,
+    /// SHA-256 (hex) of the record's compact JSON, [`EnvironmentSummary::record`].
+    pub record_sha256: String,
+}
+
+impl EnvironmentSummary {
+    /// The summary of `env`, and the record (its compact JSON) whose digest it holds.
+    pub fn of(env: &PythonEnvironment) -> (Self, Vec<u8>) {
+        let record = Self::record(env);
+        let summary = EnvironmentSummary {
+            site_dirs: env.site_dirs.clone(),
+            distribution_count: env.distributions.len() as u64,
+            file_count: env.files.len() as u64,
+            record_sha256: sha256_hex(&record),
+        };
+        (summary, record)
+    }
+
+    /// The record of `env` as the cache stores it: its compact JSON.
+    pub fn record(env: &PythonEnvironment) -> Vec<u8> {
+        serde_json::to_vec(env).expect("serialises")
+    }
+
+    /// `bytes` as the record this summary was made from: `None` unless their digest is this one and
+    /// they read as a [`PythonEnvironment`].
+    pub fn read_record(&self, bytes: &[u8]) -> Option<PythonEnvironment> {
+        (sha256_hex(bytes) == self.record_sha256)
+            .then(|| serde_json::from_slice(bytes).ok())
+            .flatten()
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The point of a `--sweep` an exec plan was probed at.
@@ -248,20 +400,17 @@ pub struct ExecSweepPoint {
     pub value: u64,
 }
 
-/// The files of `argv` whose content goes into the cache key (see
-/// [`ExecInfo::auto_fingerprint_files`]), with their hashes; files that cannot be read are skipped.
-pub fn auto_fingerprint(argv: &[String]) -> Vec<FileHash> {
-    let mut v: Vec<FileHash> = vec![];
+/// The files of `argv` that go into the cache key (see [`ExecInfo::auto_fingerprint_files`]), by
+/// [`FileRecord::of`]; files that cannot be read are skipped.
+pub fn auto_fingerprint(argv: &[String]) -> Vec<FileRecord> {
+    let mut v: Vec<FileRecord> = vec![];
     for a in argv {
         let p = std::path::Path::new(a);
-        if !std::fs::metadata(p).is_ok_and(|m| m.is_file()) || v.iter().any(|f| f.path == *a) {
+        if !std::fs::metadata(p).is_ok_and(|m| m.is_file()) || v.iter().any(|f| f.path() == a) {
             continue;
         }
-        if let Ok(sha256) = crate::platform::files::sha256(p) {
-            v.push(FileHash {
-                path: a.clone(),
-                sha256,
-            });
+        if let Ok(record) = FileRecord::of(a) {
+            v.push(record);
         }
     }
     v
@@ -352,12 +501,8 @@ pub fn environment_sha256() -> String {
 
 /// The fingerprint of a command: SHA-256 of the canonical JSON of its argv and its files' hashes.
 pub fn exec_fingerprint(argv: &[String], files: &[FileHash]) -> String {
-    use sha2::{Digest, Sha256};
     let json = serde_json::to_string(&(argv, files)).expect("serialises");
-    Sha256::digest(json.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    sha256_hex(json.as_bytes())
 }
 
 /// Process set-up the trainer must reproduce.
@@ -820,13 +965,59 @@ mod tests {
             arg("model.cfg"),
         ];
         let paths: Vec<String> = auto_fingerprint(&argv)
-            .into_iter()
-            .map(|f| f.path)
+            .iter()
+            .map(|f| f.path().to_string())
             .collect();
         assert_eq!(
             paths,
             [arg("train.py"), arg("model.cfg"), arg("settings")],
             "{paths:?}"
         );
+    }
+
+    /// A file of at least [`STAT_ONLY_BYTES`] is recorded by its stat and checked by it, never
+    /// read (a sparse file of that size reads as zeros: its hash would still match after a
+    /// rewrite that keeps it sparse, its stat does not); its modification time moved, its size
+    /// changed or the file replaced by another of the same size and time, it is changed. A file
+    /// hashed while small is changed once it is large, without being read.
+    #[test]
+    fn a_large_file_is_recorded_and_checked_by_its_stat() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("data.bin");
+        let name = path.display().to_string();
+        let sparse =
+            |p: &std::path::Path, len: u64| std::fs::File::create(p).unwrap().set_len(len).unwrap();
+        sparse(&path, STAT_ONLY_BYTES);
+        let record = FileRecord::of(&name).unwrap();
+        let FileRecord::Identity(id) = &record else {
+            panic!("hashed: {record:?}")
+        };
+        assert_eq!(id.size, STAT_ONLY_BYTES);
+        assert!(record.unchanged().unwrap());
+        let at = |ns: i64| std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns as u64);
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        file.set_modified(at(id.mtime_ns + 1_000_000)).unwrap();
+        assert!(!record.unchanged().unwrap(), "a moved modification time");
+        file.set_modified(at(id.mtime_ns)).unwrap();
+        assert!(record.unchanged().unwrap());
+        let other = tmp.path().join("other.bin");
+        sparse(&other, STAT_ONLY_BYTES);
+        std::fs::File::options()
+            .write(true)
+            .open(&other)
+            .unwrap()
+            .set_modified(at(id.mtime_ns))
+            .unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        assert!(!record.unchanged().unwrap(), "a file replaced by another");
+        let small = tmp.path().join("small.bin");
+        std::fs::write(&small, b"abc").unwrap();
+        let hashed = FileRecord::of(&small.display().to_string()).unwrap();
+        assert!(matches!(hashed, FileRecord::Hash(_)), "{hashed:?}");
+        assert!(hashed.unchanged().unwrap());
+        sparse(&small, STAT_ONLY_BYTES);
+        assert!(!hashed.unchanged().unwrap(), "a small file grown large");
+        std::fs::remove_file(&path).unwrap();
+        assert!(record.unchanged().is_err(), "a file gone");
     }
 }

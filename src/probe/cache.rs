@@ -7,6 +7,7 @@
 
 use crate::config::{BackendChoice, ProbeConfig};
 use crate::device::sim::SimSpec;
+use crate::plan::schema::PythonEnvironment;
 use crate::plan::{Plan, PlanError, SearchSettings, Status, Tool};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -111,8 +112,8 @@ struct ExecKey<'a> {
     cwd: String,
     /// [`environment_sha256`] of the probe.
     environment_sha256: &'a str,
-    /// The auto-fingerprinted files' hashes (the command's script, its configs).
-    files: &'a [crate::plan::schema::FileHash],
+    /// The auto-fingerprinted files' records (the command's script, its configs).
+    files: &'a [crate::plan::schema::FileRecord],
     oom_patterns: &'a [String],
 }
 
@@ -127,11 +128,12 @@ fn exec_key(info: &crate::plan::schema::ExecInfo) -> ExecKey<'_> {
     }
 }
 
-/// The files the trials' reports say the command read, with their hashes now (a file that cannot
-/// be read is left out); `None` when no trial's report says (the job does not use the helper).
+/// The files the trials' reports say the command read, with their hashes now (a large file: its
+/// stat, [`crate::plan::schema::FileRecord::of`]; a file that cannot be read is left out); `None`
+/// when no trial's report says (the job does not use the helper).
 pub fn read_files(
     trials: &[crate::search::TrialRecord],
-) -> Option<Vec<crate::plan::schema::FileHash>> {
+) -> Option<Vec<crate::plan::schema::FileRecord>> {
     let mut paths: Option<std::collections::BTreeSet<&str>> = None;
     for t in trials {
         let Some(d) = t.details.as_ref() else {
@@ -148,13 +150,7 @@ pub fn read_files(
     Some(
         paths?
             .into_iter()
-            .filter_map(|p| {
-                let sha256 = crate::platform::files::sha256(Path::new(p)).ok()?;
-                Some(crate::plan::schema::FileHash {
-                    path: p.to_string(),
-                    sha256,
-                })
-            })
+            .filter_map(|p| crate::plan::schema::FileRecord::of(p).ok())
             .collect(),
     )
 }
@@ -245,41 +241,70 @@ fn stale_environment(env: &crate::plan::schema::PythonEnvironment) -> Option<Str
 
 /// Why a cached `--exec` plan does not hold for the command as it is now, if it does not: a file
 /// named by `--fingerprint-file` or a file the command read changed or is gone (both are checked:
-/// naming some files never stops the check of the others), its installed packages changed, or it
+/// naming some files never stops the check of the others), its installed packages changed (their
+/// record is `environment`, [`environment_record`], for a plan that keeps only their summary), or it
 /// reported nothing of what it reads (or, by the helper, nothing of its installed packages) and no
 /// `--fingerprint-file` was given.
-fn stale_exec(plan: &Plan) -> Option<String> {
+fn stale_exec(
+    plan: &Plan,
+    environment: impl FnOnce() -> Result<PythonEnvironment, String>,
+) -> Option<String> {
+    use crate::plan::schema::PlanEnvironment;
     let info = plan.model.exec()?;
     if info.read_files.is_none() && info.fingerprint_files.is_empty() {
         return Some(NO_HELPER_DATA.to_string());
     }
-    match &info.python_environment {
-        Some(env) => {
-            if let Some(why) = stale_environment(env) {
-                return Some(why);
-            }
-        }
-        None if info.read_files.is_some() => return Some(NO_ENVIRONMENT_DATA.to_string()),
-        None => {}
+    let why = match &info.python_environment {
+        Some(PlanEnvironment::Listed(env)) => stale_environment(env),
+        Some(PlanEnvironment::Summary(_)) => match environment() {
+            Ok(env) => stale_environment(&env),
+            Err(why) => Some(why),
+        },
+        None if info.read_files.is_some() => Some(NO_ENVIRONMENT_DATA.to_string()),
+        None => None,
+    };
+    if why.is_some() {
+        return why;
     }
+    let verdict = |path: &str, unchanged: std::io::Result<bool>, why: &str| match unchanged {
+        Ok(true) => None,
+        Ok(false) => Some(format!("{path} changed since the plan was made ({why})")),
+        Err(e) => Some(format!("{path} ({why}) cannot be read now ({e})")),
+    };
     let named = info
         .fingerprint_files
         .iter()
-        .map(|f| (f, "--fingerprint-file"));
-    let read = info
-        .read_files
-        .iter()
-        .flatten()
-        .map(|f| (f, "the command reads it"));
-    named.chain(read).find_map(|(f, why)| {
-        match crate::platform::files::sha256(Path::new(&f.path)) {
-            Ok(h) if h == f.sha256 => None,
-            Ok(_) => Some(format!(
-                "{} changed since the plan was made ({why})",
-                f.path
-            )),
-            Err(e) => Some(format!("{} ({why}) cannot be read now ({e})", f.path)),
-        }
+        .find_map(|f| verdict(&f.path, f.unchanged(), "--fingerprint-file"));
+    named.or_else(|| {
+        info.read_files
+            .iter()
+            .flatten()
+            .find_map(|f| verdict(f.path(), f.unchanged(), "the command reads it"))
+    })
+}
+
+/// The record of the installed packages stored beside the cache entry `key` (see
+/// [`crate::plan::schema::PlanEnvironment`]), when it is there and is the one `plan` summed up.
+fn environment_record(plan: &Plan, dir: &Path, key: &str) -> Result<PythonEnvironment, String> {
+    use crate::plan::schema::PlanEnvironment;
+    let path = environment_path(dir, key);
+    let Some(Some(PlanEnvironment::Summary(summary))) =
+        plan.model.exec().map(|e| &e.python_environment)
+    else {
+        return Err("it has no summary of its installed packages".to_string());
+    };
+    let bytes = std::fs::read(&path).map_err(|e| {
+        format!(
+            "the record of its installed packages, {}, cannot be read ({e})",
+            path.display()
+        )
+    })?;
+    summary.read_record(&bytes).ok_or_else(|| {
+        format!(
+            "the record of its installed packages, {}, is not the one the plan was made with \
+             (edited, or written by another probe)",
+            path.display()
+        )
     })
 }
 
@@ -346,6 +371,14 @@ fn entry_path(dir: &Path, key: &str) -> PathBuf {
     dir.join(format!("{key}.json"))
 }
 
+/// The name ending of the file beside a cache entry that holds its job's installed packages.
+const ENVIRONMENT_SUFFIX: &str = ".environment.json";
+
+/// Where the record of the installed packages of the entry `key` is stored.
+fn environment_path(dir: &Path, key: &str) -> PathBuf {
+    dir.join(format!("{key}{ENVIRONMENT_SUFFIX}"))
+}
+
 /// What the cache holds for a key.
 #[derive(Debug)]
 pub enum Lookup {
@@ -377,7 +410,7 @@ pub fn lookup(dir: &Path, key: &str, skeleton: Option<&Plan>) -> Lookup {
         ))
     } else if let Err(e) = crate::plan::check::evidence(&plan) {
         Some(format!("its trials do not back its recommendation: {e}"))
-    } else if let Some(why) = stale_exec(&plan) {
+    } else if let Some(why) = stale_exec(&plan, || environment_record(&plan, dir, key)) {
         Some(why)
     } else {
         skeleton.and_then(|s| other_conditions(&plan, s))
@@ -425,8 +458,15 @@ fn other_conditions(plan: &Plan, skeleton: &Plan) -> Option<String> {
         .map(|(_, what)| format!("its {what} differs from this probe's (edited?)"))
 }
 
-/// Stores a complete plan under `key` (atomically). Other plans are not stored.
-pub fn store(dir: &Path, key: &str, plan: &Plan) -> Result<(), CacheError> {
+/// Stores a complete plan under `key` (atomically), after `environment`, the record of its job's
+/// installed packages ([`crate::plan::schema::EnvironmentSummary::record`]), when it has one.
+/// Other plans are not stored.
+pub fn store(
+    dir: &Path,
+    key: &str,
+    plan: &Plan,
+    environment: Option<&[u8]>,
+) -> Result<(), CacheError> {
     if plan.status != Status::Complete {
         return Ok(());
     }
@@ -434,25 +474,36 @@ pub fn store(dir: &Path, key: &str, plan: &Plan) -> Result<(), CacheError> {
         path: dir.to_path_buf(),
         error,
     })?;
-    // An entry is batchfit's own regular file: anything else at its name (a symbolic link planted
-    // in a shared cache, pointing at a file of root's) is not written through
-    let entry = entry_path(dir, key);
-    if let Ok(m) = std::fs::symlink_metadata(&entry) {
-        if !m.file_type().is_file() {
-            return Err(CacheError::NotAFile {
-                path: entry,
-                what: if m.file_type().is_symlink() {
-                    "a symbolic link"
-                } else if m.is_dir() {
-                    "a directory"
-                } else {
-                    crate::platform::files::kind_of(&m.file_type())
-                },
-            });
-        }
+    if let Some(record) = environment {
+        let path = environment_path(dir, key);
+        regular_or_absent(&path)?;
+        crate::platform::files::write_atomic(&path, record).map_err(PlanError::from)?;
     }
+    let entry = entry_path(dir, key);
+    regular_or_absent(&entry)?;
     plan.write_atomic(&entry)?;
     Ok(())
+}
+
+/// An entry is batchfit's own regular file: anything else at its name (a symbolic link planted
+/// in a shared cache, pointing at a file of root's) is not written through.
+fn regular_or_absent(path: &Path) -> Result<(), CacheError> {
+    let Ok(m) = std::fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    if m.file_type().is_file() {
+        return Ok(());
+    }
+    Err(CacheError::NotAFile {
+        path: path.to_path_buf(),
+        what: if m.file_type().is_symlink() {
+            "a symbolic link"
+        } else if m.is_dir() {
+            "a directory"
+        } else {
+            crate::platform::files::kind_of(&m.file_type())
+        },
+    })
 }
 
 /// One cached plan, for `batchfit cache list`.
@@ -468,7 +519,7 @@ pub struct Entry {
 /// The cache entries (`KEY.json` files of the cache folder), oldest first. A missing folder is empty.
 pub fn list(dir: &Path) -> Result<Vec<Entry>, CacheError> {
     let mut v = vec![];
-    for path in entry_files(dir)? {
+    for path in entry_files(dir)?.into_iter().filter(|p| !is_record(p)) {
         let Ok(plan) = Plan::read(&path) else {
             continue;
         };
@@ -491,8 +542,9 @@ pub fn list(dir: &Path) -> Result<Vec<Entry>, CacheError> {
     Ok(v)
 }
 
-/// Removes the cache entries (and leftover temporary files) from the cache folder only; returns how
-/// many entries were removed. Nothing outside `dir` is touched, and no folder is removed.
+/// Removes the cache entries (with the records of installed packages beside them, and leftover
+/// temporary files) from the cache folder only; returns how many entries were removed (a record
+/// is not counted). Nothing outside `dir` is touched, and no folder is removed.
 pub fn clear(dir: &Path) -> Result<usize, CacheError> {
     let mut n = 0;
     for path in entry_files(dir)? {
@@ -500,12 +552,18 @@ pub fn clear(dir: &Path) -> Result<usize, CacheError> {
             path: path.clone(),
             error,
         })?;
-        n += 1;
+        n += usize::from(!is_record(&path));
     }
     Ok(n)
 }
 
-/// Plain files named `*.json` (entries) or `.batchfit-*.tmp` (interrupted writes) directly in `dir`.
+/// Whether `path` is the record of installed packages beside an entry, not an entry.
+fn is_record(path: &Path) -> bool {
+    path.to_string_lossy().ends_with(ENVIRONMENT_SUFFIX)
+}
+
+/// Plain files named `*.json` (entries and the records beside them) or `.batchfit-*.tmp`
+/// (interrupted writes) directly in `dir`.
 fn entry_files(dir: &Path) -> Result<Vec<PathBuf>, CacheError> {
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
@@ -588,7 +646,7 @@ mod tests {
     /// file is unchanged: naming files adds to the check of the files read, never replaces it.
     #[test]
     fn named_and_read_files_are_both_checked_in_a_cached_exec_plan() {
-        use crate::plan::schema::{ExecInfo, ExecKind, FileHash};
+        use crate::plan::schema::{ExecInfo, ExecKind, FileHash, FileRecord, PlanEnvironment};
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         let hashed = |name: &str, text: &str| {
@@ -613,19 +671,20 @@ mod tests {
             auto_fingerprint_files: vec![],
             sweep_point: None,
             environment_sha256: String::new(),
-            read_files: Some(vec![hashed("model.py", "WIDTH = 1")]),
-            python_environment: Some(Default::default()),
+            read_files: Some(vec![FileRecord::Hash(hashed("model.py", "WIDTH = 1"))]),
+            python_environment: Some(PlanEnvironment::Listed(Default::default())),
         });
-        assert_eq!(stale_exec(&plan), None);
+        let stale = |plan: &Plan| stale_exec(plan, || Err("no record".to_string()));
+        assert_eq!(stale(&plan), None);
         std::fs::write(dir.join("model.py"), "WIDTH = 2").unwrap();
-        let why = stale_exec(&plan).expect("a read file changed");
+        let why = stale(&plan).expect("a read file changed");
         assert!(
             why.contains("model.py changed since the plan was made"),
             "{why}"
         );
         std::fs::write(dir.join("model.py"), "WIDTH = 1").unwrap();
         std::fs::write(dir.join("notes.txt"), "v2").unwrap();
-        let why = stale_exec(&plan).expect("a named file changed");
+        let why = stale(&plan).expect("a named file changed");
         assert!(
             why.contains("notes.txt changed since the plan was made"),
             "{why}"
@@ -672,6 +731,133 @@ mod tests {
         std::fs::remove_file(&file).unwrap();
         let why = stale_environment(&env).expect("the file is gone");
         assert!(why.contains("pkg.py cannot be read now"), "{why}");
+    }
+
+    /// The cpu plan of `tests/data` as an `--exec` plan whose job read nothing and ran with
+    /// `environment`.
+    fn exec_plan(environment: crate::plan::schema::PlanEnvironment) -> Plan {
+        use crate::plan::schema::{ExecInfo, ExecKind};
+        let mut plan =
+            Plan::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/plan-v1-cpu.json"))
+                .unwrap();
+        plan.model = crate::plan::WorkloadInfo::Exec(ExecInfo {
+            kind: ExecKind::Exec,
+            argv: vec!["python".into(), "job.py".into()],
+            fingerprint: String::new(),
+            fingerprint_files: vec![],
+            environment: vec![],
+            oom_patterns: vec![],
+            threads: None,
+            auto_fingerprint_files: vec![],
+            sweep_point: None,
+            environment_sha256: String::new(),
+            read_files: Some(vec![]),
+            python_environment: Some(environment),
+        });
+        plan
+    }
+
+    /// A site dir in `dir` with one distribution and one imported file, and its environment.
+    fn site_with_one_file(dir: &Path) -> PythonEnvironment {
+        use crate::plan::schema::FileStat;
+        use std::os::unix::fs::MetadataExt;
+        let site = dir.join("site-packages");
+        std::fs::create_dir_all(site.join("pkg-1.0.dist-info")).unwrap();
+        let file = site.join("pkg.py");
+        std::fs::write(&file, "WIDTH = 1").unwrap();
+        let m = std::fs::metadata(&file).unwrap();
+        PythonEnvironment {
+            site_dirs: vec![site.display().to_string()],
+            distributions: vec![site.join("pkg-1.0.dist-info").display().to_string()],
+            files: vec![FileStat {
+                path: file.display().to_string(),
+                size: m.len(),
+                mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            }],
+        }
+    }
+
+    /// A cached plan that keeps only the summary of its installed packages is checked against the
+    /// list stored beside it: unchanged, it is answered; the list altered or gone, it is not; an
+    /// imported file changed, the message names that file as before.
+    #[test]
+    fn a_summarised_environment_is_checked_against_the_record_beside_the_entry() {
+        use crate::plan::schema::{EnvironmentSummary, PlanEnvironment};
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = tmp.path().join("plans");
+        let env = site_with_one_file(tmp.path());
+        let (summary, record) = EnvironmentSummary::of(&env);
+        assert_eq!((summary.distribution_count, summary.file_count), (1, 1));
+        let plan = exec_plan(PlanEnvironment::Summary(summary));
+        assert!(!plan.to_json().contains("pkg.py"), "{}", plan.to_json());
+        store(&cache, "k", &plan, Some(&record)).unwrap();
+        assert!(matches!(lookup(&cache, "k", None), Lookup::Hit(_)));
+        let path = environment_path(&cache, "k");
+        let mut other = env.clone();
+        other.files[0].size += 1;
+        std::fs::write(&path, EnvironmentSummary::record(&other)).unwrap();
+        let Lookup::Rejected(why) = lookup(&cache, "k", None) else {
+            panic!("an altered record was used")
+        };
+        assert!(
+            why.contains("is not the one the plan was made with"),
+            "{why}"
+        );
+        std::fs::remove_file(&path).unwrap();
+        let Lookup::Rejected(why) = lookup(&cache, "k", None) else {
+            panic!("a missing record was not noticed")
+        };
+        assert!(why.contains("cannot be read"), "{why}");
+        std::fs::write(&path, &record).unwrap();
+        std::fs::write(&env.files[0].path, "WIDTH = 22").unwrap();
+        let Lookup::Rejected(why) = lookup(&cache, "k", None) else {
+            panic!("a changed package file was not noticed")
+        };
+        assert!(
+            why.contains("pkg.py changed since the plan was made"),
+            "{why}"
+        );
+        assert_eq!(list(&cache).unwrap().len(), 1);
+        assert_eq!(clear(&cache).unwrap(), 1);
+        assert!(!path.exists());
+    }
+
+    /// A plan written while the installed packages were listed inline still reads, round-trips
+    /// unchanged and is checked by that list.
+    #[test]
+    fn an_environment_listed_inline_in_an_older_plan_is_still_read_and_checked() {
+        use crate::plan::schema::PlanEnvironment;
+        let tmp = tempfile::tempdir().unwrap();
+        let env = site_with_one_file(tmp.path());
+        let json = plan_json_with(&env);
+        let plan = Plan::parse(&json, Path::new("old.json")).unwrap();
+        let exec = plan.model.exec().unwrap();
+        assert_eq!(
+            exec.python_environment,
+            Some(PlanEnvironment::Listed(env.clone()))
+        );
+        let again: serde_json::Value = serde_json::from_str(&plan.to_json()).unwrap();
+        assert_eq!(
+            again,
+            serde_json::from_str::<serde_json::Value>(&json).unwrap()
+        );
+        let no_record = || Err("no record".to_string());
+        assert_eq!(stale_exec(&plan, no_record), None);
+        std::fs::write(&env.files[0].path, "WIDTH = 22").unwrap();
+        let why = stale_exec(&plan, no_record).expect("a changed package file");
+        assert!(
+            why.contains("pkg.py changed since the plan was made"),
+            "{why}"
+        );
+    }
+
+    /// The JSON of [`exec_plan`] with `env` listed inline, as plans kept it before the summary.
+    fn plan_json_with(env: &PythonEnvironment) -> String {
+        use crate::plan::schema::PlanEnvironment;
+        let plan = exec_plan(PlanEnvironment::Listed(Default::default()));
+        let mut v: serde_json::Value = serde_json::from_str(&plan.to_json()).unwrap();
+        v["model"]["python_environment"] = serde_json::to_value(env).unwrap();
+        serde_json::to_string_pretty(&v).unwrap()
     }
 
     #[test]

@@ -176,7 +176,7 @@ fn finish(
     mut notices: Vec<String>,
 ) -> Result<ProbeReport, ProbeError> {
     let mut plan = plan;
-    let uncacheable = record_read_files(&mut plan);
+    let (uncacheable, environment) = record_read_files(&mut plan);
     let written = report::write(cfg.out.as_deref(), &plan)?;
     let cache = cache.filter(|c| c.write);
     if let (Some(_), Status::Complete, Some(why)) = (cache, plan.status, uncacheable) {
@@ -184,7 +184,7 @@ fn finish(
     }
     let cache = cache.filter(|_| uncacheable.is_none());
     if let (Some(c), Some(key), Status::Complete) = (cache, key, plan.status) {
-        if let Err(e) = cache::store(&c.dir, key, &plan) {
+        if let Err(e) = cache::store(&c.dir, key, &plan, environment.as_deref()) {
             notices.push(format!("batchfit: warning: the plan was not cached: {e}"));
         }
     }
@@ -197,11 +197,12 @@ fn finish(
 }
 
 /// An `--exec` plan records the files its trials' reports say the command read, with their hashes,
-/// and the installed packages they ran with (moved out of each trial's report). Why the plan may
-/// not be answered from the cache later, if not: an `--exec` plan that does not know what the
-/// command reads (neither the helper's reports nor `--fingerprint-file`), or whose helper reports
-/// what it reads but not its installed packages.
-fn record_read_files(plan: &mut Plan) -> Option<&'static str> {
+/// and the summary of the installed packages they ran with (moved out of each trial's report).
+/// Why the plan may not be answered from the cache later, if not: an `--exec` plan that does not
+/// know what the command reads (neither the helper's reports nor `--fingerprint-file`), or whose
+/// helper reports what it reads but not its installed packages; and the record of those packages
+/// that the cache stores beside the plan.
+fn record_read_files(plan: &mut Plan) -> (Option<&'static str>, Option<Vec<u8>>) {
     let read = cache::read_files(&plan.trials);
     let environment = cache::python_environment(&plan.trials);
     for d in plan.trials.iter_mut().filter_map(|t| t.details.as_mut()) {
@@ -211,17 +212,22 @@ fn record_read_files(plan: &mut Plan) -> Option<&'static str> {
         }
     }
     let plan::WorkloadInfo::Exec(info) = &mut plan.model else {
-        return None;
+        return (None, None);
     };
+    let (summary, record) = environment
+        .as_ref()
+        .map(plan::schema::EnvironmentSummary::of)
+        .unzip();
     info.read_files = read;
-    info.python_environment = environment;
-    if info.read_files.is_none() && info.fingerprint_files.is_empty() {
+    info.python_environment = summary.map(plan::schema::PlanEnvironment::Summary);
+    let why = if info.read_files.is_none() && info.fingerprint_files.is_empty() {
         Some(cache::NO_HELPER_DATA)
     } else if info.read_files.is_some() && info.python_environment.is_none() {
         Some(cache::NO_ENVIRONMENT_DATA)
     } else {
         None
-    }
+    };
+    (why, record)
 }
 
 fn one_device(

@@ -151,3 +151,22 @@ pub fn runner() -> Command {
         batchfit::workload::runner::Runner::locate().expect("the runner and torch are found");
     Command::from_std(found.command())
 }
+
+/// Waits for `child` up to `limit`; kills it and fails when it takes longer.
+pub fn wait_within(
+    child: &mut std::process::Child,
+    limit: std::time::Duration,
+) -> (std::process::ExitStatus, f64) {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return (s, t0.elapsed().as_secs_f64());
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("batchfit did not end within {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
