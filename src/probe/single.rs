@@ -321,8 +321,16 @@ fn measure_within(
 ///   outcome changes with the size, so it reaches the job even where a small model's peak barely
 ///   moves). A job that ignores `{batch}` fits at every size with the same peak.
 ///
-/// Fewer than two fitting sizes: nothing to compare.
+/// Fewer than two fitting sizes: nothing to compare. Trials with accumulation are left out (their
+/// peaks hold the accumulated gradients too).
 pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
+    // a micro-batch run with accumulation holds its gradients beside it: only single micro-batches
+    // are compared
+    let single: Vec<TrialRecord> = (trials.iter())
+        .filter(|t| t.accumulation <= 1)
+        .cloned()
+        .collect();
+    let trials = &single[..];
     let fits: Vec<(u64, u64)> = trials
         .iter()
         .filter(|t| t.outcome.fits())
@@ -705,6 +713,23 @@ mod tests {
             .collect();
         let why = batch_not_shown(&clamped).expect("a clamp above 128 is refused");
         assert!(why.contains("memory stopped growing"), "{why}");
+    }
+
+    /// A split's confirmation (accumulation 4 at 1024) holds its gradients beside the micro-batch:
+    /// its peak is not read as the single micro-batch's, so a job that keeps growing is not refused
+    /// for the gap between them.
+    #[test]
+    fn a_trial_with_accumulation_is_not_compared_with_single_micro_batches() {
+        let mib = 1u64 << 20;
+        let mut trials: Vec<_> = [(1, 800), (512, 832), (2048, 928)]
+            .iter()
+            .map(|&(b, p)| fit_at(b, p * mib))
+            .collect();
+        assert_eq!(batch_not_shown(&trials), None);
+        let mut split = fit_at(1024, 924 * mib);
+        split.accumulation = 4;
+        trials.push(split);
+        assert_eq!(batch_not_shown(&trials), None);
     }
 
     #[test]
