@@ -416,3 +416,32 @@ fn the_plan_summarises_the_installed_packages_and_the_cache_keeps_their_list_bes
         "{err}"
     );
 }
+
+/// A plan whose verification failed is no answer for the next probe of the same job: `verify`
+/// removes it from the cache, and the job is probed again.
+#[test]
+fn a_plan_that_failed_its_verification_is_not_answered_from_the_cache() {
+    let d = tmp();
+    let cache = fresh_cache_dir();
+    write_job(d.path());
+    let (first, _) = probe(d.path(), &cache, &[], &[], &JOB);
+    assert_eq!(first["recommendation"]["max_fitting_batch"], 6, "{first}");
+    // the job needs twice the memory while it is verified: its answer runs out
+    std::fs::write(d.path().join("cfg.toml"), "scale = 2\n").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_batchfit"))
+        .current_dir(d.path())
+        .env("BATCHFIT_CACHE_DIR", &cache)
+        .args(["verify", "--quiet", "--out", "verified.json", "plan.json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(4), "{err}");
+    assert!(
+        err.contains("the cached plan of this probe is removed"),
+        "{err}"
+    );
+    std::fs::write(d.path().join("cfg.toml"), "scale = 1\n").unwrap();
+    let (again, err) = probe(d.path(), &cache, &[], &[], &JOB);
+    assert!(!err.contains("plan from cache"), "{err}");
+    assert_eq!(again["recommendation"]["max_fitting_batch"], 6, "{again}");
+}

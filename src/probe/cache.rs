@@ -557,6 +557,41 @@ pub fn clear(dir: &Path) -> Result<usize, CacheError> {
     Ok(n)
 }
 
+/// Removes the entries that hold `plan` (the same probe: created at the same time, for the same
+/// model, with the same micro-batches), with their records; returns how many. A plan that failed
+/// its verification is no answer for the next probe of the same job.
+pub fn forget(dir: &Path, plan: &Plan) -> Result<usize, CacheError> {
+    let same = |p: &Plan| {
+        p.created_unix == plan.created_unix
+            && p.model.fingerprint() == plan.model.fingerprint()
+            && p.recommendation.as_ref().map(|r| &r.micro_batches)
+                == plan.recommendation.as_ref().map(|r| &r.micro_batches)
+    };
+    let mut n = 0;
+    for path in entry_files(dir)?.into_iter().filter(|p| !is_record(p)) {
+        if !Plan::read(&path).is_ok_and(|p| same(&p)) {
+            continue;
+        }
+        let record = path.with_file_name(format!(
+            "{}{ENVIRONMENT_SUFFIX}",
+            path.file_stem().unwrap_or_default().to_string_lossy()
+        ));
+        for f in [&path, &record] {
+            match std::fs::remove_file(f) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(CacheError::Io {
+                        path: f.to_path_buf(),
+                        error: e,
+                    })
+                }
+                _ => {}
+            }
+        }
+        n += 1;
+    }
+    Ok(n)
+}
+
 /// Whether `path` is the record of installed packages beside an entry, not an entry.
 fn is_record(path: &Path) -> bool {
     path.to_string_lossy().ends_with(ENVIRONMENT_SUFFIX)

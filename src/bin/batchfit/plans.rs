@@ -128,6 +128,16 @@ pub fn verify(a: &VerifyArgs) -> Result<Exit, Fail> {
                 "batchfit: not verified: {why}; the plan (verified: false, with the trial) is in {}",
                 out.display()
             );
+            // the next probe of this job runs again rather than answer from the cached plan
+            if let Ok(dir) = cache::default_dir() {
+                match cache::forget(&dir, &plan) {
+                    Ok(0) => {}
+                    Ok(_) => eprintln!(
+                        "batchfit: the cached plan of this probe is removed (the next probe runs)"
+                    ),
+                    Err(e) => eprintln!("batchfit: warning: the cached plan stays: {e}"),
+                }
+            }
             Exit::Unproven
         }
         VerifyEnding::Interrupted(sig) => {
