@@ -312,7 +312,10 @@ fn measure_within(
 ///   taken at its least, the rise below less one noise). A job
 ///   that lowers its own batch after an out-of-memory (a batch-size finder, a retry) trains a size
 ///   it chose above its real limit, and its peak stops growing there. No report excuses this: a
-///   job that read its size through the helper may still have halved it. (A knee, memory flat
+///   job that read its size through the helper may still have halved it. A size above every fit
+///   that ran out of memory does (such a job fits wherever it is given a size): where the peak is
+///   the data segment under RLIMIT_DATA, it grows by arenas and can stall for thousands of samples
+///   below a real out-of-memory. (A knee, memory flat
 ///   below and growing above, only makes the slope below smaller, never the rule stricter.)
 /// - **The peak moves at all.** The peak must rise by more than the measurement noise (the spread
 ///   of repeated trials of one size, at least [`crate::search::guided::MIN_RISE`] of the top
@@ -353,7 +356,11 @@ pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
     let noise = (spread as f64).max(crate::search::guided::MIN_RISE * high as f64);
     let rise = high.saturating_sub(low) as f64;
     let mib = |b: f64| b / (1u64 << 20) as f64;
-    if let Some(below) = (first < lo).then(|| peaks(first).min()).flatten() {
+    // a size above every fit ran out of memory: the size reaches the job (a job that lowers its own
+    // batch fits wherever it is given one)
+    let bounded_above = trials.iter().any(|t| t.batch > hi && t.outcome.is_bound());
+    let below = (first < lo && !bounded_above).then(|| peaks(first).min());
+    if let Some(below) = below.flatten() {
         let rise_below = low.saturating_sub(below) as f64;
         // the slope's least: a rise of a few noises is known only to within one noise (a data
         // segment that grows in arenas at small sizes rises by a chunk, not by the line)
@@ -378,7 +385,6 @@ pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
         .filter(|t| t.batch == hi && t.outcome.fits())
         .filter_map(|t| t.details.as_ref()?.report.as_ref())
         .any(|r| r.reads_batch && r.batch == hi);
-    let bounded_above = trials.iter().any(|t| t.batch > hi && t.outcome.is_bound());
     if read || bounded_above || rise > noise {
         return None;
     }
@@ -729,6 +735,23 @@ mod tests {
         let mut split = fit_at(1024, 924 * mib);
         split.accumulation = 4;
         trials.push(split);
+        assert_eq!(batch_not_shown(&trials), None);
+    }
+
+    /// A job whose data segment stalls between two fits (arenas reserved ahead) and that ran out of
+    /// memory above them is not refused: the out-of-memory shows the size reaches it. Without one,
+    /// the same peaks are a job that stopped growing (a clamp, a retry) and are refused.
+    #[test]
+    fn a_stalled_peak_below_an_out_of_memory_is_not_refused() {
+        let mib = 1u64 << 20;
+        let fits: Vec<_> = [(1, 868), (1896, 994), (4244, 996)]
+            .iter()
+            .map(|&(b, p)| fit_at(b, p * mib))
+            .collect();
+        let why = batch_not_shown(&fits).expect("no out-of-memory above: refused");
+        assert!(why.contains("memory stopped growing"), "{why}");
+        let mut trials = fits;
+        trials.push(t(7635, false, 2, Isolation::Process));
         assert_eq!(batch_not_shown(&trials), None);
     }
 
