@@ -37,11 +37,11 @@ The report (JSON, written atomically: a temporary file in the same directory, th
                               #     "reserved_bytes": ..., "alloc_retries": ..., "ooms": ...}
      "python": "3.11.7", "torch": "2.11.0+cu130"}  # torch: its __version__ when the script imported it, else null
 
-plus ``"read_files": [...]`` (absolute paths, at most 500: the files of the modules the job imported from
+plus ``"read_files": [...]`` (absolute paths, at most 500 in all, of which at most 200 opened: the files of the modules the job imported from
 outside the standard library and site-packages/dist-packages, then the files it opened for reading after
 this module was imported, in the working directory or anywhere else but the Python installation's
-folders and /proc, /sys, /dev; batchfit hashes them, so a cached plan is not used once one of them
-changed), ``"python_environment": {"site_dirs": [...], "distributions": [...], "files": [{"path", "size",
+folders and /proc, /sys, /dev; batchfit hashes them (from 64 MiB up, keeps their stat), so a cached
+plan is not used once one of them changed), ``"python_environment": {"site_dirs": [...], "distributions": [...], "files": [{"path", "size",
 "mtime_ns"}, ...]}`` (the installed packages: a cached plan is not used once one was edited, upgraded,
 installed or removed; null when it cannot be found), ``"samples": N`` (the largest micro-batch counted with ``step(samples=len(x))``) only when counted, and
 ``"extra": {...}`` only when ``report(**extra)`` was given extra keywords, and ``"modules": [...]`` (the
