@@ -1,7 +1,7 @@
 //! Warm trials (`--warm`) against cold ones on a real PyTorch script (tests/support/exec/train_mlp.py,
 //! the libtorch venv's Python, CPU): the same probe under the same `RLIMIT_DATA` budget with `--warm
-//! off` and `--warm on` gives the same answer (or one a grid step away, the run-to-run noise of a
-//! size at the limit) and, at the sizes both ran, peaks within the run-to-run noise of a fresh
+//! off` and `--warm on` gives the same answer (or one the run-to-run noise of a peak away: a size at
+//! the limit fits in one probe and runs out of memory in the other) and, at the sizes both ran, peaks within the run-to-run noise of a fresh
 //! process's heap (glibc's mmap threshold moves it by 4-13 MB; docs/soundness.md). Both wall times
 //! are printed (docs/benchmarks.md keeps the measured ones).
 
@@ -14,6 +14,9 @@ const GRID: u64 = 16;
 /// The run-to-run noise of a fresh trial's peak at one size (the guard band's size: docs/soundness.md,
 /// "Where the noise comes from").
 const NOISE: u64 = 16 << 20;
+
+/// What a sample of the probed script costs (65536 inputs, float32, its activations and gradients).
+const PER_SAMPLE: u64 = 256 << 10;
 
 /// `batchfit probe` of train_mlp.py (65536 → 16 → 10: a sample costs 256 KiB) under 1 GiB of
 /// RLIMIT_DATA, trials warm or not; the plan and the wall seconds.
@@ -70,9 +73,12 @@ fn warm_trials_give_the_cold_answer_and_peaks() {
         cold["trials"].as_array().unwrap().len(),
         warm["trials"].as_array().unwrap().len()
     );
+    // the answers differ by at most the samples the run-to-run noise of a peak holds (a size at
+    // the limit fits in one probe and runs out in the other; the noise rule steps below a spread)
     assert!(
-        a_cold.abs_diff(a_warm) <= GRID,
-        "cold {a_cold}, warm {a_warm}"
+        a_cold.abs_diff(a_warm) <= (NOISE / PER_SAMPLE).max(GRID),
+        "cold {a_cold}, warm {a_warm}: further apart than the {} samples of the noise",
+        NOISE / PER_SAMPLE
     );
     // the cold probe ran no warm trial; the warm one ran every trial after the first warm
     let warm_flags = |p: &serde_json::Value| -> Vec<bool> {
