@@ -572,10 +572,8 @@ pub fn forget(dir: &Path, plan: &Plan) -> Result<usize, CacheError> {
         if !Plan::read(&path).is_ok_and(|p| same(&p)) {
             continue;
         }
-        let record = path.with_file_name(format!(
-            "{}{ENVIRONMENT_SUFFIX}",
-            path.file_stem().unwrap_or_default().to_string_lossy()
-        ));
+        let key = path.file_stem().unwrap_or_default().to_string_lossy();
+        let record = environment_path(dir, &key);
         for f in [&path, &record] {
             match std::fs::remove_file(f) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -681,7 +679,7 @@ mod tests {
     /// file is unchanged: naming files adds to the check of the files read, never replaces it.
     #[test]
     fn named_and_read_files_are_both_checked_in_a_cached_exec_plan() {
-        use crate::plan::schema::{ExecInfo, ExecKind, FileHash, FileRecord, PlanEnvironment};
+        use crate::plan::schema::{FileHash, FileRecord, PlanEnvironment};
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         let hashed = |name: &str, text: &str| {
@@ -692,23 +690,12 @@ mod tests {
                 sha256: crate::platform::files::sha256(&p).unwrap(),
             }
         };
-        let mut plan =
-            Plan::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/plan-v1-cpu.json"))
-                .unwrap();
-        plan.model = crate::plan::WorkloadInfo::Exec(ExecInfo {
-            kind: ExecKind::Exec,
-            argv: vec!["python".into(), "job.py".into()],
-            fingerprint: String::new(),
-            fingerprint_files: vec![hashed("notes.txt", "v1")],
-            environment: vec![],
-            oom_patterns: vec![],
-            threads: None,
-            auto_fingerprint_files: vec![],
-            sweep_point: None,
-            environment_sha256: String::new(),
-            read_files: Some(vec![FileRecord::Hash(hashed("model.py", "WIDTH = 1"))]),
-            python_environment: Some(PlanEnvironment::Listed(Default::default())),
-        });
+        let mut plan = exec_plan(PlanEnvironment::Listed(Default::default()));
+        let crate::plan::WorkloadInfo::Exec(exec) = &mut plan.model else {
+            unreachable!("exec_plan makes an exec plan")
+        };
+        exec.fingerprint_files = vec![hashed("notes.txt", "v1")];
+        exec.read_files = Some(vec![FileRecord::Hash(hashed("model.py", "WIDTH = 1"))]);
         let stale = |plan: &Plan| stale_exec(plan, || Err("no record".to_string()));
         assert_eq!(stale(&plan), None);
         std::fs::write(dir.join("model.py"), "WIDTH = 2").unwrap();
