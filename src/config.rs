@@ -365,7 +365,8 @@ pub const HYBRID_ON_CUDA: &str = "--isolation hybrid is for the cpu backend: on 
 
 pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     let words = exec_words(a)?;
-    let a = words.as_ref().unwrap_or(a);
+    let line_warnings = words.as_ref().map(|(_, w)| w.clone()).unwrap_or_default();
+    let a = words.as_ref().map(|(b, _)| b).unwrap_or(a);
     // With --sweep, an input's S is the point: the probe's own settings are checked at the first.
     let first = a
         .sweep
@@ -382,6 +383,7 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         None => validate_one(a)?,
     };
     c.sweep = sweep(a, &c)?;
+    c.warnings.extend(line_warnings);
     Ok(c)
 }
 
@@ -934,9 +936,9 @@ pub const EXEC_FORMS: &str = "give it after `--`, as separate words (batchfit pr
 
 /// `--exec 'CMD ARG…'`: the command given as one string becomes the command after `--`, split into
 /// words as a POSIX shell splits them (quotes and backslashes; no shell runs it, nothing is
-/// expanded), so the two forms are the same probe (argv, fingerprint, cache key). `None` when there
-/// is no string to split.
-fn exec_words(a: &ProbeArgs) -> Result<Option<ProbeArgs>, ConfigError> {
+/// expanded), so the two forms are the same probe (argv, fingerprint, cache key), with the warnings
+/// of [`shell_syntax`]. `None` when there is no string to split.
+fn exec_words(a: &ProbeArgs) -> Result<Option<(ProbeArgs, Vec<String>)>, ConfigError> {
     let Some(Some(line)) = &a.exec else {
         return Ok(None);
     };
@@ -958,10 +960,58 @@ fn exec_words(a: &ProbeArgs) -> Result<Option<ProbeArgs>, ConfigError> {
             "--exec was given an empty command; {EXEC_FORMS}"
         )));
     }
+    let warnings = shell_syntax(line, &words)?;
     let mut b = a.clone();
     b.exec = Some(None);
     b.command = words;
-    Ok(Some(b))
+    Ok(Some((b, warnings)))
+}
+
+/// The words of a command given as one string that a shell would have acted on, though none runs
+/// it: an operator word (`>`, `|`, `&&`, …) is refused, since the job would get it as an argument
+/// and its output would go nowhere it was sent; a `$NAME` is kept as written, with a warning (a
+/// regular expression may mean it). A command that runs its own shell (`sh -c '…'`) holds these
+/// inside one word and is not touched.
+fn shell_syntax(line: &str, words: &[String]) -> Result<Vec<String>, ConfigError> {
+    const OPERATORS: &[&str] = &[
+        ">", ">>", "<", "<<", "|", "||", "&&", ";", "&", "2>", "2>>", "2>&1", "&>", ">&",
+    ];
+    let fix = |what: &str| {
+        format!(
+            "no shell runs a command given to --exec, so {what}; run it through one: batchfit \
+             probe --exec -- sh -c {}",
+            crate::output::env::shell_quote(line)
+        )
+    };
+    let redirects = |w: &str| {
+        [">", "1>", "2>", "&>", "|"]
+            .iter()
+            .any(|p| w.starts_with(p))
+    };
+    if let Some(op) = words
+        .iter()
+        .find(|w| OPERATORS.contains(&w.as_str()) || redirects(w))
+    {
+        return Err(ConfigError(format!(
+            "--exec {}: `{op}` would reach the command as an argument; {}",
+            crate::output::env::shell_quote(line),
+            fix("redirections, pipes and command lists do nothing there")
+        )));
+    }
+    let variable = regex_lite::Regex::new(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
+        .expect("a valid expression");
+    Ok(words
+        .iter()
+        .filter_map(|w| variable.find(w))
+        .map(|m| {
+            format!(
+                "the command's `{}` reaches it as written ({})",
+                m.as_str(),
+                fix("nothing is expanded")
+            )
+        })
+        .take(1)
+        .collect())
 }
 
 /// A command after `--` that is one word with whitespace in it and no such file (`--exec -- "python
@@ -982,6 +1032,62 @@ fn quoted_command(command: &[String]) -> Result<(), ConfigError> {
         crate::output::env::shell_quote(word),
         crate::output::env::shell_quote(word)
     )))
+}
+
+/// A `{name}` in the command that is not a placeholder but looks meant as one (`{batc}`,
+/// `{BATCH}`, `{batch_size}`, `$batch`): batchfit passes it as written, so the job would get the
+/// text, not a size.
+fn placeholder_typos(command: &[String]) -> Vec<String> {
+    const NAMES: [&str; 3] = ["batch", "steps", "accumulation"];
+    const ALIASES: [(&str, &str); 6] = [
+        ("batch_size", "batch"),
+        ("batchsize", "batch"),
+        ("bs", "batch"),
+        ("micro_batch", "batch"),
+        ("accum", "accumulation"),
+        ("step", "steps"),
+    ];
+    let braces = regex_lite::Regex::new(r"\$?\{([A-Za-z_]+)\}|\$([A-Za-z_]+)").expect("valid");
+    let meant = |name: &str| {
+        let lower = name.to_lowercase();
+        NAMES
+            .into_iter()
+            .find(|n| n[..1] == lower[..1.min(lower.len())] && strsim::levenshtein(n, &lower) <= 2)
+            .or_else(|| ALIASES.iter().find(|(a, _)| *a == lower).map(|(_, n)| *n))
+    };
+    let has_placeholder = crate::workload::exec::has_placeholder;
+    let mut out = vec![];
+    for word in command {
+        for c in braces.captures_iter(word) {
+            let (whole, name) = (&c[0], c.get(1).or(c.get(2)).map_or("", |m| m.as_str()));
+            let real = NAMES.contains(&name);
+            if whole.starts_with('{') && real {
+                continue;
+            }
+            let given = |n: &str| {
+                command
+                    .iter()
+                    .any(|w| has_placeholder(w, &format!("{{{n}}}")))
+            };
+            // `${batch}`: the placeholder is replaced, and the job gets a `$` before the size
+            let dollar_brace = real && whole.starts_with("${");
+            let typo = meant(name)
+                .filter(|n| dollar_brace || (!given(n) && !has_placeholder_at(word, whole)));
+            if let Some(n) = typo {
+                out.push(format!(
+                    "the command's `{whole}` (in {}) is not a placeholder batchfit replaces, so the \
+                     job gets it as written; did you mean `{{{n}}}`?",
+                    crate::output::env::shell_quote(word)
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Whether `part` of `word` is inside a doubled-brace escape (`{{batch}}`, a literal on purpose).
+fn has_placeholder_at(word: &str, part: &str) -> bool {
+    word.contains(&format!("{{{part}}}"))
 }
 
 /// `--exec -- CMD ARG…`: the command checked (it can be started), its fingerprint files hashed, its
@@ -1027,6 +1133,7 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
         // said once, in the plan and its summary, unless the trials' reports prove the job read it
         warnings.push(NO_BATCH_WARNING.to_string());
     }
+    warnings.extend(placeholder_typos(&a.command));
     let python = crate::workload::exec::warm::python_launch(&a.command).is_some();
     if a.warm == WarmArg::On && !python {
         return err(format!(
@@ -1377,9 +1484,96 @@ pub const NO_BATCH_WARNING: &str =
     "the command has no {batch} in its arguments: it must read the size from BATCHFIT_BATCH \
      (or batchfit_trial.batch_size()), or every trial trains the same size";
 
+/// What a probe says of a command without `{batch}` before its first trial, when nothing has yet
+/// shown whether the job reads the size from its environment.
+pub const NO_BATCH_NOTE: &str =
+    "no {batch} in the command: each trial's size reaches it only as BATCHFIT_BATCH in its \
+     environment (batchfit_trial.batch_size() reads it); a job that reads neither trains one size \
+     whatever batchfit asks, and the plan will say so";
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn words(line: &str) -> Vec<String> {
+        shell_words::split(line).unwrap()
+    }
+
+    #[test]
+    fn a_mistyped_placeholder_gets_did_you_mean() {
+        let said = |line: &str| placeholder_typos(&words(line)).join("\n");
+        for (line, meant) in [
+            ("python t.py --batch-size {batc}", "{batch}"),
+            ("python t.py --batch-size {BATCH}", "{batch}"),
+            ("python t.py --batch-size {batch_size}", "{batch}"),
+            ("python t.py --batch-size=$batch", "{batch}"),
+            ("python t.py --bs ${batch}", "{batch}"),
+            ("python t.py --batch {batch} --steps {stpes}", "{steps}"),
+            (
+                "python t.py --batch {batch} --accum {acumulation}",
+                "{accumulation}",
+            ),
+        ] {
+            assert!(
+                said(line).contains(&format!("did you mean `{meant}`")),
+                "{line}: {}",
+                said(line)
+            );
+        }
+    }
+
+    #[test]
+    fn placeholders_escapes_and_unrelated_braces_are_not_typos() {
+        for line in [
+            "python t.py --batch-size {batch} --steps {steps} --accumulation {accumulation}",
+            "python t.py --batch-size {batch} --name {{batc}}",
+            "python t.py --batch-size {batch} --ckpt ckpt-{epoch}-{bs}.pt",
+            "python t.py --batch-size {batch} --fmt {match} --x $HOME",
+        ] {
+            assert_eq!(
+                placeholder_typos(&words(line)),
+                Vec::<String>::new(),
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn shell_operators_in_a_one_string_command_are_refused_with_sh_c() {
+        for line in [
+            "python t.py --batch-size {batch} > log.txt",
+            "python t.py --batch-size {batch} 2>&1",
+            "python t.py --batch-size {batch} >log.txt",
+            "python t.py --batch-size {batch} | tee log",
+            "cd /data && python t.py --batch-size {batch}",
+        ] {
+            let e = shell_syntax(line, &words(line)).unwrap_err().0;
+            assert!(e.contains("sh -c"), "{line}: {e}");
+        }
+        let line = "sh -c 'python t.py --batch-size {batch} > log.txt'";
+        assert_eq!(
+            shell_syntax(line, &words(line)).unwrap(),
+            Vec::<String>::new()
+        );
+        let line = "python t.py --batch-size {batch} --token '<s>' --expr 'a>b'";
+        assert_eq!(
+            shell_syntax(line, &words(line)).unwrap(),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn a_variable_in_a_one_string_command_is_kept_with_a_warning() {
+        let line = "python t.py --batch-size {batch} --data $DATA/train";
+        let w = shell_syntax(line, &words(line)).unwrap();
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("`$DATA`") && w[0].contains("sh -c"), "{w:?}");
+        let line = "python t.py --batch-size {batch} --pattern '^a$'";
+        assert_eq!(
+            shell_syntax(line, &words(line)).unwrap(),
+            Vec::<String>::new()
+        );
+    }
 
     #[test]
     fn limit_definition() {

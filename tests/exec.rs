@@ -1166,3 +1166,83 @@ fn warm_on_needs_a_python_script_or_module() {
         .stderr(predicate::str::contains("--warm goes with --exec"));
     assert!(!out.exists());
 }
+
+/// A placeholder mistyped in the command (`{batc}`) is said before the first trial, with the
+/// placeholder meant, so the search can be stopped at once instead of read about at its end.
+#[test]
+fn a_mistyped_placeholder_is_said_before_the_first_trial() {
+    let d = tmp();
+    let script = format!(
+        r#"[ "$BATCHFIT_BATCH" -le 3 ] || {}; {}"#,
+        run_out_sh(),
+        hold_sh("$BATCHFIT_BATCH")
+    );
+    let o = batchfit()
+        .args(["probe", "--backend", "cpu", "--memory-budget", "2GiB"])
+        .args(["--cpu-limit", "rlimit", "--max-batch", "8", "--no-cache"])
+        .arg("--out")
+        .arg(path(&d, "plan.json"))
+        .args(["--exec", "--", "sh", "-c", &script, "sh", "--bs={batc}"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    let said = err
+        .find("did you mean `{batch}`")
+        .unwrap_or_else(|| panic!("{err}"));
+    let first_trial = err.find("trial   1:").unwrap_or_else(|| panic!("{err}"));
+    assert!(said < first_trial, "{err}");
+}
+
+/// A command given as one string with a shell operator in it (`> log`) is refused before any
+/// trial runs (no shell would act on it; the job would get `>` as an argument), and the message
+/// gives the `sh -c` form.
+#[test]
+fn a_redirection_in_a_one_string_command_is_refused_with_the_sh_c_form() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let o = batchfit()
+        .args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--memory-budget",
+            "2GiB",
+            "--no-cache",
+        ])
+        .arg("--out")
+        .arg(&out)
+        .args(["--exec", "python3 train.py --batch-size {batch} > log.txt"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("sh -c") && err.contains("`>`"), "{err}");
+    assert!(!err.contains("trial "), "{err}");
+    assert!(!out.exists());
+}
+
+/// A command without `{batch}` is told before its first trial how the size reaches it (only
+/// through BATCHFIT_BATCH), so a forgotten placeholder can be stopped at once.
+#[test]
+fn a_command_without_the_batch_placeholder_is_told_before_the_first_trial() {
+    let d = tmp();
+    let script = format!(
+        r#"[ "$BATCHFIT_BATCH" -le 3 ] || {}; {}"#,
+        run_out_sh(),
+        hold_sh("$BATCHFIT_BATCH")
+    );
+    let o = batchfit()
+        .args(["probe", "--backend", "cpu", "--memory-budget", "2GiB"])
+        .args(["--cpu-limit", "rlimit", "--max-batch", "8", "--no-cache"])
+        .arg("--out")
+        .arg(path(&d, "plan.json"))
+        .args(["--exec", "--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    let said = err
+        .find("only as BATCHFIT_BATCH")
+        .unwrap_or_else(|| panic!("{err}"));
+    let first_trial = err.find("trial   1:").unwrap_or_else(|| panic!("{err}"));
+    assert!(said < first_trial, "{err}");
+}

@@ -66,13 +66,15 @@ pub fn run_cached(
     for n in &cfg.notes {
         progress.line(n);
     }
-    // (the {batch} warning waits for the trials' reports: the plan's summary says it, once)
-    for w in cfg
-        .warnings
-        .iter()
-        .filter(|w| *w != crate::config::NO_BATCH_WARNING)
-    {
-        progress.line(&format!("batchfit: warning: {w}"));
+    // (the {batch} warning waits for the trials' reports: the plan's summary says it, once; before
+    // the trials, a note says how the size reaches the job)
+    for w in &cfg.warnings {
+        match w.as_str() {
+            crate::config::NO_BATCH_WARNING => {
+                progress.line(&format!("batchfit: note: {}", crate::config::NO_BATCH_NOTE))
+            }
+            w => progress.line(&format!("batchfit: warning: {w}")),
+        }
     }
     // Fault injection is a test of the trial runner: never answered from, nor stored in, the cache.
     let cache = cache.filter(|_| cfg.fault.is_none());
