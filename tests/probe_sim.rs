@@ -613,6 +613,52 @@ fn repeated_answers_leave_room_for_the_measured_spread() {
         )));
 }
 
+/// The split the plan recommends is held to the promise the answer was: with gradient accumulation
+/// (which holds more memory than one micro-batch) its micro-batch fit `1 + repeats` times at the
+/// split's accumulation, each peak leaving the measured spread under the limit, or the split was
+/// recomputed below it with a warning that says why.
+#[test]
+fn the_recommended_split_fits_as_often_as_the_answer_and_under_the_noise_ceiling() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let sim = format!("{SIM},boundary-noise=60MiB,seed=36,accumulation=60MiB");
+    batchfit()
+        .args(["probe", "--backend", "sim", "--sim", &sim, "--repeats", "2"])
+        .args(["--global-batch", "9600", "--quiet", "--out"])
+        .arg(&out)
+        .assert()
+        .success();
+    let plan = read_json(&out);
+    assert_eq!(plan["status"], "complete", "{plan}");
+    let rec = &plan["recommendation"];
+    let (m, acc) = (rec["micro_batch"].clone(), rec["accumulation"].clone());
+    assert!(acc.as_u64().unwrap() > 1, "{rec}");
+    let spread = plan["search"]["noise_spread_bytes"].as_u64().unwrap();
+    let limit = plan["limit_bytes"].as_u64().unwrap();
+    let peaks: Vec<u64> = plan["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["batch"] == m && t["accumulation"] == acc && t["outcome"] == "fits")
+        .filter(|t| t["steps"].as_u64().unwrap() >= 5)
+        .map(|t| t["peak_bytes"].as_u64().unwrap())
+        .collect();
+    assert!(
+        peaks.len() >= 3,
+        "micro-batch {m} × {acc} fit {} times",
+        peaks.len()
+    );
+    assert!(
+        peaks.iter().all(|p| p + spread <= limit),
+        "micro-batch {m} × {acc}: peaks {peaks:?} + spread {spread} above the limit {limit}"
+    );
+    let warnings = plan["warnings"].to_string();
+    assert!(
+        warnings.contains("leaves under its limit") && warnings.contains("recomputed below 4800"),
+        "{warnings}"
+    );
+}
+
 /// `verify` checks the promise as the probe made it: the answer runs as often as the probe ran it,
 /// and where the probe measured a spread wider than its guard band, a run peaking above the ceiling
 /// that spread leaves under the job's limit fails the verification (exit 4) though it fit.

@@ -399,7 +399,7 @@ fn confirm_on_each(
                     .on_gpu(gpu.index)
                     .with_history(history)
                     .on_trial(move |t, all| p.trial(all.len(), t, limit));
-                let r = prober.confirm_split(b, acc, purpose);
+                let r = prober.confirm_split_held(b, acc, purpose);
                 let trials = prober.trials().to_vec();
                 drop(prober);
                 gpu.trials = trials;
@@ -419,6 +419,22 @@ fn confirm_on_each(
                     }
                     Confirmation::Failed(why) => {
                         combined = Confirmation::Failed(format!("GPU {i}: {why}"));
+                    }
+                    Confirmation::AboveNoise { why, below } => {
+                        failures.push(format!("GPU {i}: {why}"));
+                        combined = match combined {
+                            Confirmation::AboveNoise { why, below: was } => {
+                                Confirmation::AboveNoise {
+                                    why,
+                                    below: was.min(below),
+                                }
+                            }
+                            Confirmation::Failed(f) => Confirmation::Failed(f),
+                            _ => Confirmation::AboveNoise {
+                                why: format!("GPU {i}: {why}"),
+                                below,
+                            },
+                        };
                     }
                 }
             }

@@ -104,7 +104,7 @@ pub fn run(
                         } else {
                             Purpose::Split
                         };
-                        prober.confirm_split(b, acc, purpose)
+                        prober.confirm_split_held(b, acc, purpose)
                     },
                 ))
             }

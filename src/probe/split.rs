@@ -25,129 +25,115 @@ pub struct SplitOutcome {
     pub warnings: Vec<String>,
 }
 
+/// Confirms one size of a split: `(size, accumulation, retest)`, on every device; `retest` marks the
+/// repeat of a failure at accumulation 1.
+pub type Confirm<'a> = dyn FnMut(u64, u32, bool) -> Result<Confirmation, Stop> + 'a;
+
 /// The split of `global` over `world` ranks with micro-batches of at most `max_fitting` on the
-/// search's grid (`sizes`), each size confirmed by `confirm(size, accumulation, retest)` (on every device; `retest` marks the repeat of
-/// a failure at accumulation 1).
+/// search's grid (`sizes`), each of its sizes confirmed by `confirm` with the split's accumulation.
 pub fn confirmed(
     global: u64,
     world: u64,
     max_fitting: u64,
     allow_uneven: bool,
     sizes: Sizes,
-    confirm: &mut dyn FnMut(u64, u32, bool) -> Result<Confirmation, Stop>,
+    confirm: &mut Confirm,
 ) -> SplitOutcome {
     let mut warnings = vec![];
     let mut cap = max_fitting;
-    for _ in 0..MAX_RESPLITS {
-        let s = match accumulate::split_on(global, world, cap, allow_uneven, sizes) {
-            Ok(s) => s,
-            Err(e) => {
-                return SplitOutcome {
-                    split: Err(Stop::Fatal(e.to_string())),
-                    warnings,
-                }
-            }
-        };
-        let acc = u32::try_from(s.accumulation).unwrap_or(u32::MAX);
-        let mut sizes = s.micro_batches.clone();
-        sizes.sort_unstable_by(|a, b| b.cmp(a));
-        sizes.dedup();
-        let mut lower_cap = None;
-        for b in sizes {
-            let first = match confirm(b, acc, false) {
-                Ok(c) => c,
-                Err(stop) => {
-                    return SplitOutcome {
-                        split: Err(stop),
-                        warnings,
-                    }
-                }
-            };
-            match first {
-                Confirmation::Fits => continue,
-                Confirmation::Failed(why) => {
-                    return SplitOutcome {
-                        split: Err(Stop::Fatal(format!(
-                        "the confirmation of micro-batch {b} × accumulation {acc} failed ({why}); \
-                             the split is not proven"
-                    ))),
-                        warnings,
-                    }
-                }
-                Confirmation::OutOfMemory if acc > 1 => {
-                    warnings.push(format!(
-                        "micro-batch {b} fits alone but ran out of memory with {acc} accumulated \
-                         micro-batches (gradient accumulation holds more memory); the split was \
-                         recomputed below {b}"
-                    ));
-                    lower_cap = Some(b - 1);
-                    break;
-                }
-                Confirmation::OutOfMemory => {
-                    // A size below a proven fit failed at accumulation 1: re-test once.
-                    let again = match confirm(b, acc, true) {
-                        Ok(c) => c,
-                        Err(stop) => {
-                            return SplitOutcome {
-                                split: Err(stop),
-                                warnings,
-                            }
-                        }
-                    };
-                    if again != Confirmation::Fits {
-                        warnings.push(format!(
-                            "non-monotonic memory: micro-batch {b} ran out of memory although \
-                             {max_fitting} fit, and again when re-tested; no recommendation relies \
-                             on {b}"
-                        ));
-                        return SplitOutcome {
-                            split: Err(Stop::Fatal(format!(
-                                "micro-batch {b} chosen by the accumulation split did not fit although \
-                                 {max_fitting} did: memory is not monotonic in the batch size here; \
-                                 re-run with --global-batch a multiple of {max_fitting}"
-                            ))),
-                            warnings,
-                        };
-                    }
-                    // The re-test fit: one run out of memory and one fit is no proof that it fits,
-                    // so the split is recomputed below it and nothing recommended relies on it.
-                    warnings.push(format!(
-                        "non-monotonic memory: micro-batch {b} ran out of memory although \
-                         {max_fitting} fit; the re-test fit (flaky near the limit); resolved \
-                         conservatively: the split was recomputed below {b}, so no recommendation \
-                         relies on {b}"
-                    ));
-                    lower_cap = Some(b - 1);
-                    break;
-                }
-            }
-        }
-        match lower_cap {
-            None => {
-                return SplitOutcome {
-                    split: Ok(s),
-                    warnings,
-                }
-            }
-            Some(0) => {
-                return SplitOutcome {
-                    split: Err(Stop::Fatal(
+    let split = (|| {
+        for _ in 0..MAX_RESPLITS {
+            let s = accumulate::split_on(global, world, cap, allow_uneven, sizes)
+                .map_err(|e| Stop::Fatal(e.to_string()))?;
+            match lower_cap(&s, max_fitting, confirm, &mut warnings)? {
+                None => return Ok(s),
+                Some(0) => {
+                    return Err(Stop::Fatal(
                         "no micro-batch fits with gradient accumulation".into(),
-                    )),
-                    warnings,
+                    ))
                 }
+                Some(c) => cap = c,
             }
-            Some(c) => cap = c,
         }
-    }
-    SplitOutcome {
-        split: Err(Stop::Fatal(
+        Err(Stop::Fatal(
             "every accumulation split tried ran out of memory; lower the global batch or the \
              budget's pressure"
                 .into(),
-        )),
-        warnings,
+        ))
+    })();
+    SplitOutcome { split, warnings }
+}
+
+/// Confirms each distinct size of `s`, largest first: `None` when all fit, or the cap below which
+/// the split must be recomputed.
+fn lower_cap(
+    s: &Split,
+    max_fitting: u64,
+    confirm: &mut Confirm,
+    warnings: &mut Vec<String>,
+) -> Result<Option<u64>, Stop> {
+    let acc = u32::try_from(s.accumulation).unwrap_or(u32::MAX);
+    let mut sizes = s.micro_batches.clone();
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    sizes.dedup();
+    for b in sizes {
+        match confirm(b, acc, false)? {
+            Confirmation::Fits => continue,
+            Confirmation::Failed(why) => {
+                return Err(Stop::Fatal(format!(
+                    "the confirmation of micro-batch {b} × accumulation {acc} failed ({why}); \
+                     the split is not proven"
+                )))
+            }
+            Confirmation::AboveNoise { why, below } => {
+                warnings.push(format!(
+                    "{why}: a fresh run of it may not fit; the split was recomputed below {b}"
+                ));
+                return Ok(Some(below.min(b - 1)));
+            }
+            Confirmation::OutOfMemory if acc > 1 => {
+                warnings.push(format!(
+                    "micro-batch {b} fit alone but ran out of memory with {acc} accumulated \
+                     micro-batches (accumulation holds more memory, or the job's run-to-run noise \
+                     reached the limit); the split was recomputed below {b}"
+                ));
+                return Ok(Some(b - 1));
+            }
+            Confirmation::OutOfMemory => {
+                return retest_below_fit(b, acc, max_fitting, confirm, warnings).map(Some)
+            }
+        }
     }
+    Ok(None)
+}
+
+/// A size below the proven fit `max_fitting` ran out of memory at accumulation 1: re-tested once.
+/// Failing again stops the probe; a fit there is no proof either (one out-of-memory and one fit),
+/// so the split is recomputed below it and nothing recommended relies on it.
+fn retest_below_fit(
+    b: u64,
+    acc: u32,
+    max_fitting: u64,
+    confirm: &mut Confirm,
+    warnings: &mut Vec<String>,
+) -> Result<u64, Stop> {
+    if confirm(b, acc, true)? != Confirmation::Fits {
+        warnings.push(format!(
+            "non-monotonic memory: micro-batch {b} ran out of memory although {max_fitting} fit, \
+             and again when re-tested; no recommendation relies on {b}"
+        ));
+        return Err(Stop::Fatal(format!(
+            "micro-batch {b} chosen by the accumulation split did not fit although {max_fitting} \
+             did: memory is not monotonic in the batch size here; re-run with --global-batch a \
+             multiple of {max_fitting}"
+        )));
+    }
+    warnings.push(format!(
+        "non-monotonic memory: micro-batch {b} ran out of memory although {max_fitting} fit; the \
+         re-test fit (flaky near the limit); resolved conservatively: the split was recomputed \
+         below {b}, so no recommendation relies on {b}"
+    ));
+    Ok(b - 1)
 }
 
 #[cfg(test)]

@@ -238,6 +238,7 @@ fn confirm_sizes(
                     None => continue,
                     Some(why) => VerifyEnding::Failed(why),
                 },
+                Ok(Confirmation::AboveNoise { why, .. }) => VerifyEnding::Failed(why),
                 Ok(Confirmation::Failed(why)) => VerifyEnding::Failed(format!(
                     "micro-batch {b} × accumulation {acc} could not be confirmed on {device}: {why}"
                 )),
@@ -377,6 +378,7 @@ fn check_bracket(
                 "its largest fitting micro-batch {b} could not be confirmed here ({why})"
             )))
         }
+        Confirmation::AboveNoise { why, .. } => return Err(fail(why)),
     }
     if let Some(f) = rec.first_failing_batch {
         let o = prober

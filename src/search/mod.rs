@@ -545,6 +545,10 @@ pub enum Confirmation {
     OutOfMemory,
     /// It ended in an error or a timeout, twice: no proof either way.
     Failed(String),
+    /// It fit, but a fit peaked above the ceiling the job's measured noise leaves under its limit
+    /// (a fresh run of it may not fit): not a size to recommend. `below` is the size that the
+    /// excess footprint points to ([`Prober::confirm_split_held`]).
+    AboveNoise { why: String, below: u64 },
 }
 
 impl Confirmation {
@@ -978,6 +982,7 @@ impl<'b> Prober<'b> {
             Confirmation::Failed(why) => Err(Stop::Fatal(format!(
                 "the confirmation trial of {b} failed ({why}); no size is proven"
             ))),
+            Confirmation::AboveNoise { why, .. } => Err(Stop::Fatal(why)),
             Confirmation::Fits => Ok(true),
             Confirmation::OutOfMemory => {
                 // More memory appears with more steps, unless a repeat fits (noise).

@@ -43,7 +43,7 @@
 //! to a size whose fits, `1 + repeats` of them, all lie under the ceiling.
 
 use super::line::{residual_range, whole_range};
-use super::{tolerance_gap, Grid, Prober, Purpose, Stop, StopReason, TrialRecord};
+use super::{tolerance_gap, Confirmation, Grid, Prober, Purpose, Stop, StopReason, TrialRecord};
 use crate::protocol::{Isolation, TrialOutcome};
 use serde::{Deserialize, Serialize};
 
@@ -234,6 +234,72 @@ impl Prober<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Confirms micro-batch `b` of the accumulation split at `accumulation` the way the answer was
+    /// confirmed, so that the plan's promise holds for the size the job will run: `1 + repeats`
+    /// fresh fits with the confirmation's steps, each peaking at most the noise ceiling (the job's
+    /// limit less the measured spread: of the answer's fresh runs or of these, whichever is wider).
+    /// Accumulation holds more memory than one micro-batch, so a split size below the answer can
+    /// peak above that ceiling although the answer did not; it is then [`Confirmation::AboveNoise`],
+    /// with the size its excess points to.
+    pub fn confirm_split_held(
+        &mut self,
+        b: u64,
+        accumulation: u32,
+        purpose: Purpose,
+    ) -> Result<Confirmation, Stop> {
+        let first = self.confirm_split(b, accumulation, purpose)?;
+        if first != Confirmation::Fits {
+            return Ok(first);
+        }
+        let acc = accumulation.max(1);
+        let steps = self.cfg.confirm_steps.max(self.cfg.steps);
+        while self.split_fits(b, acc, steps).len() < self.fits_needed(false) {
+            match self.repeat_split(b, acc)? {
+                Confirmation::Fits => {}
+                other => return Ok(other),
+            }
+        }
+        Ok(self
+            .split_above_noise(b, acc, steps)
+            .unwrap_or(Confirmation::Fits))
+    }
+
+    /// The footprints of the fresh fits of `b` at exactly `acc` with at least `steps` steps.
+    fn split_fits(&self, b: u64, acc: u32, steps: u32) -> Vec<u64> {
+        self.trials
+            .iter()
+            .filter(|t| t.batch == b && t.accumulation == acc && t.steps >= steps)
+            .filter(|t| t.outcome.fits() && t.isolation != Isolation::Worker)
+            .filter_map(|t| t.footprint())
+            .collect()
+    }
+
+    /// Why the fits of `b` at `acc` break the promise, if they do: the largest peaks above the job's
+    /// limit less the wider of the answer's spread and their own, where that is below the trials'
+    /// limit (a spread within the guard band leaves every fit room).
+    fn split_above_noise(&self, b: u64, acc: u32, steps: u32) -> Option<Confirmation> {
+        let fits = self.split_fits(b, acc, steps);
+        let (lo, hi) = (*fits.iter().min()?, *fits.iter().max()?);
+        let own = (fits.len() > 1).then(|| whole_range(hi - lo, fits.len()));
+        let spread = self.spread(steps).max(own)?;
+        let ceiling = self.job_limit?.saturating_sub(spread);
+        if ceiling >= self.limit_bytes || hi <= ceiling {
+            return None;
+        }
+        let mib = |x: u64| x as f64 / (1u64 << 20) as f64;
+        let width = self.samples_for(hi - ceiling, b).max(1);
+        Some(Confirmation::AboveNoise {
+            why: format!(
+                "micro-batch {b} × accumulation {acc} peaked at {:.1} MiB, above the {:.1} MiB that \
+                 the job's measured noise ({:.1} MiB between fresh runs) leaves under its limit",
+                mib(hi),
+                mib(ceiling),
+                mib(spread)
+            ),
+            below: b.saturating_sub(width),
+        })
     }
 
     /// The job's measured noise: the wider of the widest range of footprints among fresh fits at one
