@@ -319,8 +319,9 @@ fn measure_within(
 ///   below and growing above, only makes the slope below smaller, never the rule stricter.)
 /// - **The peak moves at all.** The peak must rise by more than the measurement noise (the spread
 ///   of repeated trials of one size, at least [`crate::search::guided::MIN_RISE`] of the top
-///   peak), unless a report of `hi` says the job read its size from batchfit and ran it (the
-///   helper's `reads_batch`), or a size above `hi` ran out of memory or over the budget (the
+///   peak), unless a report of `hi` says the job ran that size (the helper's report: its
+///   `batch_size()` read it, or the job passed the size it was given to `Trial(batch=…)`; a report
+///   of another size is already no fit), or a size above `hi` ran out of memory or over the budget (the
 ///   outcome changes with the size, so it reaches the job even where a small model's peak barely
 ///   moves). A job that ignores `{batch}` fits at every size with the same peak.
 ///
@@ -384,7 +385,7 @@ pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
         .iter()
         .filter(|t| t.batch == hi && t.outcome.fits())
         .filter_map(|t| t.details.as_ref()?.report.as_ref())
-        .any(|r| r.reads_batch && r.batch == hi);
+        .any(|r| r.batch == hi);
     if read || bounded_above || rise > noise {
         return None;
     }
@@ -752,6 +753,31 @@ mod tests {
         assert!(why.contains("memory stopped growing"), "{why}");
         let mut trials = fits;
         trials.push(t(7635, false, 2, Isolation::Process));
+        assert_eq!(batch_not_shown(&trials), None);
+    }
+
+    /// A small model whose peak barely moves between two fits, with nothing above them out of
+    /// memory: refused without a report, accepted when the job's report at the largest fit says it
+    /// ran that size, whether its `batch_size()` read it or it passed its own argument to
+    /// `Trial(batch=…)`.
+    #[test]
+    fn a_report_of_the_size_given_shows_the_batch_reaches_the_job() {
+        let mib = 1u64 << 20;
+        let mut trials: Vec<_> = [(64, 800), (512, 801)]
+            .iter()
+            .map(|&(b, p)| fit_at(b, p * mib))
+            .collect();
+        let why = batch_not_shown(&trials).expect("a flat peak and no report: refused");
+        assert!(why.contains("no report says"), "{why}");
+        let report: crate::protocol::TrialReport = serde_json::from_value(serde_json::json!({
+            "schema": "batchfit-trial-report/1", "batch": 512, "steps": 2, "accumulation": 1,
+            "reads_accumulation": false, "step_seconds": [0.1, 0.1]
+        }))
+        .unwrap();
+        trials[1].details = Some(crate::protocol::TrialDetails {
+            report: Some(report),
+            ..Default::default()
+        });
         assert_eq!(batch_not_shown(&trials), None);
     }
 
