@@ -44,6 +44,10 @@ pub fn search_announced<'b>(
     if let Some(g) = gpu {
         prober = prober.on_gpu(g);
     }
+    if cfg.exec.is_some() {
+        let limit = skeleton.limit_bytes;
+        prober = prober.refuse_when(move |trials| settled_at_the_limit(trials, limit));
+    }
     let outcome = prober.search();
     Searched { prober, outcome }
 }
@@ -187,6 +191,10 @@ pub fn assemble(
                     plan.status = Status::Partial;
                 }
             }
+        }
+        None if outcome.stop_reason == StopReason::BatchNotShown => {
+            plan.stop_detail = unshown.unwrap_or_default();
+            plan.status = Status::Partial;
         }
         None => {
             plan.status = if ending == Ending::NothingFits {
@@ -399,6 +407,32 @@ pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
         mib(noise),
         UNSHOWN_CAUSES
     ))
+}
+
+/// Fits this close to the limit are where a job that lowers its own batch settles.
+const NEAR_THE_LIMIT: f64 = 0.9;
+
+/// Whether the trials already refuse an answer, before the search's end: at least three fits peak
+/// within 10 % of the limit, the largest of them at least twice the smallest, and
+/// [`batch_not_shown`] refuses them. A job that catches its own out-of-memory and trains a smaller
+/// size (Accelerate's `find_executable_batch_size`, a retry) fits at every size above its real
+/// limit at about the same peak: the search would double up to `--max-batch` and refuse at the end
+/// (32 trials, 7 minutes, on one such script). A job whose memory grows with the batch cannot fit
+/// twice the size at the same peak near the limit, so this never stops one that could be answered.
+pub fn settled_at_the_limit(trials: &[TrialRecord], limit: u64) -> bool {
+    let near: Vec<u64> = trials
+        .iter()
+        .filter(|t| t.accumulation <= 1 && t.outcome.fits())
+        .filter(|t| {
+            t.footprint()
+                .is_some_and(|f| f as f64 >= NEAR_THE_LIMIT * limit as f64)
+        })
+        .map(|t| t.batch)
+        .collect();
+    let (Some(&lo), Some(&hi)) = (near.iter().min(), near.iter().max()) else {
+        return false;
+    };
+    near.len() >= 3 && hi >= 2 * lo && batch_not_shown(trials).is_some()
 }
 
 /// Where the peak stopped growing above `lo`, by the slope below it: from `lo` to `hi`, or between
@@ -779,6 +813,39 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(batch_not_shown(&trials), None);
+    }
+
+    /// A job that lowers its own batch fits at twice its real limit and more at the same peak near
+    /// the limit: the trials refuse an answer as soon as three such fits show it. A job whose memory
+    /// grows near the limit, and a job that ignores its size far below the limit (refused at the
+    /// search's end, as before), do not stop the search.
+    #[test]
+    fn fits_settled_at_the_limit_refuse_before_the_search_ends() {
+        let mib = 1u64 << 20;
+        let limit = 1000 * mib;
+        let grown: Vec<_> = [(1, 500), (64, 680), (128, 860)]
+            .iter()
+            .map(|&(b, p)| fit_at(b, p * mib))
+            .collect();
+        let settled = |sizes: &[(u64, u64)]| {
+            let mut trials = grown.clone();
+            trials.extend(sizes.iter().map(|&(b, p)| fit_at(b, p * mib)));
+            settled_at_the_limit(&trials, limit)
+        };
+        assert!(!settled(&[(256, 985)]), "two fits near the limit");
+        assert!(
+            !settled(&[(256, 985), (512, 990)]),
+            "two fits near the limit"
+        );
+        assert!(settled(&[(256, 985), (512, 990), (1024, 986)]));
+        // memory that grows near the limit: no two-fold span at the same peak
+        assert!(!settled(&[(132, 930), (136, 960), (140, 990)]));
+        // a job that ignores its size, far below the limit
+        let flat: Vec<_> = [1, 2, 4, 8, 16, 32]
+            .iter()
+            .map(|&b| fit_at(b, 300 * mib))
+            .collect();
+        assert!(!settled_at_the_limit(&flat, limit));
     }
 
     #[test]
