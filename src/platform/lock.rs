@@ -153,6 +153,13 @@ pub fn hold(lock: &Path) -> Result<(), LockError> {
             // locked a file its holder removed (or replaced) on its way out: not the lock any more
             continue;
         }
+        if file.metadata().map_err(io)?.nlink() > 1 {
+            // another name of the same file: writing the pid would change that file too
+            return Err(LockError::NotRegular {
+                lock: lock.to_path_buf(),
+                what: "a hard link to another file",
+            });
+        }
         let made = made || left_by_a_killed_holder(&file);
         file.set_len(0)
             .and_then(|()| file.write_all(format!("{}\n", std::process::id()).as_bytes()))
@@ -173,9 +180,10 @@ pub fn hold(lock: &Path) -> Result<(), LockError> {
 /// was killed: it holds a pid (its holder's, now gone, since the lock was free). This process then
 /// removes it at exit as its own.
 fn left_by_a_killed_holder(file: &File) -> bool {
-    let mut text = String::new();
-    let _ = file.take(64).read_to_string(&mut text);
-    text.trim().parse::<u32>().is_ok()
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 64];
+    let n = file.read_at(&mut buf, 0).unwrap_or(0);
+    std::str::from_utf8(&buf[..n]).is_ok_and(|t| t.trim().parse::<u32>().is_ok())
 }
 
 /// Lets every lock of this process go, removing first each lock file this process made (while its
@@ -265,11 +273,32 @@ mod tests {
         let left = d.path().join(".batchfit-logs.lock");
         std::fs::write(&left, "4194303\n").unwrap();
         hold(&left).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&left).unwrap(),
+            format!("{}\n", std::process::id()),
+            "the pid replaces the old one, from the start of the file"
+        );
         let foreign = d.path().join("foreign.lock");
         std::fs::write(&foreign, "notes\n").unwrap();
         hold(&foreign).unwrap();
         release_where(|p| p.starts_with(d.path()));
         assert!(!left.exists());
         assert!(foreign.exists());
+    }
+
+    /// A hard link at a lock file's name is another name of some other file: refused, and that
+    /// file is left as it was.
+    #[test]
+    fn a_hard_link_at_the_lock_files_name_is_refused_and_its_file_kept() {
+        let d = tempfile::tempdir().unwrap();
+        let notes = d.path().join("notes.txt");
+        std::fs::write(&notes, "my notes, do not lose\n").unwrap();
+        let lock = d.path().join(".p.json.batchfit-lock");
+        std::fs::hard_link(&notes, &lock).unwrap();
+        assert!(matches!(hold(&lock), Err(LockError::NotRegular { .. })));
+        assert_eq!(
+            std::fs::read_to_string(&notes).unwrap(),
+            "my notes, do not lose\n"
+        );
     }
 }

@@ -22,30 +22,52 @@ const OWNER: &str = ".owner";
 /// A scratch directory, removed when dropped, locked as in use while it lives.
 #[derive(Debug)]
 pub struct Scratch {
-    dir: tempfile::TempDir,
+    path: PathBuf,
     _owner: File,
 }
 
 impl Scratch {
     pub fn path(&self) -> &Path {
-        self.dir.path()
+        &self.path
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
     }
 }
 
 /// Removes the scratch directories of `prefix` left by processes that are gone, then makes a new
-/// one, owned and locked by this process.
+/// one, owned and locked by this process. It is made under another name and renamed to its own
+/// once its owner file is locked, so that another process's sweep never finds it unlocked.
 pub fn make(prefix: &str) -> std::io::Result<Scratch> {
-    sweep(&std::env::temp_dir(), prefix);
-    let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
+    let parent = std::env::temp_dir();
+    sweep(&parent, prefix);
+    let new = tempfile::Builder::new()
+        .prefix(".batchfit-new-")
+        .tempdir_in(&parent)?;
     let owner = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-        .open(dir.path().join(OWNER))?;
+        .open(new.path().join(OWNER))?;
     if !try_lock(&owner) {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(Scratch { dir, _owner: owner })
+    let named = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(&parent)?;
+    let path = named.keep();
+    // rename over the empty directory just made for the name (atomic: the name never lacks one)
+    std::fs::rename(new.path(), &path).inspect_err(|_| {
+        let _ = std::fs::remove_dir(&path);
+    })?;
+    let _ = new.keep();
+    Ok(Scratch {
+        path,
+        _owner: owner,
+    })
 }
 
 /// Removes the directories named `prefix*` in `parent` whose owner file no process holds, and
@@ -115,5 +137,18 @@ mod tests {
         assert!(std::fs::symlink_metadata(&link).is_ok(), "the link is left");
         drop(held);
         assert_eq!(sweep(p, "batchfit-x-"), vec![live]);
+    }
+
+    /// A scratch directory in use is never swept (its owner file is locked from before it has its
+    /// name), and goes when dropped.
+    #[test]
+    fn a_scratch_directory_in_use_is_not_swept_and_goes_when_dropped() {
+        let s = make("batchfit-scratch-test-").unwrap();
+        assert!(s.path().join(OWNER).is_file());
+        let swept = sweep(&std::env::temp_dir(), "batchfit-scratch-test-");
+        assert!(!swept.contains(&s.path().to_path_buf()), "{swept:?}");
+        let path = s.path().to_path_buf();
+        drop(s);
+        assert!(!path.exists());
     }
 }

@@ -327,9 +327,11 @@ fn measure_within(
 ///   below and growing above, only makes the slope below smaller, never the rule stricter.)
 /// - **The peak moves at all.** The peak must rise by more than the measurement noise (the spread
 ///   of repeated trials of one size, at least [`crate::search::guided::MIN_RISE`] of the top
-///   peak), unless a report of `hi` says the job ran that size (the helper's report: its
-///   `batch_size()` read it, or the job passed the size it was given to `Trial(batch=…)`; a report
-///   of another size is already no fit), or a size above `hi` ran out of memory or over the budget (the
+///   peak), unless a report of `hi` shows the job ran that size: its `batch_size()` read it from
+///   batchfit, or it counted that many samples in a micro-batch (`Trial.step(samples=n)`, the
+///   framework callbacks). A report that only repeats the size the job was given
+///   (`Trial(batch=args.batch)`) is no evidence: a job whose loader ignores the flag reports it
+///   all the same. Or a size above `hi` ran out of memory or over the budget (the
 ///   outcome changes with the size, so it reaches the job even where a small model's peak barely
 ///   moves). A job that ignores `{batch}` fits at every size with the same peak.
 ///
@@ -393,7 +395,7 @@ pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
         .iter()
         .filter(|t| t.batch == hi && t.outcome.fits())
         .filter_map(|t| t.details.as_ref()?.report.as_ref())
-        .any(|r| r.batch == hi);
+        .any(|r| r.batch == hi && (r.reads_batch || r.samples.is_some_and(|n| n >= hi)));
     if read || bounded_above || rise > noise {
         return None;
     }
@@ -791,11 +793,12 @@ mod tests {
     }
 
     /// A small model whose peak barely moves between two fits, with nothing above them out of
-    /// memory: refused without a report, accepted when the job's report at the largest fit says it
-    /// ran that size, whether its `batch_size()` read it or it passed its own argument to
-    /// `Trial(batch=…)`.
+    /// memory: refused without a report and with a report that only repeats the size given
+    /// (`Trial(batch=args.batch)`: a loader that ignores the flag reports it all the same);
+    /// accepted when the report shows the job ran that size: it counted that many samples, or its
+    /// `batch_size()` read the size from batchfit.
     #[test]
-    fn a_report_of_the_size_given_shows_the_batch_reaches_the_job() {
+    fn a_report_that_counted_the_samples_shows_the_batch_reaches_the_job() {
         let mib = 1u64 << 20;
         let mut trials: Vec<_> = [(64, 800), (512, 801)]
             .iter()
@@ -808,11 +811,25 @@ mod tests {
             "reads_accumulation": false, "step_seconds": [0.1, 0.1]
         }))
         .unwrap();
-        trials[1].details = Some(crate::protocol::TrialDetails {
-            report: Some(report),
-            ..Default::default()
-        });
-        assert_eq!(batch_not_shown(&trials), None);
+        let with = |report: &crate::protocol::TrialReport| {
+            let mut t = trials.clone();
+            t[1].details = Some(crate::protocol::TrialDetails {
+                report: Some(report.clone()),
+                ..Default::default()
+            });
+            batch_not_shown(&t)
+        };
+        assert!(with(&report).is_some(), "a report of the size given alone");
+        let counted = crate::protocol::TrialReport {
+            samples: Some(512),
+            ..report.clone()
+        };
+        assert_eq!(with(&counted), None);
+        let read = crate::protocol::TrialReport {
+            reads_batch: true,
+            ..report
+        };
+        assert_eq!(with(&read), None);
     }
 
     /// A job that lowers its own batch fits at twice its real limit and more at the same peak near
