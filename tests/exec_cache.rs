@@ -179,6 +179,34 @@ fn a_changed_config_file_the_job_reads_is_not_answered_from_the_cache() {
     assert_eq!(second["recommendation"]["max_fitting_batch"], 2, "{second}");
 }
 
+/// A job that finds its data by listing a folder (`glob.glob('shards/*.txt')`, one shard a unit
+/// of its scale): a shard added there changes what the job reads, though no file it opened did.
+#[test]
+fn a_new_file_in_a_folder_the_job_lists_is_not_answered_from_the_cache() {
+    let d = tmp();
+    let cache = fresh_cache_dir();
+    write_job(d.path());
+    edit_job(
+        d.path(),
+        "with open('cfg.toml') as f:\n    scale = int(f.read().split('=')[1])\n",
+        "import glob\nscale = len(glob.glob('shards/*.txt'))\n",
+    );
+    std::fs::create_dir(d.path().join("shards")).unwrap();
+    std::fs::write(d.path().join("shards/a.txt"), "1\n").unwrap();
+    let (first, _) = probe(d.path(), &cache, &[], &[], &JOB);
+    assert_eq!(first["recommendation"]["max_fitting_batch"], 6, "{first}");
+    let (_, err) = probe(d.path(), &cache, &[], &[], &JOB);
+    assert!(err.contains("plan from cache"), "{err}");
+    std::fs::write(d.path().join("shards/b.txt"), "1\n").unwrap();
+    let (second, err) = probe(d.path(), &cache, &[], &[], &JOB);
+    assert!(!err.contains("plan from cache"), "{err}");
+    assert!(
+        err.contains("shards changed since the plan was made"),
+        "{err}"
+    );
+    assert_eq!(second["recommendation"]["max_fitting_batch"], 3, "{second}");
+}
+
 #[test]
 fn a_changed_environment_variable_is_not_answered_from_the_cache() {
     let (_, second, err) = probe_changed(|_| {}, [("WIDTH_MULT", "1"), ("WIDTH_MULT", "2")]);

@@ -184,11 +184,41 @@ def _shared_reads():
         return []
 
 
+#: The audit events of listing a folder (os.walk, glob.glob and pathlib list through these).
+_LIST_EVENTS = ("os.listdir", "os.scandir")
+
+
+def _record_listing(args):
+    """Remember a folder the job's own code listed (the shards of a dataset found by glob): a file
+    added there changes what the job reads. The import system's listings of sys.path are not the
+    job's. Never raises."""
+    try:
+        caller = sys._getframe(2).f_code.co_filename
+        if caller.startswith("<frozen importlib"):
+            return
+        path = args[0] if args else None
+        if isinstance(path, int):
+            return
+        path = os.path.abspath(os.fsdecode(path if path is not None else "."))
+        if path in _opened or (path + os.sep).startswith(_not_the_jobs) or _in_site_packages(path):
+            return
+        _opened.append(path)
+        if os.environ.get(_ENV_READS_OWNER) != str(os.getpid()):
+            _share_read(path)
+    except Exception:
+        pass
+
+
 def _record_open(event, args):
     """Audit hook: remember a file the job opened for reading (in the working directory or anywhere
     else, not the installation's own files), in a DataLoader worker or other process of the job too.
     Never raises."""
-    if event != "open" or len(_opened) >= _OPENED_MAX or _in_hook[0]:
+    if len(_opened) >= _OPENED_MAX or _in_hook[0]:
+        return
+    if event in _LIST_EVENTS:
+        _record_listing(args)
+        return
+    if event != "open":
         return
     try:
         path, mode, flags = args
@@ -287,7 +317,7 @@ def _read_files():
             if f != here and f not in out and os.path.isfile(f) and not _is_library(f, dirs):
                 out.append(f)
         for f in list(_opened) + _shared_reads():
-            if f not in out and os.path.isfile(f) and not _is_library(f, dirs):
+            if f not in out and (os.path.isfile(f) or os.path.isdir(f)) and not _is_library(f, dirs):
                 out.append(f)
     except Exception:
         pass

@@ -248,9 +248,14 @@ impl FileRecord {
         if m.is_file() && m.len() >= STAT_ONLY_BYTES {
             return Ok(FileRecord::Identity(FileIdentity::of(path, &m)));
         }
+        let sha256 = if m.is_dir() {
+            listing_sha256(p)?
+        } else {
+            crate::platform::files::sha256(p)?
+        };
         Ok(FileRecord::Hash(FileHash {
             path: path.to_string(),
-            sha256: crate::platform::files::sha256(p)?,
+            sha256,
         }))
     }
 
@@ -266,11 +271,32 @@ impl FileRecord {
     pub fn unchanged(&self) -> std::io::Result<bool> {
         let m = std::fs::metadata(self.path())?;
         match self {
+            FileRecord::Hash(h) if m.is_dir() => {
+                Ok(listing_sha256(std::path::Path::new(&h.path))? == h.sha256)
+            }
             FileRecord::Identity(i) => Ok(FileIdentity::of(&i.path, &m) == *i),
             FileRecord::Hash(_) if m.len() >= STAT_ONLY_BYTES => Ok(false),
             FileRecord::Hash(h) => h.unchanged(),
         }
     }
+}
+
+/// SHA-256 of a directory's listing (its entries' names, sorted, one per line): what a job that
+/// lists a folder (`os.listdir`, `glob.glob`: the shards of a dataset) depends on; a file added,
+/// removed or renamed there changes it.
+fn listing_sha256(dir: &std::path::Path) -> std::io::Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut names: Vec<Vec<u8>> = std::fs::read_dir(dir)?
+        .map(|e| e.map(|e| e.file_name().into_encoded_bytes()))
+        .collect::<std::io::Result<_>>()?;
+    names.sort();
+    let mut h = Sha256::new();
+    h.update(b"listing\n");
+    for n in names {
+        h.update(&n);
+        h.update(b"\n");
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// The user's training command (`batchfit probe --exec -- CMD ARG…`).
