@@ -26,14 +26,19 @@ pub fn shell_quote(s: &str) -> String {
 /// `BATCHFIT_STATUS` of a complete plan whose `batchfit verify` failed.
 pub const FAILED_VERIFICATION: &str = "failed-verification";
 
+/// `BATCHFIT_STATUS` of a merged plan not yet verified here: its split was never run with its
+/// accumulation (`batchfit verify` runs it), so it exports no size to train with.
+pub const UNVERIFIED: &str = "unverified";
+
 /// `export BATCHFIT_*=...` lines for `eval`. Without a recommendation only `BATCHFIT_STATUS`.
 /// `BATCHFIT_PROVEN_STEPS` is the optimizer steps the recommended micro-batch(es) were confirmed
 /// with ([`Plan::proven_steps`]; absent when no trial confirmed them, as in a merged plan before
 /// `batchfit verify`).
-/// `BATCHFIT_VERIFIED` is `0` when the plan's `verified` is `false` (merged, or a failed verify).
 /// A plan whose `batchfit verify` failed exports only `BATCHFIT_STATUS=failed-verification` and
 /// `BATCHFIT_VERIFIED=0`: its sizes did not hold here, so a job script that checks only the status
-/// (`= complete`) refuses it, and one that does not finds no size to train with.
+/// (`= complete`) refuses it, and one that does not finds no size to train with. A merged plan not
+/// yet verified exports only `BATCHFIT_STATUS=unverified` and `BATCHFIT_VERIFIED=0`, for the same
+/// reason: its split never ran with its accumulation.
 /// `BATCHFIT_UNEVEN` is `1` when the micro-batches of a step differ in size (`--allow-uneven`);
 /// then `BATCHFIT_MICRO_BATCHES` lists them, space-separated, and `BATCHFIT_MICRO_BATCH` is the
 /// largest.
@@ -42,6 +47,10 @@ pub fn env(plan: &Plan, plan_path: Option<&Path>) -> String {
     match &plan.recommendation {
         Some(_) if plan.status == Status::Complete && plan.failed_verification() => {
             vars.push(("BATCHFIT_STATUS", FAILED_VERIFICATION.into()));
+            vars.push(("BATCHFIT_VERIFIED", "0".into()));
+        }
+        Some(_) if plan.status == Status::Complete && !plan.is_verified() => {
+            vars.push(("BATCHFIT_STATUS", UNVERIFIED.into()));
             vars.push(("BATCHFIT_VERIFIED", "0".into()));
         }
         Some(r) if plan.status == Status::Complete => {

@@ -153,6 +153,16 @@ fn peak_lines(plan: &Plan, r: &crate::plan::Recommendation) -> String {
         .first_failing_batch
         .map(|f| bracket(plan, x, f))
         .unwrap_or_default();
+    // a merged plan's split that no trial ran: nothing measured, nothing to print as a figure
+    if r.peak_bytes == 0 && !plan.sources.is_empty() {
+        return format!(
+            "largest fitting micro-batch: {x}{bracket}
+recommended micro-batch {}: not measured \
+             at accumulation {} (a merged plan: `batchfit verify` runs it here)
+",
+            r.micro_batch, r.accumulation
+        );
+    }
     let speed = format!("; {:.0} samples/s", r.samples_per_second);
     let recommended = peak_clause(plan, r.micro_batch, r.peak_bytes);
     if r.micro_batch == x {
