@@ -56,122 +56,136 @@ pub fn diagnose(q: &dyn GpuQuery, plan: Option<&Plan>) -> DoctorReport {
         }
         Ok((v, gpus)) => {
             r.driver_version = Some(v);
-            for g in &gpus {
-                let others: Vec<_> = g
-                    .processes
-                    .iter()
-                    .filter(|p| p.pid != std::process::id())
-                    .collect();
-                if !others.is_empty() {
-                    let known: u64 = others.iter().filter_map(|p| p.used_bytes).sum();
-                    let unknown = others.iter().filter(|p| p.used_bytes.is_none()).count();
-                    r.findings.push(format!(
-                        "GPU {} ({}) has {} other process(es) holding {}{}: that memory is not yours, and they can \
-                         grow while your job runs",
-                        g.index,
-                        g.name,
-                        others.len(),
-                        format_size(known),
-                        if unknown > 0 { format!(" (+{unknown} whose usage NVML does not report)") } else { String::new() }
-                    ));
-                }
-                let unexplained = g
-                    .used_bytes
-                    .saturating_sub(g.processes.iter().filter_map(|p| p.used_bytes).sum());
-                if unexplained > (1 << 30) {
-                    r.findings.push(format!(
-                        "GPU {}: {} is used but attributed to no visible process (another container's PID \
-                         namespace, or the driver)",
-                        g.index,
-                        format_size(unexplained)
-                    ));
-                }
-            }
+            r.findings.extend(gpus.iter().flat_map(gpu_findings));
             r.gpus = gpus;
         }
     }
-    if let Some(p) = plan {
-        if let Some(rec) = &p.recommendation {
-            let headroom = p.limit_bytes.saturating_sub(rec.peak_bytes);
-            r.findings.push(format!(
-                "the plan ({} on {}) measured {} at micro-batch {} against a limit of {} ({} headroom, margin {:.0}%)",
-                p.model.name(),
-                p.device.name,
-                format_size(rec.peak_bytes),
-                rec.micro_batch,
-                format_size(p.limit_bytes),
-                format_size(headroom),
-                p.margin * 100.0
-            ));
-            // The allocator's view of the recommended size (cuda plans): what is reserved but not in
-            // tensors is the cache and its fragmentation, which nvidia-smi counts as used.
-            if let Some(a) = p
-                .trials
-                .iter()
-                .filter(|t| t.batch == rec.micro_batch && t.outcome.fits())
-                .filter_map(|t| t.outcome.gpu().and_then(|g| g.allocator.map(|a| (g, a))))
-                .max_by_key(|(_, a)| a.peak_reserved_bytes)
-            {
-                let (g, a) = a;
-                r.findings.push(format!(
-                    "at micro-batch {}: tensors peaked at {}, the caching allocator reserved {} ({} reserved but \
-                     unallocated: cache and fragmentation), and the card gave up {} in all ({}; the rest is the CUDA \
-                     context and library workspaces)",
-                    rec.micro_batch,
-                    format_size(a.peak_allocated_bytes),
-                    format_size(a.peak_reserved_bytes),
-                    format_size(a.peak_reserved_bytes.saturating_sub(a.peak_allocated_bytes)),
-                    format_size(g.nvml_peak_bytes),
-                    crate::device::cuda::method_name(g.method)
-                ));
-            }
-            let retried: Vec<String> = p
-                .trials
-                .iter()
-                .filter(|t| t.outcome.kind() == "retries")
-                .map(|t| t.batch.to_string())
-                .collect();
-            if !retried.is_empty() {
-                r.findings.push(format!(
-                    "trials at micro-batch {} completed only after the allocator freed its cache and retried: \
-                     such sizes run slowly and fail under a little more pressure (the plan stays below them)",
-                    retried.join(", ")
-                ));
-            }
-            if let Some(gs) = p.gpu.as_ref().filter(|g| !g.other_processes.is_empty()) {
-                r.findings.push(format!(
-                    "when the plan was made, {} other process(es) held {} on GPU {}; the plan's budget excludes it",
-                    gs.other_processes.len(),
-                    format_size(gs.other_processes_bytes),
-                    gs.index
-                ));
-            }
-            if let Some(g) = r.gpus.iter().find(|g| g.name == p.device.name) {
-                if g.free_bytes < p.device.free_bytes_at_start {
-                    r.findings.push(format!(
-                        "GPU {} has {} free now, less than the {} when the plan was made: re-probe before training",
-                        g.index,
-                        format_size(g.free_bytes),
-                        format_size(p.device.free_bytes_at_start)
-                    ));
-                }
-            }
-        }
+    if let Some((p, rec)) = plan.and_then(|p| Some((p, p.recommendation.as_ref()?))) {
+        let findings = plan_findings(p, rec, &r.gpus);
+        r.findings.extend(findings);
     }
     r.findings.extend(GENERIC.iter().map(|s| s.to_string()));
-    r.advice.extend(
-        [
-            "run `batchfit probe` on the machine and in the conditions of the job, and train with its micro-batch \
-             and accumulation (`--format env` or `--format deepspeed` for job scripts)",
-            "a smaller micro-batch with more accumulation steps gives the same gradients (except for batch-coupled \
-             layers such as BatchNorm)",
-            "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to reduce fragmentation",
-            "use bf16 mixed precision (--precision amp-bf16) to shrink activations",
-            "keep --reserve for what the probe does not run (evaluation, pinned data-loader memory)",
-        ]
-        .map(String::from),
-    );
+    r.advice.extend(ADVICE.map(String::from));
     r
+}
+
+/// What doctor always advises.
+const ADVICE: [&str; 5] = [
+    "run `batchfit probe` on the machine and in the conditions of the job, and train with its micro-batch \
+     and accumulation (`--format env` or `--format deepspeed` for job scripts)",
+    "a smaller micro-batch with more accumulation steps gives the same gradients (except for batch-coupled \
+     layers such as BatchNorm)",
+    "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to reduce fragmentation",
+    "use bf16 mixed precision (--precision amp-bf16) to shrink activations",
+    "keep --reserve for what the probe does not run (evaluation, pinned data-loader memory)",
+];
+
+/// What a GPU shows now: other processes' memory, and memory no visible process accounts for.
+fn gpu_findings(g: &crate::gpu::GpuInfo) -> Vec<String> {
+    let mut out = vec![];
+    let others: Vec<_> = g
+        .processes
+        .iter()
+        .filter(|p| p.pid != std::process::id())
+        .collect();
+    if !others.is_empty() {
+        let known: u64 = others.iter().filter_map(|p| p.used_bytes).sum();
+        let unknown = others.iter().filter(|p| p.used_bytes.is_none()).count();
+        out.push(format!(
+            "GPU {} ({}) has {} other process(es) holding {}{}: that memory is not yours, and they can \
+             grow while your job runs",
+            g.index,
+            g.name,
+            others.len(),
+            format_size(known),
+            if unknown > 0 { format!(" (+{unknown} whose usage NVML does not report)") } else { String::new() }
+        ));
+    }
+    let unexplained = g
+        .used_bytes
+        .saturating_sub(g.processes.iter().filter_map(|p| p.used_bytes).sum());
+    if unexplained > (1 << 30) {
+        out.push(format!(
+            "GPU {}: {} is used but attributed to no visible process (another container's PID \
+             namespace, or the driver)",
+            g.index,
+            format_size(unexplained)
+        ));
+    }
+    out
+}
+
+/// What a plan's recommendation says against the GPUs seen now: its headroom, the allocator's
+/// view, sizes that needed retries, other processes when it was made, free memory since.
+fn plan_findings(
+    p: &Plan,
+    rec: &crate::plan::Recommendation,
+    gpus: &[crate::gpu::GpuInfo],
+) -> Vec<String> {
+    let mut out = vec![format!(
+        "the plan ({} on {}) measured {} at micro-batch {} against a limit of {} ({} headroom, margin {:.0}%)",
+        p.model.name(),
+        p.device.name,
+        format_size(rec.peak_bytes),
+        rec.micro_batch,
+        format_size(p.limit_bytes),
+        format_size(p.limit_bytes.saturating_sub(rec.peak_bytes)),
+        p.margin * 100.0
+    )];
+    out.extend(allocator_finding(p, rec));
+    let retried: Vec<String> = p
+        .trials
+        .iter()
+        .filter(|t| t.outcome.kind() == "retries")
+        .map(|t| t.batch.to_string())
+        .collect();
+    if !retried.is_empty() {
+        out.push(format!(
+            "trials at micro-batch {} completed only after the allocator freed its cache and retried: \
+             such sizes run slowly and fail under a little more pressure (the plan stays below them)",
+            retried.join(", ")
+        ));
+    }
+    if let Some(gs) = p.gpu.as_ref().filter(|g| !g.other_processes.is_empty()) {
+        out.push(format!(
+            "when the plan was made, {} other process(es) held {} on GPU {}; the plan's budget excludes it",
+            gs.other_processes.len(),
+            format_size(gs.other_processes_bytes),
+            gs.index
+        ));
+    }
+    let now = gpus.iter().find(|g| g.name == p.device.name);
+    if let Some(g) = now.filter(|g| g.free_bytes < p.device.free_bytes_at_start) {
+        out.push(format!(
+            "GPU {} has {} free now, less than the {} when the plan was made: re-probe before training",
+            g.index,
+            format_size(g.free_bytes),
+            format_size(p.device.free_bytes_at_start)
+        ));
+    }
+    out
+}
+
+/// The allocator's view of the recommended size (CUDA plans): what is reserved but not in tensors is
+/// the cache and its fragmentation, which nvidia-smi counts as used.
+fn allocator_finding(p: &Plan, rec: &crate::plan::Recommendation) -> Option<String> {
+    let (g, a) = p
+        .trials
+        .iter()
+        .filter(|t| t.batch == rec.micro_batch && t.outcome.fits())
+        .filter_map(|t| t.outcome.gpu().and_then(|g| g.allocator.map(|a| (g, a))))
+        .max_by_key(|(_, a)| a.peak_reserved_bytes)?;
+    Some(format!(
+        "at micro-batch {}: tensors peaked at {}, the caching allocator reserved {} ({} reserved but \
+         unallocated: cache and fragmentation), and the card gave up {} in all ({}; the rest is the CUDA \
+         context and library workspaces)",
+        rec.micro_batch,
+        format_size(a.peak_allocated_bytes),
+        format_size(a.peak_reserved_bytes),
+        format_size(a.peak_reserved_bytes.saturating_sub(a.peak_allocated_bytes)),
+        format_size(g.nvml_peak_bytes),
+        crate::device::cuda::method_name(g.method)
+    ))
 }
 
 impl DoctorReport {

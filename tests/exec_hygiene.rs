@@ -1225,3 +1225,93 @@ fn a_killed_probe_takes_its_trial_with_it_and_leaves_no_lock_held() {
         "{err}"
     );
 }
+
+/// A probe killed outright (SIGKILL: a scheduler's time limit, the OOM killer) removes nothing: its
+/// `--logs` lock file, its `--out` lock file and its scratch directories in `TMPDIR` stay. The next
+/// probe given the same places removes them: after it, nothing of the killed one is left.
+#[test]
+fn what_a_killed_probe_left_is_removed_by_the_next() {
+    let d = tmp();
+    let tmpdir = d.path().join("tmp");
+    let logs = d.path().join("logs");
+    std::fs::create_dir(&tmpdir).unwrap();
+    let out = d.path().join("plan.json");
+    let marker = format!("sigkill-{}", std::process::id());
+    let ran = d.path().join("ran");
+    let sleep = format!(
+        "import pathlib, time; pathlib.Path({:?}).touch(); time.sleep(30)",
+        ran
+    );
+    let mut a = batchfit_process(&marker)
+        .env("TMPDIR", &tmpdir)
+        .args(probe_args(&out, "60"))
+        .arg("--logs")
+        .arg(&logs)
+        .args([
+            "--cpu-limit",
+            "rlimit",
+            "--exec",
+            "--",
+            PY,
+            "-c",
+            &sleep,
+            "{batch}",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !ran.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "no trial started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: killing our own child.
+    unsafe { libc::kill(a.id() as i32, libc::SIGKILL) };
+    a.wait().unwrap();
+    survivors("time.sleep(30)", &marker);
+    let names = |dir: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .map(|r| {
+                r.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let left = names(&tmpdir);
+    assert!(
+        left.iter().any(|n| n.starts_with("batchfit-tmp-"))
+            && left.iter().any(|n| n.starts_with("batchfit-reports-")),
+        "{left:?}"
+    );
+    assert!(logs.join(".batchfit-logs.lock").exists());
+    assert!(d.path().join(".plan.json.batchfit-lock").exists());
+    batchfit_process(&marker)
+        .env("TMPDIR", &tmpdir)
+        .args(probe_args(&out, "60"))
+        .arg("--logs")
+        .arg(&logs)
+        .args([
+            "--cpu-limit",
+            "rlimit",
+            "--exec",
+            "--",
+            "/bin/sh",
+            "-c",
+            "exit 1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(names(&tmpdir), Vec::<String>::new(), "left in TMPDIR");
+    let logs_left = names(&logs);
+    assert!(
+        !logs_left.iter().any(|n| n.ends_with(".lock")),
+        "{logs_left:?}"
+    );
+    assert!(!d.path().join(".plan.json.batchfit-lock").exists());
+}

@@ -783,6 +783,26 @@ fn a_job_that_retries_smaller_in_silence_is_refused() {
     refused_for_its_batch(&p, &err, code);
 }
 
+/// A job that catches its own out-of-memory and retries smaller fits at every size above its real
+/// limit with its data segment at the limit: the probe refuses it as soon as three such fits, the
+/// largest twice the smallest, show it, instead of doubling up to the `--max-batch` cap first.
+#[test]
+fn a_job_that_settles_at_the_limit_at_every_size_is_refused_within_a_few_trials() {
+    let mut flags = rlimit();
+    flags.extend(["--min-batch", "9", "--max-batch", "4096"]);
+    let (p, err, code) = run_code(&flags, &sneaky("retry-silent", &[]));
+    refused_for_its_batch(&p, &err, code);
+    let sizes: Vec<u64> = trials(&p)
+        .iter()
+        .map(|t| t["batch"].as_u64().unwrap())
+        .collect();
+    assert!(
+        sizes.len() <= 4,
+        "refused only after {} trials: {sizes:?}",
+        sizes.len()
+    );
+}
+
 /// A job that halves its own batch after an allocation refused at once (no page touched, so no
 /// peak at the limit) and reports, through the helper, that it read and ran the size it was given:
 /// its peak grows up to its real limit and stops there. The report does not excuse memory that

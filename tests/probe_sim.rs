@@ -138,6 +138,34 @@ fn time_limit_gives_partial_plan_and_exit_5() {
     assert!(p["recommendation"].is_null());
 }
 
+/// A complete plan removes the partial plan beside it only when that is a regular file: a symbolic
+/// link at the partial plan's name stays a link, its target kept.
+#[test]
+fn a_link_at_the_partial_plans_name_is_not_removed() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let target = path(&d, "elsewhere.json");
+    std::fs::write(&target, "{}").unwrap();
+    let partial = path(&d, "plan.partial.json");
+    std::os::unix::fs::symlink(&target, &partial).unwrap();
+    batchfit()
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            SIM,
+            "--quiet",
+            "--out",
+        ])
+        .arg(&out)
+        .assert()
+        .success();
+    assert!(out.exists());
+    assert!(std::fs::symlink_metadata(&partial).is_ok_and(|m| m.file_type().is_symlink()));
+    assert!(target.exists());
+}
+
 /// A probe leaves no lock file beside its plan, whatever its end: complete (exit 0), capped
 /// (exit 5, a partial plan), or refused once the device is known (exit 2, after it took the lock).
 #[test]

@@ -146,10 +146,49 @@ _not_the_jobs = ()
 _PSEUDO_DIRS = ("/proc", "/sys", "/dev")
 
 
+#: The process that installed the hook first for this trial (kept in the environment, so that
+#: DataLoader workers and other processes of the job, forked or spawned, know they are not it).
+_ENV_READS_OWNER = "BATCHFIT_READS_OWNER"
+_in_hook = [False]
+
+
+def _reads_path():
+    """Where the job's other processes append the files they read: beside the report."""
+    return os.environ.get(ENV_RESULT, "") + ".reads"
+
+
+def _share_read(path):
+    """In a process of the job other than the one that reports (a DataLoader worker), append `path`
+    to the shared list, one line, so that the report names what the workers read too. Never raises."""
+    if _in_hook[0]:
+        return
+    _in_hook[0] = True
+    try:
+        fd = os.open(_reads_path(), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, (path + "\n").encode("utf-8", "surrogateescape"))
+        finally:
+            os.close(fd)
+    except Exception:
+        pass
+    finally:
+        _in_hook[0] = False
+
+
+def _shared_reads():
+    """The files the job's other processes read (their appended lines). Never raises."""
+    try:
+        with open(_reads_path(), encoding="utf-8", errors="surrogateescape") as f:
+            return [line.rstrip("\n") for line in f if line.strip()]
+    except Exception:
+        return []
+
+
 def _record_open(event, args):
     """Audit hook: remember a file the job opened for reading (in the working directory or anywhere
-    else, not the installation's own files). Never raises."""
-    if event != "open" or len(_opened) >= _OPENED_MAX:
+    else, not the installation's own files), in a DataLoader worker or other process of the job too.
+    Never raises."""
+    if event != "open" or len(_opened) >= _OPENED_MAX or _in_hook[0]:
         return
     try:
         path, mode, flags = args
@@ -164,6 +203,8 @@ def _record_open(event, args):
         if path in _opened or path.startswith(_not_the_jobs) or _in_site_packages(path):
             return
         _opened.append(path)
+        if os.environ.get(_ENV_READS_OWNER) != str(os.getpid()):
+            _share_read(path)
     except Exception:
         pass
 
@@ -179,6 +220,7 @@ def _install_open_hook():
         dirs |= {os.path.realpath(d) for d in dirs}
         _not_the_jobs = tuple(sorted(d.rstrip(os.sep) + os.sep for d in dirs if d and d != os.sep))
         _not_the_jobs += tuple(d + os.sep for d in _PSEUDO_DIRS)
+        os.environ.setdefault(_ENV_READS_OWNER, str(os.getpid()))
         sys.addaudithook(_record_open)
     except Exception:
         pass
@@ -244,8 +286,8 @@ def _read_files():
             f = os.path.abspath(f)
             if f != here and f not in out and os.path.isfile(f) and not _is_library(f, dirs):
                 out.append(f)
-        for f in list(_opened):
-            if f not in out and os.path.isfile(f):
+        for f in list(_opened) + _shared_reads():
+            if f not in out and os.path.isfile(f) and not _is_library(f, dirs):
                 out.append(f)
     except Exception:
         pass

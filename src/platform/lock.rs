@@ -12,8 +12,8 @@
 //!   interruption that wrote a partial plan), while its name is still the file this process
 //!   locked; a lock file that was there before is left as it was.
 //! * A process killed outright (SIGKILL, the OOM killer) removes nothing, but the kernel lets its
-//!   `flock` go with it: the file it leaves, its dead pid inside, refuses no one; only a live holder
-//!   does.
+//!   `flock` go with it: the file it leaves, its dead pid inside, refuses no one (only a live holder
+//!   does), and the next process that takes the lock removes it at exit as its own.
 //! * A holder removes its lock file just before it lets the lock go, so another process may lock a
 //!   file that no longer has a name: after `flock` the name is checked to still be the locked file,
 //!   and the open is tried again otherwise.
@@ -153,6 +153,14 @@ pub fn hold(lock: &Path) -> Result<(), LockError> {
             // locked a file its holder removed (or replaced) on its way out: not the lock any more
             continue;
         }
+        if file.metadata().map_err(io)?.nlink() > 1 {
+            // another name of the same file: writing the pid would change that file too
+            return Err(LockError::NotRegular {
+                lock: lock.to_path_buf(),
+                what: "a hard link to another file",
+            });
+        }
+        let made = made || left_by_a_killed_holder(&file);
         file.set_len(0)
             .and_then(|()| file.write_all(format!("{}\n", std::process::id()).as_bytes()))
             .map_err(io)?;
@@ -166,6 +174,16 @@ pub fn hold(lock: &Path) -> Result<(), LockError> {
     Err(io(std::io::Error::other(
         "it was removed or replaced each time it was locked",
     )))
+}
+
+/// Whether a lock file this process found and could lock is one a batchfit process left when it
+/// was killed: it holds a pid (its holder's, now gone, since the lock was free). This process then
+/// removes it at exit as its own.
+fn left_by_a_killed_holder(file: &File) -> bool {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 64];
+    let n = file.read_at(&mut buf, 0).unwrap_or(0);
+    std::str::from_utf8(&buf[..n]).is_ok_and(|t| t.trim().parse::<u32>().is_ok())
 }
 
 /// Lets every lock of this process go, removing first each lock file this process made (while its
@@ -244,5 +262,43 @@ mod tests {
         assert!(!made.exists());
         assert!(there.exists());
         assert!(link.is_symlink() && fifo.exists());
+    }
+
+    /// The lock file of a batchfit process that was killed (its pid inside, its lock gone with it)
+    /// is taken by the next process and removed at that one's exit; a file of that name without a
+    /// pid stays.
+    #[test]
+    fn a_killed_holders_lock_file_is_removed_by_the_next_holder() {
+        let d = tempfile::tempdir().unwrap();
+        let left = d.path().join(".batchfit-logs.lock");
+        std::fs::write(&left, "4194303\n").unwrap();
+        hold(&left).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&left).unwrap(),
+            format!("{}\n", std::process::id()),
+            "the pid replaces the old one, from the start of the file"
+        );
+        let foreign = d.path().join("foreign.lock");
+        std::fs::write(&foreign, "notes\n").unwrap();
+        hold(&foreign).unwrap();
+        release_where(|p| p.starts_with(d.path()));
+        assert!(!left.exists());
+        assert!(foreign.exists());
+    }
+
+    /// A hard link at a lock file's name is another name of some other file: refused, and that
+    /// file is left as it was.
+    #[test]
+    fn a_hard_link_at_the_lock_files_name_is_refused_and_its_file_kept() {
+        let d = tempfile::tempdir().unwrap();
+        let notes = d.path().join("notes.txt");
+        std::fs::write(&notes, "my notes, do not lose\n").unwrap();
+        let lock = d.path().join(".p.json.batchfit-lock");
+        std::fs::hard_link(&notes, &lock).unwrap();
+        assert!(matches!(hold(&lock), Err(LockError::NotRegular { .. })));
+        assert_eq!(
+            std::fs::read_to_string(&notes).unwrap(),
+            "my notes, do not lose\n"
+        );
     }
 }

@@ -4,11 +4,13 @@
 //! * [`sysmem`]: `/proc` and cgroup memory facts, `RLIMIT_DATA`, the malloc set-up of trials;
 //! * [`interrupt`]: SIGINT/SIGTERM recorded for the search loop and the trial runner;
 //! * [`files`]: the one writer of result files (atomic, regular files only, modes kept);
-//! * [`lock`]: one writer per `--logs` directory and `--out` plan (a lock file held until exit).
+//! * [`lock`]: one writer per `--logs` directory and `--out` plan (a lock file held until exit);
+//! * [`scratch`]: temporary directories that a killed process's successor removes.
 
 pub mod files;
 pub mod interrupt;
 pub mod lock;
+pub mod scratch;
 pub mod sysmem;
 pub mod units;
 

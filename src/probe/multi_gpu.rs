@@ -395,7 +395,9 @@ fn confirm_on_each(
             let results = each_gpu(gpus, progress, |gpu, p| {
                 let limit = gpu.limit;
                 let history = std::mem::take(&mut gpu.trials);
+                let job_limit = gpu.skeleton.job_limit_bytes();
                 let mut prober = Prober::new(&mut gpu.backend, cfg.search.clone(), limit)
+                    .with_job_limit(job_limit)
                     .on_gpu(gpu.index)
                     .with_history(history)
                     .on_trial(move |t, all| p.trial(all.len(), t, limit));

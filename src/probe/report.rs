@@ -107,7 +107,11 @@ pub fn write(out: Option<&Path>, plan: &Plan) -> Result<Option<PathBuf>, ProbeEr
     let partial = plan::partial_path(out);
     if plan.status == Status::Complete {
         plan.write_atomic(out)?;
-        let _ = std::fs::remove_file(&partial);
+        // only a regular file: a link at that name (its target written through while the search
+        // ran) and anything else are left as they are
+        if std::fs::symlink_metadata(&partial).is_ok_and(|m| m.file_type().is_file()) {
+            let _ = std::fs::remove_file(&partial);
+        }
         Ok(Some(out.to_path_buf()))
     } else {
         plan.write_atomic(&partial)?;

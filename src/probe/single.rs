@@ -44,6 +44,10 @@ pub fn search_announced<'b>(
     if let Some(g) = gpu {
         prober = prober.on_gpu(g);
     }
+    if cfg.exec.is_some() {
+        let limit = skeleton.limit_bytes;
+        prober = prober.refuse_when(move |trials| settled_at_the_limit(trials, limit));
+    }
     let outcome = prober.search();
     Searched { prober, outcome }
 }
@@ -188,6 +192,10 @@ pub fn assemble(
                 }
             }
         }
+        None if outcome.stop_reason == StopReason::BatchNotShown => {
+            plan.stop_detail = unshown.unwrap_or_default();
+            plan.status = Status::Partial;
+        }
         None => {
             plan.status = if ending == Ending::NothingFits {
                 Status::NothingFits
@@ -319,8 +327,11 @@ fn measure_within(
 ///   below and growing above, only makes the slope below smaller, never the rule stricter.)
 /// - **The peak moves at all.** The peak must rise by more than the measurement noise (the spread
 ///   of repeated trials of one size, at least [`crate::search::guided::MIN_RISE`] of the top
-///   peak), unless a report of `hi` says the job read its size from batchfit and ran it (the
-///   helper's `reads_batch`), or a size above `hi` ran out of memory or over the budget (the
+///   peak), unless a report of `hi` shows the job ran that size: its `batch_size()` read it from
+///   batchfit, or it counted that many samples in a micro-batch (`Trial.step(samples=n)`, the
+///   framework callbacks). A report that only repeats the size the job was given
+///   (`Trial(batch=args.batch)`) is no evidence: a job whose loader ignores the flag reports it
+///   all the same. Or a size above `hi` ran out of memory or over the budget (the
 ///   outcome changes with the size, so it reaches the job even where a small model's peak barely
 ///   moves). A job that ignores `{batch}` fits at every size with the same peak.
 ///
@@ -384,7 +395,7 @@ pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
         .iter()
         .filter(|t| t.batch == hi && t.outcome.fits())
         .filter_map(|t| t.details.as_ref()?.report.as_ref())
-        .any(|r| r.reads_batch && r.batch == hi);
+        .any(|r| r.batch == hi && (r.reads_batch || r.samples.is_some_and(|n| n >= hi)));
     if read || bounded_above || rise > noise {
         return None;
     }
@@ -398,6 +409,32 @@ pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
         mib(noise),
         UNSHOWN_CAUSES
     ))
+}
+
+/// Fits this close to the limit are where a job that lowers its own batch settles.
+const NEAR_THE_LIMIT: f64 = 0.9;
+
+/// Whether the trials already refuse an answer, before the search's end: at least three fits peak
+/// within 10 % of the limit, the largest of them at least twice the smallest, and
+/// [`batch_not_shown`] refuses them. A job that catches its own out-of-memory and trains a smaller
+/// size (Accelerate's `find_executable_batch_size`, a retry) fits at every size above its real
+/// limit at about the same peak: the search would double up to `--max-batch` and refuse at the end
+/// (32 trials, 7 minutes, on one such script). A job whose memory grows with the batch cannot fit
+/// twice the size at the same peak near the limit, so this never stops one that could be answered.
+pub fn settled_at_the_limit(trials: &[TrialRecord], limit: u64) -> bool {
+    let near: Vec<u64> = trials
+        .iter()
+        .filter(|t| t.accumulation <= 1 && t.outcome.fits())
+        .filter(|t| {
+            t.footprint()
+                .is_some_and(|f| f as f64 >= NEAR_THE_LIMIT * limit as f64)
+        })
+        .map(|t| t.batch)
+        .collect();
+    let (Some(&lo), Some(&hi)) = (near.iter().min(), near.iter().max()) else {
+        return false;
+    };
+    near.len() >= 3 && hi >= 2 * lo && batch_not_shown(trials).is_some()
 }
 
 /// Where the peak stopped growing above `lo`, by the slope below it: from `lo` to `hi`, or between
@@ -753,6 +790,79 @@ mod tests {
         let mut trials = fits;
         trials.push(t(7635, false, 2, Isolation::Process));
         assert_eq!(batch_not_shown(&trials), None);
+    }
+
+    /// A small model whose peak barely moves between two fits, with nothing above them out of
+    /// memory: refused without a report and with a report that only repeats the size given
+    /// (`Trial(batch=args.batch)`: a loader that ignores the flag reports it all the same);
+    /// accepted when the report shows the job ran that size: it counted that many samples, or its
+    /// `batch_size()` read the size from batchfit.
+    #[test]
+    fn a_report_that_counted_the_samples_shows_the_batch_reaches_the_job() {
+        let mib = 1u64 << 20;
+        let mut trials: Vec<_> = [(64, 800), (512, 801)]
+            .iter()
+            .map(|&(b, p)| fit_at(b, p * mib))
+            .collect();
+        let why = batch_not_shown(&trials).expect("a flat peak and no report: refused");
+        assert!(why.contains("no report says"), "{why}");
+        let report: crate::protocol::TrialReport = serde_json::from_value(serde_json::json!({
+            "schema": "batchfit-trial-report/1", "batch": 512, "steps": 2, "accumulation": 1,
+            "reads_accumulation": false, "step_seconds": [0.1, 0.1]
+        }))
+        .unwrap();
+        let with = |report: &crate::protocol::TrialReport| {
+            let mut t = trials.clone();
+            t[1].details = Some(crate::protocol::TrialDetails {
+                report: Some(report.clone()),
+                ..Default::default()
+            });
+            batch_not_shown(&t)
+        };
+        assert!(with(&report).is_some(), "a report of the size given alone");
+        let counted = crate::protocol::TrialReport {
+            samples: Some(512),
+            ..report.clone()
+        };
+        assert_eq!(with(&counted), None);
+        let read = crate::protocol::TrialReport {
+            reads_batch: true,
+            ..report
+        };
+        assert_eq!(with(&read), None);
+    }
+
+    /// A job that lowers its own batch fits at twice its real limit and more at the same peak near
+    /// the limit: the trials refuse an answer as soon as three such fits show it. A job whose memory
+    /// grows near the limit, and a job that ignores its size far below the limit (refused at the
+    /// search's end, as before), do not stop the search.
+    #[test]
+    fn fits_settled_at_the_limit_refuse_before_the_search_ends() {
+        let mib = 1u64 << 20;
+        let limit = 1000 * mib;
+        let grown: Vec<_> = [(1, 500), (64, 680), (128, 860)]
+            .iter()
+            .map(|&(b, p)| fit_at(b, p * mib))
+            .collect();
+        let settled = |sizes: &[(u64, u64)]| {
+            let mut trials = grown.clone();
+            trials.extend(sizes.iter().map(|&(b, p)| fit_at(b, p * mib)));
+            settled_at_the_limit(&trials, limit)
+        };
+        assert!(!settled(&[(256, 985)]), "two fits near the limit");
+        assert!(
+            !settled(&[(256, 985), (512, 990)]),
+            "two fits near the limit"
+        );
+        assert!(settled(&[(256, 985), (512, 990), (1024, 986)]));
+        // memory that grows near the limit: no two-fold span at the same peak
+        assert!(!settled(&[(132, 930), (136, 960), (140, 990)]));
+        // a job that ignores its size, far below the limit
+        let flat: Vec<_> = [1, 2, 4, 8, 16, 32]
+            .iter()
+            .map(|&b| fit_at(b, 300 * mib))
+            .collect();
+        assert!(!settled_at_the_limit(&flat, limit));
     }
 
     #[test]

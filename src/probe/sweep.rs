@@ -29,11 +29,66 @@ pub fn run(
     progress: &mut dyn Progress,
     cache: Option<&CacheOptions>,
 ) -> Result<ProbeReport, ProbeError> {
+    let (mut done, interrupted) = probe_points(sw, progress, cache)?;
+    let points: Vec<SweepPoint> = done.iter().map(|d| row(sw, d)).collect();
+    // The plan: the plan point's probe (or, when the sweep stopped before it, the last one run).
+    let at = done
+        .iter()
+        .position(|d| d.value == sw.plan_point)
+        .unwrap_or(done.len() - 1);
+    let Done {
+        value: plan_value,
+        report,
+        ..
+    } = done.swap_remove(at);
+    let mut plan = report.plan;
     let name = sw.param.as_str();
-    let mut done: Vec<(u64, ProbeReport, Option<u64>)> = vec![];
+    if plan_value != sw.plan_point {
+        plan.warnings.push(format!(
+            "--sweep stopped before {name}={}: this plan's model, trials and recommendation are of \
+             {name}={plan_value}",
+            sw.plan_point
+        ));
+    }
+    let mut notices = report.notices;
+    for d in &done {
+        notices.extend(d.report.notices.iter().cloned());
+    }
+    plan.sweep = Some(Sweep {
+        parameter: name.into(),
+        // The point this plan is of: the one asked for, or the last one run when it stopped first.
+        plan_point: plan_value,
+        points,
+    });
+    let ending = sweep_ending(&mut plan, name, plan_value, report.ending, interrupted);
+    let written = report::write(cfg.out.as_deref(), &plan)?;
+    Ok(ProbeReport {
+        plan,
+        ending,
+        written,
+        notices,
+    })
+}
+
+/// One point of the sweep that ran: its value, its probe's report, and the size the points before
+/// it predicted.
+struct Done {
+    value: u64,
+    report: ProbeReport,
+    predicted: Option<u64>,
+}
+
+/// Probes the sweep's points in order, each with the line of the points before it as its prior;
+/// stops after a point that was interrupted (its signal).
+fn probe_points(
+    sw: &SweepConfig,
+    progress: &mut dyn Progress,
+    cache: Option<&CacheOptions>,
+) -> Result<(Vec<Done>, Option<i32>), ProbeError> {
+    let name = sw.param.as_str();
+    let mut done: Vec<Done> = vec![];
     let mut models: Vec<(u64, CapacityModel)> = vec![];
     let mut last_miss: Option<f64> = None;
-    let mut interrupted = None;
     for (i, (value, point_cfg)) in sw.points.iter().enumerate() {
         let before: Vec<(u64, &CapacityModel)> = models.iter().map(|(v, m)| (*v, m)).collect();
         let prior = sweep_prior(&before, *value, sw.param.exponent(), last_miss);
@@ -41,7 +96,7 @@ pub fn run(
         let predicted = prior.as_ref().and_then(|p| {
             // The prediction under this point's limit is only known once the device is set up;
             // the budget is the same for every point, so the first point's limit stands in.
-            let limit = done.first().map(|d| d.1.plan.limit_bytes)?;
+            let limit = done.first().map(|d| d.report.plan.limit_bytes)?;
             p.predict(limit).map(|(b, _)| b as u64)
         });
         c.search.prior = prior.clone();
@@ -62,101 +117,89 @@ pub fn run(
         if let Some(m) = r.plan.capacity_model.clone() {
             models.push((*value, m));
         }
-        if let Ending::Interrupted(sig) = r.ending {
-            interrupted = Some(sig);
-        }
-        done.push((*value, r, predicted));
+        let interrupted = match r.ending {
+            Ending::Interrupted(sig) => Some(sig),
+            _ => None,
+        };
+        done.push(Done {
+            value: *value,
+            report: r,
+            predicted,
+        });
         if interrupted.is_some() {
-            break;
+            return Ok((done, interrupted));
         }
     }
-    let points: Vec<SweepPoint> = done
+    Ok((done, None))
+}
+
+/// The sweep table's row of a point that ran.
+fn row(sw: &SweepConfig, d: &Done) -> SweepPoint {
+    let p = &d.report.plan;
+    let rec = p
+        .recommendation
+        .as_ref()
+        .filter(|_| p.status == Status::Complete);
+    let max = rec.map(|x| x.max_fitting_batch);
+    let point_cfg = &sw
+        .points
         .iter()
-        .map(|(value, r, predicted)| {
-            let p = &r.plan;
-            let rec = p
-                .recommendation
-                .as_ref()
-                .filter(|_| p.status == Status::Complete);
-            let max = rec.map(|x| x.max_fitting_batch);
-            let point_cfg = &sw
-                .points
-                .iter()
-                .find(|(v, _)| v == value)
-                .expect("a point of the sweep")
-                .1;
-            let tokens = sw.tokens_per_sample(point_cfg, *value);
-            SweepPoint {
-                value: *value,
-                status: p.status,
-                stop_reason: p.stop_reason,
-                max_fitting_batch: max,
-                first_failing_batch: rec.and_then(|x| x.first_failing_batch),
-                tokens_per_sample: tokens,
-                tokens_per_micro_batch: max.map(|b| b * tokens),
-                peak_bytes: max.and_then(|b| {
-                    super::single::best_fit(&p.trials, b).and_then(|t| t.outcome.peak_bytes())
-                }),
-                trials: p.trials.len(),
-                seconds: p.trials.iter().map(|t| t.seconds).sum::<f64>() + 0.0,
-                model_fingerprint: p.model.fingerprint().to_string(),
-                predicted_batch: *predicted,
-                capacity_model: p.capacity_model.clone(),
-                trial_records: p.trials.clone(),
-            }
-        })
-        .collect();
-    // The plan: the plan point's probe (or, when the sweep stopped before it, the last one run).
-    let at = done
-        .iter()
-        .position(|(v, _, _)| *v == sw.plan_point)
-        .unwrap_or(done.len() - 1);
-    let (plan_value, report, _) = done.swap_remove(at);
-    let mut plan = report.plan;
-    if plan_value != sw.plan_point {
-        plan.warnings.push(format!(
-            "--sweep stopped before {name}={}: this plan's model, trials and recommendation are of \
-             {name}={plan_value}",
-            sw.plan_point
-        ));
+        .find(|(v, _)| *v == d.value)
+        .expect("a point of the sweep")
+        .1;
+    let tokens = sw.tokens_per_sample(point_cfg, d.value);
+    SweepPoint {
+        value: d.value,
+        status: p.status,
+        stop_reason: p.stop_reason,
+        max_fitting_batch: max,
+        first_failing_batch: rec.and_then(|x| x.first_failing_batch),
+        tokens_per_sample: tokens,
+        tokens_per_micro_batch: max.map(|b| b * tokens),
+        peak_bytes: max.and_then(|b| {
+            super::single::best_fit(&p.trials, b).and_then(|t| t.outcome.peak_bytes())
+        }),
+        trials: p.trials.len(),
+        seconds: p.trials.iter().map(|t| t.seconds).sum::<f64>() + 0.0,
+        model_fingerprint: p.model.fingerprint().to_string(),
+        predicted_batch: d.predicted,
+        capacity_model: p.capacity_model.clone(),
+        trial_records: p.trials.clone(),
     }
-    let mut notices = report.notices;
-    for (_, r, _) in &done {
-        notices.extend(r.notices.iter().cloned());
-    }
-    plan.sweep = Some(Sweep {
-        parameter: name.into(),
-        // The point this plan is of: the one asked for, or the last one run when it stopped first.
-        plan_point: plan_value,
-        points,
-    });
-    // Complete only when every point is: a point that stopped early (caps, errors) leaves the
-    // sweep partial; a point where nothing fits is an answer.
-    let mut ending = report.ending;
+}
+
+/// How the sweep ends, and the plan's status with it: complete only when every point is (a point
+/// that stopped early, by caps or errors, leaves the sweep partial; a point where nothing fits is an
+/// answer); a partial sweep recommends nothing (the plan's invariant), its plan point's proven size
+/// staying in the table.
+fn sweep_ending(
+    plan: &mut crate::plan::Plan,
+    name: &str,
+    plan_value: u64,
+    ending: Ending,
+    interrupted: Option<i32>,
+) -> Ending {
+    let mut ending = ending;
     if let Some(sig) = interrupted {
         ending = Ending::Interrupted(sig);
+        plan.status = Status::Partial;
     } else if ending == Ending::Complete {
-        if let Some(worst) = plan.sweep.as_ref().and_then(|s| {
+        let worst = plan.sweep.as_ref().and_then(|s| {
             s.points
                 .iter()
                 .find(|p| p.status == Status::Partial)
                 .map(|p| (p.value, p.stop_reason))
-        }) {
-            ending = Ending::of(worst.1, None);
+        });
+        if let Some((value, reason)) = worst {
+            ending = Ending::of(reason, None);
             plan.status = Status::Partial;
             plan.warnings.push(format!(
-                "--sweep: the point {name}={} did not complete ({}); its row is partial",
-                worst.0,
-                worst.1.describe()
+                "--sweep: the point {name}={value} did not complete ({}); its row is partial",
+                reason.describe()
             ));
         }
     }
-    if interrupted.is_some() {
-        plan.status = Status::Partial;
-    }
     if plan.status == Status::Partial {
-        // A partial plan carries no recommendation (the plan's invariant; review of the sweep:
-        // `show` refused such a plan as damaged). The plan point's proven size stays in the table.
         if let Some(r) = plan.recommendation.take() {
             plan.warnings.push(format!(
                 "--sweep is partial, so this plan recommends nothing; {name}={plan_value} was \
@@ -165,11 +208,5 @@ pub fn run(
             ));
         }
     }
-    let written = report::write(cfg.out.as_deref(), &plan)?;
-    Ok(ProbeReport {
-        plan,
-        ending,
-        written,
-        notices,
-    })
+    ending
 }

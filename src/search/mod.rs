@@ -526,7 +526,13 @@ pub struct Prober<'b> {
     /// The limit the job itself will run under (the trials' limit plus the guard band); `None`: the
     /// trials' limit.
     job_limit: Option<u64>,
+    /// The caller's test, after each trial, that the trials so far already refuse an answer
+    /// ([`Prober::refuse_when`]).
+    refuse: Option<Refuse<'b>>,
 }
+
+/// See [`Prober::refuse_when`].
+type Refuse<'b> = Box<dyn FnMut(&[TrialRecord]) -> bool + 'b>;
 
 /// Why a run of trials stopped early.
 #[derive(Debug, Clone, PartialEq)]
@@ -587,6 +593,7 @@ impl<'b> Prober<'b> {
             strategy: None,
             noise: None,
             job_limit: None,
+            refuse: None,
         }
     }
 
@@ -625,6 +632,14 @@ impl<'b> Prober<'b> {
     /// `f(n, request)` before trial `n` (1-based) runs (the live progress line names its size).
     pub fn on_start(mut self, f: impl FnMut(usize, &TrialRequest) + 'b) -> Self {
         self.on_start = Box::new(f);
+        self
+    }
+
+    /// Stops the search with [`StopReason::BatchNotShown`] as soon as `refused(trials)` says the
+    /// trials so far already show that no answer can be given (a job that adjusts its own batch:
+    /// more trials would only fit at the same peak). The engine never reads the trials' meaning.
+    pub fn refuse_when(mut self, refused: impl FnMut(&[TrialRecord]) -> bool + 'b) -> Self {
+        self.refuse = Some(Box::new(refused));
         self
     }
 
@@ -716,6 +731,9 @@ impl<'b> Prober<'b> {
         };
         self.trials.push(rec);
         (self.on_trial)(self.trials.last().unwrap(), &self.trials);
+        if self.refuse.as_mut().is_some_and(|f| f(&self.trials)) {
+            return Err(Stop::Reason(StopReason::BatchNotShown));
+        }
         Ok(outcome)
     }
 

@@ -71,10 +71,10 @@ pub struct ExecWorkload {
     /// `OMP_NUM_THREADS` when the user asked (`--threads`).
     threads: Option<u32>,
     /// Where the trials' reports go.
-    results: tempfile::TempDir,
+    results: crate::platform::scratch::Scratch,
     /// The trials' temporary directories (`TMPDIR`): one per trial inside it, removed when the
     /// trial ends ([`Workload::trial_ended`]); the whole directory goes with the workload.
-    temp: tempfile::TempDir,
+    temp: crate::platform::scratch::Scratch,
     /// The running trial's temporary directory.
     trial_temp: Mutex<Option<PathBuf>>,
     trials: AtomicU32,
@@ -151,10 +151,8 @@ impl ExecWorkload {
             info,
             oom_patterns,
             threads,
-            results: tempfile::Builder::new()
-                .prefix("batchfit-reports-")
-                .tempdir()?,
-            temp: tempfile::Builder::new().prefix("batchfit-tmp-").tempdir()?,
+            results: crate::platform::scratch::make("batchfit-reports-")?,
+            temp: crate::platform::scratch::make("batchfit-tmp-")?,
             trial_temp: Mutex::new(None),
             trials: AtomicU32::new(0),
             last: Mutex::new(None),

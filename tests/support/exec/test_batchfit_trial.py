@@ -338,6 +338,35 @@ class TrialBlock(HelperCase):
         self.assertNotIn("ownmod", modules)
         self.assertNotIn("json", modules)  # the standard library is not installed packages
 
+    def test_files_read_only_in_dataloader_like_workers_are_read_files(self):
+        # workers forked and spawned by the job (as DataLoader workers are) read a data file and
+        # import a module of the job that the reporting process never touches
+        work = os.path.join(self.tmp.name, "work")
+        os.makedirs(work)
+        with open(os.path.join(work, "worker_only_mod.py"), "w") as f:
+            f.write("VALUE = 1\n")
+        for name in ("shard-fork.txt", "shard-spawn.txt"):
+            with open(os.path.join(work, name), "w") as f:
+                f.write("data\n")
+        script = os.path.join(work, "job.py")
+        with open(script, "w") as f:
+            f.write(
+                "import multiprocessing as mp, sys\n"
+                f"sys.path.insert(0, {HELPER_DIR!r})\n"
+                "import batchfit_trial as bt\n"
+                "def load(name):\n"
+                "    import worker_only_mod\n"
+                "    open(name).read()\n"
+                "if __name__ == '__main__':\n"
+                "    for method in ('fork', 'spawn'):\n"
+                "        p = mp.get_context(method).Process(target=load, args=(f'shard-{method}.txt',))\n"
+                "        p.start(); p.join()\n"
+                "    bt.report(batch=4, steps=1)\n")
+        env = dict(os.environ, BATCHFIT_BATCH="4", BATCHFIT_STEPS="1", BATCHFIT_RESULT=self.result)
+        subprocess.run([sys.executable, script], cwd=work, env=env, check=True, timeout=120)
+        names = {os.path.basename(f) for f in self.read()["read_files"]}
+        self.assertTrue({"shard-fork.txt", "shard-spawn.txt", "worker_only_mod.py"} <= names, names)
+
     def test_step_times_are_wall_times(self):
         self.trial_env()
         import time
