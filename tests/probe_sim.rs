@@ -138,6 +138,53 @@ fn time_limit_gives_partial_plan_and_exit_5() {
     assert!(p["recommendation"].is_null());
 }
 
+/// `verify` on a machine noisier than the probe's holds the answer to the noise it measures
+/// itself: the probe's fresh runs spread by about a MiB, the verifying machine's by up to 150 MiB at
+/// the same size, so fits there that leave less than their own spread under the limit fail the
+/// verification (exit 4); on a machine as quiet as the probe's the same plan verifies.
+#[test]
+fn verify_on_a_noisier_machine_holds_the_answer_to_its_own_noise() {
+    let d = tmp();
+    let plan = path(&d, "plan.json");
+    let base = "base=1GiB,per-sample=10MiB,capacity=8GiB";
+    batchfit()
+        .args(["probe", "--backend", "sim", "--sim"])
+        .arg(format!("{base},boundary-noise=1MiB,seed=5"))
+        .args([
+            "--repeats",
+            "2",
+            "--global-batch",
+            "674",
+            "--quiet",
+            "--out",
+        ])
+        .arg(&plan)
+        .assert()
+        .success();
+    for seed in [32, 33, 37] {
+        let out = path(&d, &format!("noisy-{seed}.json"));
+        let a = batchfit()
+            .args(["verify", "--quiet", "--sim"])
+            .arg(format!("{base},boundary-noise=150MiB,seed={seed}"))
+            .arg("--out")
+            .arg(&out)
+            .arg(&plan)
+            .assert()
+            .code(4);
+        let err = String::from_utf8_lossy(&a.get_output().stderr).into_owned();
+        assert!(err.contains("not verified"), "seed {seed}: {err}");
+    }
+    let quiet = path(&d, "quiet.json");
+    batchfit()
+        .args(["verify", "--quiet", "--sim"])
+        .arg(format!("{base},boundary-noise=1MiB,seed=9"))
+        .arg("--out")
+        .arg(&quiet)
+        .arg(&plan)
+        .assert()
+        .success();
+}
+
 /// A complete plan removes the partial plan beside it only when that is a regular file: a symbolic
 /// link at the partial plan's name stays a link, its target kept.
 #[test]

@@ -465,7 +465,11 @@ fn spawn_from_lasting_thread(cmd: Command) -> std::io::Result<Child> {
             .name("batchfit-spawner".into())
             .spawn(move || {
                 for (mut cmd, back) in rx {
-                    let _ = back.send(cmd.spawn());
+                    let child = cmd.spawn();
+                    if let Ok(c) = &child {
+                        crate::platform::reaper::started_child(c.id());
+                    }
+                    let _ = back.send(child);
                 }
             })
             .expect("the spawner thread starts");

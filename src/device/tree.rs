@@ -399,6 +399,20 @@ impl Tree {
         yes
     }
 
+    /// The orphans batchfit adopted since the trial began ([`crate::platform::reaper`]): a daemon
+    /// that left the tree by a double fork, its session by `setsid` and its marker by clearing its
+    /// environment is still the trial's. Only for a followed trial ([`Tree::follow_marker`]).
+    fn adopted(&self) -> Vec<(u32, u64)> {
+        let Some(scan) = self.scan.as_ref() else {
+            return vec![];
+        };
+        let mut found = crate::platform::reaper::adopted();
+        found.retain(|&(pid, start)| {
+            start + 1 >= scan.trial.since && !self.known.contains_key(&pid)
+        });
+        found
+    }
+
     /// The processes of the tree still alive (as the same processes).
     fn alive(&self) -> Vec<u32> {
         self.known
@@ -419,6 +433,9 @@ impl Tree {
     /// of the tree outside the group (a DataLoader's workers, forked with the parent's memory).
     pub fn sample_inside(&mut self, inside: Option<&dyn Fn() -> Vec<u32>>) {
         for (pid, start) in self.scan_for_escaped() {
+            self.known.insert(pid, start);
+        }
+        for (pid, start) in self.adopted() {
             self.known.insert(pid, start);
         }
         let mut frontier = self.alive();

@@ -5,11 +5,13 @@
 //! * [`interrupt`]: SIGINT/SIGTERM recorded for the search loop and the trial runner;
 //! * [`files`]: the one writer of result files (atomic, regular files only, modes kept);
 //! * [`lock`]: one writer per `--logs` directory and `--out` plan (a lock file held until exit);
-//! * [`scratch`]: temporary directories that a killed process's successor removes.
+//! * [`scratch`]: temporary directories that a killed process's successor removes;
+//! * [`reaper`]: batchfit as its trials' subreaper, so that an orphaned daemon is still found.
 
 pub mod files;
 pub mod interrupt;
 pub mod lock;
+pub mod reaper;
 pub mod scratch;
 pub mod sysmem;
 pub mod units;

@@ -236,7 +236,7 @@ fn confirm_sizes(
                 prober.repeat_split(b, acc)
             };
             let ending = match confirmed {
-                Ok(Confirmation::Fits) => match above_ceiling(prober, plan, b) {
+                Ok(Confirmation::Fits) => match above_ceiling(prober, plan, b, acc) {
                     None => continue,
                     Some(why) => VerifyEnding::Failed(why),
                 },
@@ -265,20 +265,30 @@ fn confirm_sizes(
     Ok(VerifyEnding::Verified)
 }
 
-/// Why the last trial (a fit at `b`) breaks the plan's promise, if it does: where the probe measured
-/// a spread wider than its guard band, a fit must leave that spread under the job's limit.
-fn above_ceiling(prober: &Prober, plan: &Plan, b: u64) -> Option<String> {
-    let spread = plan.search.noise_spread_bytes?;
+/// Why the fits of `b` at `acc` so far break the plan's promise, if they do: each must leave under
+/// the job's limit the job's noise, the wider of the probe's measured spread and the spread of
+/// these runs themselves (scaled to the whole range so few draws imply), once that is wider than
+/// the guard band. (A machine noisier than the probe's is held to its own noise.)
+fn above_ceiling(prober: &Prober, plan: &Plan, b: u64, acc: u32) -> Option<String> {
+    let steps = plan.search.confirm_steps.max(plan.search.steps);
+    let fits: Vec<u64> = (prober.trials().iter())
+        .filter(|t| t.batch == b && t.accumulation == acc.max(1) && t.steps >= steps)
+        .filter(|t| t.outcome.fits())
+        .filter_map(|t| t.footprint())
+        .collect();
+    let top = *fits.iter().max()?;
+    let own = (fits.len() > 1)
+        .then(|| crate::search::line::whole_range(top - fits.iter().min().unwrap(), fits.len()));
+    let spread = plan.search.noise_spread_bytes.max(own)?;
     if spread <= plan.guard_band_bytes.unwrap_or(0) {
         return None;
     }
     let ceiling = plan.job_limit_bytes().saturating_sub(spread);
-    let f = prober.trials().last()?.footprint()?;
-    (f > ceiling).then(|| {
+    (top > ceiling).then(|| {
         format!(
-            "micro-batch {b} peaked at {}, above the {} that the probe's measured noise ({} between \
+            "micro-batch {b} peaked at {}, above the {} that the job's measured noise ({} between \
              fresh runs) leaves under the job's {} limit",
-            format_size(f),
+            format_size(top),
             format_size(ceiling),
             format_size(spread),
             format_size(plan.job_limit_bytes())

@@ -12,6 +12,8 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     sysmem::configure_malloc();
+    // a daemon a trial orphans comes back to batchfit, where its trial finds it
+    batchfit::platform::reaper::adopt_orphans();
     let cli = match <Cli as clap::Parser>::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -1,0 +1,87 @@
+//! batchfit as its trials' subreaper: a process a trial orphans comes back to batchfit.
+//!
+//! A job can leave a daemon that escapes every other way of telling it apart: a double fork
+//! (the middle process exits at once, so no sample sees the daemon as a descendant), `setsid`
+//! (another session and process group) and a cleared environment (no trial marker). Under a memory
+//! cgroup it stays in the trial's group; under `RLIMIT_DATA` nothing else holds it. With
+//! `PR_SET_CHILD_SUBREAPER` the kernel makes batchfit, not init, the parent of every orphan of its
+//! descendants, so such a daemon is a child of batchfit that batchfit never started: an
+//! **adopted** process. A trial's tree counts the adopted processes started since the trial began
+//! as its own (their memory is the job's; they are ended and recorded as left behind with the
+//! trial), and their zombies are reaped here, never by a wait on a process batchfit started itself.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+static ADOPTING: AtomicBool = AtomicBool::new(false);
+
+fn started() -> MutexGuard<'static, BTreeSet<u32>> {
+    static STARTED: OnceLock<Mutex<BTreeSet<u32>>> = OnceLock::new();
+    STARTED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// Makes this process the subreaper of its descendants (once, for the rest of its life). Only the
+/// `batchfit` binary calls it: a process that never did adopts nothing, so [`adopted`] is empty.
+pub fn adopt_orphans() {
+    // SAFETY: prctl with an integer argument.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong) } == 0 {
+        ADOPTING.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Records a child this process started itself (a trial's root, a warm process).
+pub fn started_child(pid: u32) {
+    started().insert(pid);
+}
+
+/// The live children of this process that it did not start (orphans the kernel gave it), with their
+/// start times (clock ticks since boot); the zombies among them are reaped.
+pub fn adopted() -> Vec<(u32, u64)> {
+    if !ADOPTING.load(Ordering::SeqCst) {
+        return vec![];
+    }
+    let me = std::process::id();
+    let mine = started().clone();
+    let mut out = vec![];
+    for pid in children_of(me).into_iter().filter(|p| !mine.contains(p)) {
+        match stat_of(pid) {
+            Some((state, start)) if state != 'Z' && state != 'X' => out.push((pid, start)),
+            Some(_) => reap(pid),
+            None => {}
+        }
+    }
+    out
+}
+
+/// Collects the exit status of an adopted process that has ended (never blocks).
+fn reap(pid: u32) {
+    let mut status = 0;
+    // SAFETY: waitpid on a child this process did not start (no std `Child` waits on it).
+    unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
+}
+
+/// The children of process `pid`, over all its threads (an orphan goes to the thread group).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return vec![];
+    };
+    let mut out = BTreeSet::new();
+    for t in tasks.flatten() {
+        if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
+            out.extend(s.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// A process's state letter and start time (fields 3 and 22 of `/proc/PID/stat`).
+fn stat_of(pid: u32) -> Option<(char, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some((f.first()?.chars().next()?, f.get(19)?.parse().ok()?))
+}
