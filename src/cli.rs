@@ -455,6 +455,18 @@ pub struct ProbeArgs {
         help_heading = "Your own command"
     )]
     pub warm: WarmArg,
+    /// --exec: watch the job's torch DataLoaders (a `sitecustomize` put first on the trials'
+    /// PYTHONPATH; the user's own still runs): a trial whose DataLoader yielded fewer samples per
+    /// batch than the size given (a dataset shorter than the batch, a clamped batch size) is an
+    /// error, not a fit. off: for a job that deliberately trains another size through its
+    /// DataLoader. A job that writes the helper's report is judged by the report.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "on",
+        help_heading = "Your own command"
+    )]
+    pub observe: ObserveArg,
     /// The batch-size axis of --plot: linear, or log (small sizes are not squashed against zero).
     #[arg(long, value_enum, default_value = "linear")]
     pub plot_scale: PlotScaleArg,
@@ -481,6 +493,12 @@ pub enum CpuLimitArg {
     Auto,
     Cgroup,
     Rlimit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ObserveArg {
+    On,
+    Off,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -529,6 +547,10 @@ pub struct VerifyArgs {
     /// No progress lines on stderr.
     #[arg(long, short)]
     pub quiet: bool,
+    /// A plan of a command: watch its torch DataLoaders as `probe --observe` does (a trial whose
+    /// DataLoader yielded fewer samples per batch than the size is an error).
+    #[arg(long, value_enum, default_value = "on")]
+    pub observe: ObserveArg,
 }
 
 #[derive(Debug, Subcommand)]

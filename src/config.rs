@@ -3,8 +3,8 @@
 
 use crate::accumulate;
 use crate::cli::{
-    BackendArg, CpuLimitArg, IsolationArg, OptimizerArg, PrecisionArg, ProbeArgs, StrategyArg,
-    WarmArg,
+    BackendArg, CpuLimitArg, IsolationArg, ObserveArg, OptimizerArg, PrecisionArg, ProbeArgs,
+    StrategyArg, WarmArg,
 };
 use crate::device::sim::SimSpec;
 use crate::device::IsolationMode;
@@ -310,6 +310,8 @@ pub struct ExecConfig {
     pub cpu_limit: CpuLimitArg,
     /// Trials after the first may run in warm processes (`--warm`; a Python launch).
     pub warm: bool,
+    /// The trials' torch DataLoaders are watched (`--observe`).
+    pub observe: bool,
 }
 
 /// A size flag. A bare number is bytes; one that is not 0 but under 1 MiB is almost certainly a
@@ -1171,6 +1173,7 @@ fn exec(a: &ProbeArgs) -> Result<(Option<ExecConfig>, Vec<String>), ConfigError>
             threads,
             cpu_limit: a.cpu_limit,
             warm: python && a.warm != WarmArg::Off,
+            observe: a.observe == ObserveArg::On,
         }),
         warnings,
     ))
@@ -1191,6 +1194,7 @@ fn exec_flags_without_exec(a: &ProbeArgs) -> Result<(), ConfigError> {
         ("--oom-pattern", !a.oom_pattern.is_empty()),
         ("--cpu-limit", a.cpu_limit != CpuLimitArg::Auto),
         ("--warm", a.warm != WarmArg::Auto),
+        ("--observe", a.observe != ObserveArg::On),
     ] {
         if given {
             return err(format!(

@@ -987,3 +987,163 @@ fn an_allocator_refusal_whose_request_would_have_fit_is_an_error() {
         .iter()
         .all(|t| t["outcome"] != "oom"));
 }
+
+/// tests/support/exec/train_dataset.py (the libtorch venv's torch, no helper) over a dataset of
+/// `samples`, with `extra` arguments.
+fn dataset_job(samples: u64, extra: &[&str]) -> Vec<String> {
+    let mut v = vec![
+        venv_python().display().to_string(),
+        repo()
+            .join("tests/support/exec/train_dataset.py")
+            .display()
+            .to_string(),
+        "--batch-size".into(),
+        "{batch}".into(),
+        "--steps".into(),
+        "{steps}".into(),
+        "--samples".into(),
+        samples.to_string(),
+    ];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// The fastest settings of a torch job's probe: 1 GiB of RLIMIT_DATA, sizes on a grid of 16 up to
+/// 256, 2 exploration and 3 confirmation steps.
+fn dataset_flags(more: &[&'static str]) -> Vec<&'static str> {
+    let mut v = vec![
+        "--cpu-limit",
+        "rlimit",
+        "--memory-budget",
+        "1GiB",
+        "--max-batch",
+        "256",
+        "--multiple-of",
+        "16",
+        "--steps",
+        "2",
+        "--confirm-steps",
+        "3",
+    ];
+    v.extend(more);
+    v
+}
+
+/// A DataLoader over 64 samples given a batch of up to 256 trains 64 at every size above: the
+/// watcher makes each such trial an error saying so, and the plan is never complete above 64.
+#[test]
+fn a_dataloader_that_yields_fewer_samples_than_the_batch_is_no_fit() {
+    let (p, err) = run(&dataset_flags(&[]), &dataset_job(64, &[]));
+    let above: Vec<Value> = trials(&p)
+        .into_iter()
+        .filter(|t| t["batch"].as_u64().unwrap() > 64)
+        .collect();
+    assert!(!above.is_empty(), "{p}");
+    for t in &above {
+        assert_eq!(t["outcome"], "error", "{t}");
+        let m = t["message"].as_str().unwrap();
+        assert!(
+            m.contains(&format!(
+                "DataLoader yielded at most 64 samples per batch while {} was asked",
+                t["batch"]
+            )),
+            "{m}"
+        );
+        assert!(m.contains("--observe off"), "{m}");
+        assert_eq!(t["details"]["dataloader_batch"], 64, "{t}");
+    }
+    let answer = p["recommendation"]["max_fitting_batch"].as_u64();
+    assert!(
+        p["status"] != "complete" || answer.is_some_and(|a| a <= 64),
+        "{p}\n{err}"
+    );
+}
+
+/// Enough samples for every size: the watcher sees each batch whole and refuses nothing.
+#[test]
+fn a_dataloader_with_enough_samples_is_not_refused() {
+    let (p, err) = run(&dataset_flags(&[]), &dataset_job(256, &[]));
+    assert_eq!(p["status"], "complete", "{err}");
+    for t in trials(&p) {
+        assert_eq!(t["outcome"], "fits", "{t}");
+        assert_eq!(t["details"]["dataloader_batch"], t["batch"], "{t}");
+    }
+}
+
+/// `--observe off`: the short DataLoader's trials are judged as before the watcher, by their exit
+/// and memory (they fit), and no trial records what a DataLoader yielded.
+#[test]
+fn observe_off_judges_by_the_exit_and_the_memory_alone() {
+    let (p, err) = run(
+        &dataset_flags(&["--observe", "off"]),
+        &dataset_job(64, &["--clamp"]),
+    );
+    let above: Vec<Value> = trials(&p)
+        .into_iter()
+        .filter(|t| t["batch"].as_u64().unwrap() > 64)
+        .collect();
+    assert!(!above.is_empty(), "{p}\n{err}");
+    for t in trials(&p) {
+        assert_eq!(t["outcome"], "fits", "{t}");
+        assert!(t["details"]["dataloader_batch"].is_null(), "{t}");
+    }
+}
+
+/// A user's own sitecustomize (on the PYTHONPATH batchfit was given) runs once in every trial's
+/// process, after batchfit's; a Python job without torch and a job that is not Python fit as they
+/// did without the watcher, with nothing recorded of a DataLoader.
+#[test]
+fn the_users_sitecustomize_runs_and_a_job_without_torch_is_unaffected() {
+    let d = tmp();
+    let site = d.path().join("site");
+    std::fs::create_dir(&site).unwrap();
+    let marker = path(&d, "marker");
+    std::fs::write(
+        site.join("sitecustomize.py"),
+        format!(
+            "with open({:?}, 'a') as f:\n    f.write('site\\n')\n",
+            marker.display().to_string()
+        ),
+    )
+    .unwrap();
+    let o = batchfit()
+        .env("PYTHONPATH", &site)
+        .args(["probe", "--backend", "cpu", "--quiet", "--max-batch", "16"])
+        .args(rlimit())
+        .arg("--out")
+        .arg(path(&d, "plan.json"))
+        .args(["--exec", "--"])
+        .args(dataset_job(64, &["--no-torch", "--marker"]))
+        .arg(&marker)
+        .output()
+        .unwrap();
+    // (complete or not: its memory does not grow with the batch)
+    let p = [path(&d, "plan.json"), path(&d, "plan.partial.json")]
+        .iter()
+        .find(|f| f.exists())
+        .map(|f| read_json(f))
+        .unwrap_or_else(|| panic!("no plan: {o:?}"));
+    let lines = std::fs::read_to_string(&marker).unwrap();
+    let (sites, jobs) = (
+        lines.lines().filter(|l| *l == "site").count(),
+        lines.lines().filter(|l| *l == "job").count(),
+    );
+    assert_eq!(jobs, trials(&p).len(), "{o:?}");
+    assert_eq!(sites, jobs, "{lines}");
+    // each job's line comes after its own process's sitecustomize ran
+    assert!(lines.starts_with("site\njob\n"), "{lines}");
+    for t in trials(&p) {
+        assert_eq!(t["outcome"], "fits", "{t}");
+        assert!(t["details"]["dataloader_batch"].is_null(), "{t}");
+    }
+    let shell = vec![
+        "/bin/sh".to_string(),
+        "-c".into(),
+        "sleep 0.3".into(),
+        "{batch}".into(),
+    ];
+    let (p, _) = run(&rlimit(), &shell);
+    for t in trials(&p) {
+        assert_eq!(t["outcome"], "fits", "{t}");
+    }
+}

@@ -108,3 +108,39 @@ fn warm_trials_give_the_cold_answer_and_peaks() {
         "no size ran both ways: cold {pc:?}, warm {pw:?}"
     );
 }
+
+/// A warm trial's DataLoader is watched as a cold one's: the watcher is in the warm process before
+/// it imports torch, and the hand-off gives it the trial's own folder (tests/support/exec/
+/// train_dataset.py with the helper's report, which names torch for the warm process to import).
+#[test]
+fn a_warm_trial_is_watched_as_a_cold_one() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let o = Command::new(env!("CARGO_BIN_EXE_batchfit"))
+        .env("BATCHFIT_CACHE_DIR", fresh_cache_dir())
+        .env("PYTHONPATH", repo().join("python/batchfit"))
+        .env("OMP_NUM_THREADS", "1")
+        .args(["probe", "--backend", "cpu", "--memory-budget", "1GiB"])
+        .args(["--quiet", "--cpu-limit", "rlimit", "--warm", "on"])
+        .args(["--multiple-of", "16", "--max-batch", "128", "--steps", "2"])
+        .args(["--confirm-steps", "3", "--out"])
+        .arg(&out)
+        .arg("--exec")
+        .arg("--")
+        .arg(venv_python())
+        .arg(repo().join("tests/support/exec/train_dataset.py"))
+        .args(["--batch-size", "{batch}", "--steps", "{steps}"])
+        .args(["--samples", "128", "--report"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let p = read_json(&out);
+    let trials = p["trials"].as_array().unwrap();
+    assert!(
+        trials[1..].iter().any(|t| t["details"]["warm"] == true),
+        "{p}"
+    );
+    for t in trials {
+        assert_eq!(t["details"]["dataloader_batch"], t["batch"], "{t}");
+    }
+}

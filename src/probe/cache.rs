@@ -115,9 +115,13 @@ struct ExecKey<'a> {
     /// The auto-fingerprinted files' records (the command's script, its configs).
     files: &'a [crate::plan::schema::FileRecord],
     oom_patterns: &'a [String],
+    /// `--observe off`: its trials above a short DataLoader fit, where the watcher's are errors
+    /// (absent when on, so the keys of plans made before the watcher stay the same).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    observe_off: bool,
 }
 
-fn exec_key(info: &crate::plan::schema::ExecInfo) -> ExecKey<'_> {
+fn exec_key(info: &crate::plan::schema::ExecInfo, observe_off: bool) -> ExecKey<'_> {
     ExecKey {
         cwd: std::env::current_dir()
             .map(|d| d.display().to_string())
@@ -125,6 +129,7 @@ fn exec_key(info: &crate::plan::schema::ExecInfo) -> ExecKey<'_> {
         environment_sha256: &info.environment_sha256,
         files: &info.auto_fingerprint_files,
         oom_patterns: &info.oom_patterns,
+        observe_off,
     }
 }
 
@@ -354,7 +359,7 @@ pub fn key(skeleton: &Plan, cfg: &ProbeConfig) -> String {
         compare_alloc_conf: cfg.compare_alloc_conf,
         process: skeleton.runtime.process.as_ref(),
         limit_mechanism: skeleton.limit_mechanism,
-        exec: cfg.exec.as_ref().map(|e| exec_key(&e.info)),
+        exec: cfg.exec.as_ref().map(|e| exec_key(&e.info, !e.observe)),
     };
     let json = serde_json::to_string(&input).expect("key serialises");
     let digest = Sha256::digest(json.as_bytes());
@@ -672,6 +677,29 @@ mod tests {
         assert_eq!(key(&plan, &explicit), key(&less_free, &explicit));
         let default = cfg(&[]);
         assert_ne!(key(&plan, &default), key(&less_free, &default));
+    }
+
+    /// A plan probed with `--observe off` (whose trials above a short DataLoader fit) is not the
+    /// answer of a probe that watches the DataLoaders, and the watcher's default leaves the key as
+    /// it was.
+    #[test]
+    fn observe_off_is_another_cache_key() {
+        let plan =
+            Plan::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/plan-v1-cpu.json"))
+                .unwrap();
+        let exec = |more: &[&str]| {
+            let mut v = vec!["--memory-budget", "2GiB"];
+            v.extend(more);
+            v.extend(["--exec", "--", "/bin/sh", "-c", "true", "{batch}"]);
+            key(&plan, &cfg(&v))
+        };
+        assert_eq!(exec(&[]), exec(&["--observe", "on"]));
+        assert_ne!(exec(&[]), exec(&["--observe", "off"]));
+        let input = |c: &ProbeConfig| {
+            serde_json::to_string(&exec_key(&c.exec.as_ref().unwrap().info, false)).unwrap()
+        };
+        let on = cfg(&["--exec", "--", "/bin/sh", "-c", "true", "{batch}"]);
+        assert!(!input(&on).contains("observe_off"), "{}", input(&on));
     }
 
     /// A cached `--exec` plan is stale when a file named by `--fingerprint-file` changed, though

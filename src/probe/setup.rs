@@ -57,8 +57,10 @@ pub fn exec_workload(
     world_size: Option<u64>,
     warm: bool,
     ends_early_below: u32,
+    observe: bool,
 ) -> Result<Arc<dyn Workload>, ProbeError> {
     ExecWorkload::new(info.clone(), oom_patterns, info.threads)
+        .and_then(|w| w.with_observe(observe))
         .map(|w| {
             let w = w
                 .with_world_size(world_size)
@@ -80,6 +82,7 @@ fn workload(cfg: &ProbeConfig) -> Result<Arc<dyn Workload>, ProbeError> {
             Some(cfg.world_size),
             e.warm,
             cfg.search.confirm_steps.max(cfg.search.steps),
+            e.observe,
         ),
         None => model_workload(&cfg.model, cfg.threads, cfg.seed, cfg.fault),
     }
@@ -631,8 +634,13 @@ pub fn guarded(limit: u64, guard_band: Option<f64>) -> u64 {
 }
 
 /// The device to re-run `plan`'s trials on here (`batchfit verify`): the plan's kind of device, its
-/// model, threads, seed and allocator settings; `sim` replaces a sim plan's curve.
-pub fn plan_backend(plan: &Plan, sim: Option<SimSpec>) -> Result<Box<dyn Backend>, ProbeError> {
+/// model, threads, seed and allocator settings; `sim` replaces a sim plan's curve; `observe` watches
+/// a command's DataLoaders (`--observe`).
+pub fn plan_backend(
+    plan: &Plan,
+    sim: Option<SimSpec>,
+    observe: bool,
+) -> Result<Box<dyn Backend>, ProbeError> {
     let timeout = Duration::from_secs_f64(plan.search.trial_timeout_seconds.max(1.0));
     let workload = || -> Result<Arc<dyn Workload>, ProbeError> {
         match &plan.model {
@@ -667,6 +675,7 @@ pub fn plan_backend(plan: &Plan, sim: Option<SimSpec>) -> Result<Box<dyn Backend
                     plan.recommendation.as_ref().map(|r| r.world_size),
                     false,
                     0,
+                    observe,
                 )
             }
         }

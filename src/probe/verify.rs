@@ -31,16 +31,18 @@ pub struct VerifyReport {
 /// steps and confirm steps) on this machine's backend of the plan's kind, under
 /// `(budget − reserve) × (1 − margin)` from the plan. The trials are appended to the plan's `trials`;
 /// on success the plan is `verified: true` and its `device` is this machine's.
-/// `sim` replaces the plan's simulated device (`sim_spec`).
+/// `sim` replaces the plan's simulated device (`sim_spec`); `observe` watches a command's DataLoaders
+/// (`--observe`).
 pub fn verify(
     plan: &Plan,
     sim: Option<SimSpec>,
+    observe: bool,
     progress: &mut dyn Progress,
 ) -> Result<VerifyReport, ProbeError> {
     let rec = verifiable_recommendation(plan, sim.is_some())?;
     // The curve a sim plan is verified on (`--sim`, or its own).
     let sim_used = sim.clone().or_else(|| plan.sim_spec.clone());
-    let mut backend = setup::plan_backend(plan, sim)?;
+    let mut backend = setup::plan_backend(plan, sim, observe)?;
     let here = Here::of(plan, backend.device().clone(), sim_used);
     let device = &here.device;
     if plan.budget_bytes > device.total_bytes {

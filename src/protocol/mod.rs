@@ -520,6 +520,11 @@ pub struct TrialDetails {
     /// handed this trial's arguments and environment (`--warm`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub warm: bool,
+    /// The largest batch the job's torch DataLoaders yielded (the first dimension of its first
+    /// tensor), over all its processes, as the DataLoader watcher saw it (`--observe on`); absent
+    /// when no DataLoader was seen or no batch's size could be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataloader_batch: Option<u64>,
 }
 
 /// What a trial runs, as a device sees it: the command of one trial and what its end means. The

@@ -1,7 +1,7 @@
 //! The commands that read and write plans: `show`, `merge`, `verify`, `cache`, `predict`.
 
 use batchfit::cli::{
-    CacheAction, FormatArg, MergeArgs, PredictArgs, PredictFormat, ShowArgs, VerifyArgs,
+    CacheAction, FormatArg, MergeArgs, ObserveArg, PredictArgs, PredictFormat, ShowArgs, VerifyArgs,
 };
 use batchfit::device::sim::SimSpec;
 use batchfit::exit::{fail, print_stdout, Exit, Fail};
@@ -113,7 +113,7 @@ pub fn verify(a: &VerifyArgs) -> Result<Exit, Fail> {
     files::check_target(&out).map_err(|e| Fail(Exit::Usage, anyhow::anyhow!("--out: {e}")))?;
     crate::trial_setup()?;
     let mut progress = StderrProgress::new(a.quiet);
-    let result = verify::verify(&plan, sim, &mut progress);
+    let result = verify::verify(&plan, sim, a.observe == ObserveArg::On, &mut progress);
     progress.finish();
     let report = result.map_err(|e| Fail(e.exit(), e.into()))?;
     write_plan(&report.plan, &out)?;

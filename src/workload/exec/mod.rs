@@ -6,12 +6,14 @@
 //! arguments (`{{batch}}` is a literal `{batch}`) and `BATCHFIT_BATCH`, `BATCHFIT_STEPS`, `BATCHFIT_ACCUMULATION`, `BATCHFIT_TRIAL` and
 //! `BATCHFIT_RESULT` added to its environment, and `TMPDIR` (`TEMP`, `TMP`) set to a fresh directory
 //! of its own, removed when the trial ends — nothing else of the user's environment is changed (no
-//! malloc tuning; threads only when `--threads` asks). The device limits and measures its whole
-//! process tree. What the end means:
+//! malloc tuning; threads only when `--threads` asks) but for the DataLoader watcher ([`observe`]:
+//! `PYTHONPATH` with batchfit's `sitecustomize` first, `BATCHFIT_OBSERVED`; `--observe off` leaves
+//! both alone). The device limits and measures its whole process tree. What the end means:
 //!
 //! * exit 0 → fits (the device has kept it under the limit); when the command wrote a report
 //!   ([`crate::protocol::TrialReport`], `batchfit python-helper`), it must say it trained the size it
-//!   was given, with the steps and accumulation asked for, or the trial is an error;
+//!   was given, with the steps and accumulation asked for, or the trial is an error; when it wrote
+//!   none, a DataLoader the watcher saw yield less than the size makes it an error too;
 //! * a non-zero exit → the one classifier ([`crate::protocol::classify`]) decides from the output,
 //!   the kernel's OOM kills of the tree and the data segment against its limit, plus `--oom-pattern`;
 //!   anything else is an error with the output's last line, never a fit and never an out-of-memory;
@@ -21,6 +23,7 @@
 //!   bounds the search like an out-of-memory and is never a fit (an out-of-memory the classifier
 //!   proved stays one).
 
+pub mod observe;
 pub mod warm;
 
 use crate::plan::schema::ExecInfo;
@@ -90,6 +93,10 @@ pub struct ExecWorkload {
     /// Trials of fewer steps than this end once their report is complete ([`Self::ending_early_below`]);
     /// the others run to the job's own end.
     ends_early_below: u32,
+    /// The folder holding the DataLoader watcher's `sitecustomize.py` (`--observe on`).
+    site: Option<PathBuf>,
+    /// The running trial's folder of observations (`BATCHFIT_OBSERVED`).
+    observed: Mutex<Option<PathBuf>>,
 }
 
 /// `arg` with each placeholder `{name}` replaced by `value(name)`; a doubled one, `{{name}}`, is the
@@ -154,7 +161,56 @@ impl ExecWorkload {
             modules: Mutex::new(None),
             ack: Mutex::new(None),
             ends_early_below: 0,
+            site: None,
+            observed: Mutex::new(None),
         })
+    }
+
+    /// Watches the trials' torch DataLoaders ([`observe`]) when `on`: writes the watcher into the
+    /// workload's own folder.
+    pub fn with_observe(mut self, on: bool) -> std::io::Result<Self> {
+        if on {
+            self.site = Some(observe::install(&self.temp.path().join("site"))?);
+        }
+        Ok(self)
+    }
+
+    /// The watcher's environment with `observed` as the folder of observations (none when off).
+    fn observe_env(&self, observed: &Path) -> Vec<(String, std::ffi::OsString)> {
+        let Some(site) = &self.site else {
+            return vec![];
+        };
+        vec![
+            (
+                "PYTHONPATH".into(),
+                observe::python_path(site, std::env::var_os("PYTHONPATH")),
+            ),
+            (observe::OBSERVED.into(), observed.as_os_str().to_owned()),
+        ]
+    }
+
+    /// A fresh folder of observations for trial `n` (the last trial's removed): `None` when the
+    /// watcher is off or the folder cannot be made (the trial is then judged without it).
+    fn fresh_observed(&self, n: u32) -> Option<PathBuf> {
+        self.site.as_ref()?;
+        let mut slot = self.observed.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = slot.take() {
+            remove_tree(&old);
+        }
+        let dir = self.temp.path().join(format!("observed-{n}"));
+        std::fs::DirBuilder::new().mode(0o700).create(&dir).ok()?;
+        *slot = Some(dir.clone());
+        Some(dir)
+    }
+
+    /// What the last trial's processes observed of their DataLoaders.
+    fn observed(&self) -> Option<observe::Observed> {
+        let dir = self
+            .observed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        observe::read(&dir)
     }
 
     /// Trials of fewer than `steps` steps (the search's exploration, which never confirms an answer)
@@ -560,6 +616,11 @@ impl Workload for ExecWorkload {
         for (k, v) in self.common_env() {
             cmd.env(k, v);
         }
+        if let Some(observed) = self.fresh_observed(n) {
+            for (k, v) in self.observe_env(&observed) {
+                cmd.env(k, v);
+            }
+        }
         // the cuda device adds CUDA_VISIBLE_DEVICES and PYTORCH_CUDA_ALLOC_CONF itself
         let _ = at;
         cmd
@@ -587,7 +648,13 @@ impl Workload for ExecWorkload {
         for k in ["TMPDIR", "TEMP", "TMP"] {
             env.push((k.into(), temp.display().to_string()));
         }
-        Some(warm::command(launch, &modules, &env))
+        let mut cmd = warm::command(launch, &modules, &env);
+        // the watcher must be in place before the warm process imports torch; the hand-off then
+        // gives it the trial's own folder of observations
+        for (k, v) in self.observe_env(&temp) {
+            cmd.env(k, v);
+        }
+        Some(cmd)
     }
 
     fn warm_handoff(&self, trial: &Command) -> Option<Vec<u8>> {
@@ -650,7 +717,10 @@ impl Workload for ExecWorkload {
             rank_reports: vec![],
             ended_after_report: f.ended_after_report,
             warm: false,
+            dataloader_batch: None,
         };
+        let observed = self.observed();
+        details.dataloader_batch = observe::largest(observed.as_ref());
         // What the limit acts on: the cgroup's peak, else the largest data segment of the tree. The
         // tree's summed RSS is no fallback: it is not what the limit acts on (a trial with no
         // sample at all is an error below).
@@ -760,9 +830,13 @@ impl Workload for ExecWorkload {
             .argv
             .iter()
             .any(|a| has_placeholder(a, "{accumulation}"));
-        let why = report.iter().chain(&others).enumerate().find_map(|(k, r)| {
-            mismatch(r, &req, takes).map(|w| if k == 0 { w } else { format!("rank {k}: {w}") })
-        });
+        // the helper's report is the job's own word; without one, what its DataLoaders yielded
+        let why = match &report {
+            Some(_) => report.iter().chain(&others).enumerate().find_map(|(k, r)| {
+                mismatch(r, &req, takes).map(|w| if k == 0 { w } else { format!("rank {k}: {w}") })
+            }),
+            None => observe::short(observed.as_ref(), req.batch),
+        };
         if let Some(why) = why {
             details.report = report;
             details.rank_reports = others;
