@@ -331,7 +331,8 @@ fn measure_within(
 ///   batchfit, or it counted that many samples in a micro-batch (`Trial.step(samples=n)`, the
 ///   framework callbacks). A report that only repeats the size the job was given
 ///   (`Trial(batch=args.batch)`) is no evidence: a job whose loader ignores the flag reports it
-///   all the same. Or a size above `hi` ran out of memory or over the budget (the
+///   all the same. Or the DataLoader watcher saw the job's loader yield batches of `hi`
+///   (`dataloader_batch`). Or a size above `hi` ran out of memory or over the budget (the
 ///   outcome changes with the size, so it reaches the job even where a small model's peak barely
 ///   moves). A job that ignores `{batch}` fits at every size with the same peak.
 ///
@@ -394,8 +395,13 @@ pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
     let read = trials
         .iter()
         .filter(|t| t.batch == hi && t.outcome.fits())
-        .filter_map(|t| t.details.as_ref()?.report.as_ref())
-        .any(|r| r.batch == hi && (r.reads_batch || r.samples.is_some_and(|n| n >= hi)));
+        .filter_map(|t| t.details.as_ref())
+        .any(|d| {
+            d.dataloader_batch.is_some_and(|n| n >= hi)
+                || d.report.as_ref().is_some_and(|r| {
+                    r.batch == hi && (r.reads_batch || r.samples.is_some_and(|n| n >= hi))
+                })
+        });
     if read || bounded_above || rise > noise {
         return None;
     }
@@ -798,7 +804,7 @@ mod tests {
     /// accepted when the report shows the job ran that size: it counted that many samples, or its
     /// `batch_size()` read the size from batchfit.
     #[test]
-    fn a_report_that_counted_the_samples_shows_the_batch_reaches_the_job() {
+    fn a_report_that_counted_the_samples_or_a_watched_loader_shows_the_batch_reaches_the_job() {
         let mib = 1u64 << 20;
         let mut trials: Vec<_> = [(64, 800), (512, 801)]
             .iter()
@@ -830,6 +836,15 @@ mod tests {
             ..report
         };
         assert_eq!(with(&read), None);
+        // the DataLoader watcher saw the job's loader yield batches of 512
+        let mut watched = trials.clone();
+        watched[1].details = Some(crate::protocol::TrialDetails {
+            dataloader_batch: Some(512),
+            ..Default::default()
+        });
+        assert_eq!(batch_not_shown(&watched), None);
+        watched[1].details.as_mut().unwrap().dataloader_batch = Some(64);
+        assert!(batch_not_shown(&watched).is_some());
     }
 
     /// A job that lowers its own batch fits at twice its real limit and more at the same peak near
