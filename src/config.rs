@@ -156,6 +156,49 @@ fn sweep(a: &ProbeArgs, base: &ProbeConfig) -> Result<Option<SweepConfig>, Confi
     let Some(spec) = a.sweep.as_deref() else {
         return Ok(None);
     };
+    let (param, points) = sweep_points(spec)?;
+    let err = |m: String| Err(ConfigError(m));
+    if a.exec.is_some() && !a.command.iter().any(|w| w.contains(param.placeholder())) {
+        return err(format!(
+            "--sweep {} with --exec: the command has no {} in its arguments; batchfit passes each \
+             point there (and as {} in the environment), so write {} where the command takes its {} \
+             (an environment variable alone is refused: nothing would show the command read it, \
+             and every point could train the same thing)",
+            param.as_str(),
+            param.placeholder(),
+            param.variable(),
+            param.placeholder(),
+            param.as_str()
+        ));
+    }
+    if a.compare_alloc_conf {
+        return err("--sweep with --compare-alloc-conf: compare one probe at a time".into());
+    }
+    let (flag, given, default) = sweep_target(a, base, param)?;
+    if let Some(g) = given.filter(|g| !points.contains(g)) {
+        let values = spec.split_once('=').map_or("", |(_, v)| v);
+        return err(format!(
+            "{flag} {g} is not one of the --sweep points {values}: the plan's recommendation is for \
+             {flag}, so give it among them (or drop it)"
+        ));
+    }
+    let plan_point = given
+        .or(default.filter(|d| points.contains(d)))
+        .unwrap_or(points[0]);
+    let configs = points
+        .iter()
+        .map(|&v| Ok((v, sweep_point(a, param, v, points[0])?)))
+        .collect::<Result<Vec<_>, ConfigError>>()?;
+    Ok(Some(SweepConfig {
+        param,
+        points: configs,
+        plan_point,
+    }))
+}
+
+/// `--sweep PARAM=V1,V2,…` parsed: the parameter and 2 to [`MAX_SWEEP_POINTS`] distinct positive
+/// points, in order.
+fn sweep_points(spec: &str) -> Result<(SweepParam, Vec<u64>), ConfigError> {
     let err = |m: String| Err(ConfigError(m));
     let Some((name, values)) = spec.split_once('=') else {
         return err(format!(
@@ -189,114 +232,95 @@ fn sweep(a: &ProbeArgs, base: &ProbeConfig) -> Result<Option<SweepConfig>, Confi
             "--sweep {spec:?}: give 2 to {MAX_SWEEP_POINTS} points (one point is a plain probe)"
         ));
     }
-    if a.exec.is_some() && !a.command.iter().any(|w| w.contains(param.placeholder())) {
-        return err(format!(
-            "--sweep {} with --exec: the command has no {} in its arguments; batchfit passes each \
-             point there (and as {} in the environment), so write {} where the command takes its {} \
-             (an environment variable alone is refused: nothing would show the command read it, \
-             and every point could train the same thing)",
-            param.as_str(),
-            param.placeholder(),
-            param.variable(),
-            param.placeholder(),
-            param.as_str()
-        ));
-    }
-    if a.compare_alloc_conf {
-        return err("--sweep with --compare-alloc-conf: compare one probe at a time".into());
-    }
-    // Where the point goes: the model's knob, or an input's S.
-    let has_s = inputs_have_s(a);
+    Ok((param, points))
+}
+
+/// Where a sweep's point goes: the flag (or placeholder, or input dimension) that takes it, the
+/// value given for it, and the model's own default; or why this model cannot be swept so.
+fn sweep_target(
+    a: &ProbeArgs,
+    base: &ProbeConfig,
+    param: SweepParam,
+) -> Result<(&'static str, Option<u64>, Option<u64>), ConfigError> {
+    let err = |m: String| Err(ConfigError(m));
     let torchscript = Architecture::preset(&a.model).is_none();
-    let (flag, given, default) = match (param, &base.model.architecture) {
-        _ if a.exec.is_some() => (param.placeholder(), None, None),
-        _ if torchscript && has_s => ("the S dimension", None, None),
+    match (param, &base.model.architecture) {
+        _ if a.exec.is_some() => Ok((param.placeholder(), None, None)),
+        _ if torchscript && inputs_have_s(a) => Ok(("the S dimension", None, None)),
         (SweepParam::SeqLen, Architecture::Gpt { seq_len, .. }) => {
-            ("--seq-len", a.seq_len, Some(*seq_len))
+            Ok(("--seq-len", a.seq_len, Some(*seq_len)))
         }
         (
             SweepParam::ImageSize,
             Architecture::Resnet18 { image_size, .. }
             | Architecture::Resnet50 { image_size, .. }
             | Architecture::Vit { image_size, .. },
-        ) => ("--image-size", a.image_size, Some(*image_size)),
-        (SweepParam::SeqLen, Architecture::Vit { patch, .. }) => {
-            return err(format!(
-                "--sweep seq-len with --model {}: a ViT's sequence is (image-size / {patch})² patches; \
-                 sweep image-size instead",
-                a.model
-            ))
-        }
-        _ if torchscript => {
-            return err(format!(
-                "--sweep {}: write the swept dimension of the TorchScript model's --input as S, e.g. \
-                 --input 'i64[B,S]<50257'",
-                param.as_str()
-            ))
-        }
-        _ => {
-            return err(format!(
-                "--sweep {}: --model {} has no {}; sweep seq-len with gpt, image-size with resnet18, \
-                 resnet50 or vit",
-                param.as_str(),
-                a.model,
-                param.as_str()
-            ))
-        }
-    };
-    if let Some(g) = given.filter(|g| !points.contains(g)) {
-        return err(format!(
-            "{flag} {g} is not one of the --sweep points {values}: the plan's recommendation is for \
-             {flag}, so give it among them (or drop it)"
-        ));
+        ) => Ok(("--image-size", a.image_size, Some(*image_size))),
+        (SweepParam::SeqLen, Architecture::Vit { patch, .. }) => err(format!(
+            "--sweep seq-len with --model {}: a ViT's sequence is (image-size / {patch})² patches; \
+             sweep image-size instead",
+            a.model
+        )),
+        _ if torchscript => err(format!(
+            "--sweep {}: write the swept dimension of the TorchScript model's --input as S, e.g. \
+             --input 'i64[B,S]<50257'",
+            param.as_str()
+        )),
+        _ => err(format!(
+            "--sweep {}: --model {} has no {}; sweep seq-len with gpt, image-size with resnet18, \
+             resnet50 or vit",
+            param.as_str(),
+            a.model,
+            param.as_str()
+        )),
     }
-    let plan_point = given
-        .or(default.filter(|d| points.contains(d)))
-        .unwrap_or(points[0]);
-    let mut configs = vec![];
-    for &v in &points {
-        let mut p = a.clone();
-        p.sweep = None;
-        if a.exec.is_some() {
-            p.command = a
-                .command
-                .iter()
-                .map(|w| w.replace(param.placeholder(), &v.to_string()))
-                .collect();
-        } else if torchscript && has_s {
-            p.inputs = a.inputs.iter().map(|i| substitute_s(i, v)).collect();
-        } else {
-            match param {
-                SweepParam::SeqLen => p.seq_len = Some(v),
-                SweepParam::ImageSize => p.image_size = Some(v),
-            }
+}
+
+/// The validated configuration of the sweep's point `v` (`first`: the first point, which the
+/// simulated device's curve is relative to).
+fn sweep_point(
+    a: &ProbeArgs,
+    param: SweepParam,
+    v: u64,
+    first: u64,
+) -> Result<ProbeConfig, ConfigError> {
+    let torchscript = Architecture::preset(&a.model).is_none();
+    let mut p = a.clone();
+    p.sweep = None;
+    if a.exec.is_some() {
+        p.command = a
+            .command
+            .iter()
+            .map(|w| w.replace(param.placeholder(), &v.to_string()))
+            .collect();
+    } else if torchscript && inputs_have_s(a) {
+        p.inputs = a.inputs.iter().map(|i| substitute_s(i, v)).collect();
+    } else {
+        match param {
+            SweepParam::SeqLen => p.seq_len = Some(v),
+            SweepParam::ImageSize => p.image_size = Some(v),
         }
-        let mut c = validate_one(&p)
-            .map_err(|e| ConfigError(format!("--sweep {}={v}: {}", param.as_str(), e.0)))?;
-        // The simulated device has no model: per-sample memory scales with the point as activations
-        // do (linear in the tokens, the square of an image's side), relative to the first point.
-        if let BackendChoice::Sim(s) = &mut c.backend {
-            let f = (v as f64 / points[0] as f64).powf(param.exponent());
-            s.per_sample = ((s.per_sample as f64) * f).round().max(1.0) as u64;
-        }
-        // The command's point, also in its environment (the argv above already carries it, so the
-        // fingerprint, and the cache, tell the points apart).
-        if let Some(x) = &mut c.exec {
-            x.info.environment.push(param.variable().to_string());
-            x.info.sweep_point = Some(ExecSweepPoint {
-                variable: param.variable().to_string(),
-                value: v,
-            });
-        }
-        c.out = None;
-        c.plot = None;
-        configs.push((v, c));
     }
-    Ok(Some(SweepConfig {
-        param,
-        points: configs,
-        plan_point,
-    }))
+    let mut c = validate_one(&p)
+        .map_err(|e| ConfigError(format!("--sweep {}={v}: {}", param.as_str(), e.0)))?;
+    // The simulated device has no model: per-sample memory scales with the point as activations
+    // do (linear in the tokens, the square of an image's side), relative to the first point.
+    if let BackendChoice::Sim(s) = &mut c.backend {
+        let f = (v as f64 / first as f64).powf(param.exponent());
+        s.per_sample = ((s.per_sample as f64) * f).round().max(1.0) as u64;
+    }
+    // The command's point, also in its environment (the argv above already carries it, so the
+    // fingerprint, and the cache, tell the points apart).
+    if let Some(x) = &mut c.exec {
+        x.info.environment.push(param.variable().to_string());
+        x.info.sweep_point = Some(ExecSweepPoint {
+            variable: param.variable().to_string(),
+            value: v,
+        });
+    }
+    c.out = None;
+    c.plot = None;
+    Ok(c)
 }
 
 /// `--exec`: the command and how its trials are judged and limited.

@@ -80,19 +80,24 @@ fn warm_trials_give_the_cold_answer_and_peaks() {
         "cold {a_cold}, warm {a_warm}: further apart than the {} samples of the noise",
         NOISE / PER_SAMPLE
     );
-    // the cold probe ran no warm trial; the warm one ran every trial after the first warm
-    let warm_flags = |p: &serde_json::Value| -> Vec<bool> {
+    // the cold probe ran no warm trial; the warm one ran every exploration trial after the first
+    // warm, and every trial that proves (a bound, the confirmation, a repeat) cold, as the job runs
+    let warm_flags = |p: &serde_json::Value| -> Vec<(bool, bool)> {
         p["trials"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|t| t["details"]["warm"] == true)
+            .map(|t| (t["purpose"] == "explore", t["details"]["warm"] == true))
             .collect()
     };
-    assert!(warm_flags(&cold).iter().all(|w| !w));
+    assert!(warm_flags(&cold).iter().all(|&(_, w)| !w));
     let w = warm_flags(&warm);
-    assert!(!w[0], "the first trial is cold");
-    assert!(w[1..].iter().all(|&w| w), "{w:?}");
+    assert!(!w[0].1, "the first trial is cold");
+    assert!(
+        w[1..].iter().all(|&(explore, warm)| explore == warm),
+        "{w:?}"
+    );
+    assert!(w[1..].iter().any(|&(_, warm)| warm), "{w:?}");
     // at the sizes both ran, the peaks agree within the noise
     let (pc, pw) = (fit_peaks(&cold), fit_peaks(&warm));
     let mut compared = 0;
