@@ -207,6 +207,34 @@ fn a_new_file_in_a_folder_the_job_lists_is_not_answered_from_the_cache() {
     assert_eq!(second["recommendation"]["max_fitting_batch"], 3, "{second}");
 }
 
+/// A job whose worker process (forked, as a DataLoader's) reads its config: the worker's read is
+/// recorded, batchfit's own files are not, so the unchanged job is answered from the cache and a
+/// changed config is not.
+#[test]
+fn a_job_whose_worker_reads_its_config_is_answered_from_the_cache_until_it_changes() {
+    let d = tmp();
+    let cache = fresh_cache_dir();
+    write_job(d.path());
+    edit_job(
+        d.path(),
+        "with open('cfg.toml') as f:\n    scale = int(f.read().split('=')[1])\n",
+        "r, w = os.pipe()\n\
+         if os.fork() == 0:\n    os.write(w, open('cfg.toml').read().split('=')[1].strip().encode()); os._exit(0)\n\
+         os.wait(); scale = int(os.read(r, 16))\n",
+    );
+    let (first, _) = probe(d.path(), &cache, &[], &[], &JOB);
+    assert_eq!(first["recommendation"]["max_fitting_batch"], 6, "{first}");
+    let read = first["model"]["read_files"].to_string();
+    assert!(read.contains("cfg.toml"), "{read}");
+    assert!(!read.contains("batchfit-"), "batchfit's own files: {read}");
+    let (_, err) = probe(d.path(), &cache, &[], &[], &JOB);
+    assert!(err.contains("plan from cache"), "{err}");
+    std::fs::write(d.path().join("cfg.toml"), "scale = 3\n").unwrap();
+    let (second, err) = probe(d.path(), &cache, &[], &[], &JOB);
+    assert!(!err.contains("plan from cache"), "{err}");
+    assert_eq!(second["recommendation"]["max_fitting_batch"], 2, "{second}");
+}
+
 #[test]
 fn a_changed_environment_variable_is_not_answered_from_the_cache() {
     let (_, second, err) = probe_changed(|_| {}, [("WIDTH_MULT", "1"), ("WIDTH_MULT", "2")]);

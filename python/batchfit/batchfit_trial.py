@@ -177,11 +177,14 @@ def _share_read(path):
 
 def _shared_reads():
     """The files the job's other processes read (their appended lines). Never raises."""
+    _in_hook[0] = True  # batchfit's own file, not one the job reads
     try:
         with open(_reads_path(), encoding="utf-8", errors="surrogateescape") as f:
             return [line.rstrip("\n") for line in f if line.strip()]
     except Exception:
         return []
+    finally:
+        _in_hook[0] = False
 
 
 #: The audit events of listing a folder (os.walk, glob.glob and pathlib list through these).

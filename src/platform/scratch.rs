@@ -70,6 +70,18 @@ pub fn make(prefix: &str) -> std::io::Result<Scratch> {
     })
 }
 
+/// Whether `path` lies in one of batchfit's own directories in the system's temporary directory
+/// (a probe's reports, its trials' `TMPDIR`s, the DataLoader watcher): files a job touches there
+/// are batchfit's, gone when the probe ends, never what the job depends on.
+pub fn is_batchfits(path: &Path) -> bool {
+    let temp = std::env::temp_dir();
+    path.strip_prefix(&temp).is_ok_and(|rest| {
+        rest.components()
+            .next()
+            .is_some_and(|c| c.as_os_str().to_string_lossy().starts_with("batchfit-"))
+    })
+}
+
 /// Removes the directories named `prefix*` in `parent` whose owner file no process holds, and
 /// returns them.
 pub fn sweep(parent: &Path, prefix: &str) -> Vec<PathBuf> {

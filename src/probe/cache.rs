@@ -134,7 +134,8 @@ fn exec_key(info: &crate::plan::schema::ExecInfo, observe_off: bool) -> ExecKey<
 }
 
 /// The files the trials' reports say the command read, with their hashes now (a large file: its
-/// stat, [`crate::plan::schema::FileRecord::of`]; a file that cannot be read is left out); `None`
+/// stat, [`crate::plan::schema::FileRecord::of`]; a file that cannot be read, and batchfit's own
+/// files in its temporary directories, are left out); `None`
 /// when no trial's report says (the job does not use the helper).
 pub fn read_files(
     trials: &[crate::search::TrialRecord],
@@ -155,6 +156,7 @@ pub fn read_files(
     Some(
         paths?
             .into_iter()
+            .filter(|p| !crate::platform::scratch::is_batchfits(std::path::Path::new(p)))
             .filter_map(|p| crate::plan::schema::FileRecord::of(p).ok())
             .collect(),
     )
