@@ -465,10 +465,7 @@ fn spawn_from_lasting_thread(cmd: Command) -> std::io::Result<Child> {
             .name("batchfit-spawner".into())
             .spawn(move || {
                 for (mut cmd, back) in rx {
-                    let child = cmd.spawn();
-                    if let Ok(c) = &child {
-                        crate::platform::reaper::started_child(c.id());
-                    }
+                    let child = crate::platform::reaper::start_child(|| cmd.spawn(), Child::id);
                     let _ = back.send(child);
                 }
             })

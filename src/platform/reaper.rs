@@ -33,9 +33,17 @@ pub fn adopt_orphans() {
     }
 }
 
-/// Records a child this process started itself (a trial's root, a warm process).
-pub fn started_child(pid: u32) {
-    started().insert(pid);
+/// Starts a child with `spawn` and records it as one this process started itself (a trial's
+/// root, a warm process). The record is held while the child is forked, so that [`adopted`], which
+/// takes it too, never sees a child between its fork and its record.
+pub fn start_child<T>(
+    spawn: impl FnOnce() -> std::io::Result<T>,
+    pid: impl Fn(&T) -> u32,
+) -> std::io::Result<T> {
+    let mut mine = started();
+    let child = spawn()?;
+    mine.insert(pid(&child));
+    Ok(child)
 }
 
 /// The live children of this process that it did not start (orphans the kernel gave it), with their
@@ -45,7 +53,7 @@ pub fn adopted() -> Vec<(u32, u64)> {
         return vec![];
     }
     let me = std::process::id();
-    let mine = started().clone();
+    let mine = started();
     let mut out = vec![];
     for pid in children_of(me).into_iter().filter(|p| !mine.contains(p)) {
         match stat_of(pid) {
