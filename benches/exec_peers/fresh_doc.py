@@ -96,8 +96,9 @@ def render_fresh(res):
       "(`capacity_model.per_sample_bytes`). The peer (the finder the script's framework ships) runs in the same "
       f"sitting under the job's budget (B = {cfg.get('budget')} bytes, batchfit's `--memory-budget` with "
       "`--margin 0`). Where time allowed, the answer was also run under B itself (the limit the user's job has; "
-      "the trials' limit is B less the guard band): column \"at the answer under B\". Produced by `benches/exec_peers/run.sh --results benches/data/exec_fresh.json --section "
-      "fresh --stages batchfit,lightning,accelerate,hf,fresh10,doc`; raw results in `benches/data/exec_fresh.json`.")
+      "the trials' limit is B less the guard band): column \"at the answer under B\". Produced by `benches/exec_peers/run.sh --results benches/data/exec_everyday.json --section "
+      "fresh --stages batchfit,lightning,accelerate,hf,fresh-budget,doc --scripts plain,lightning,lightning-wide,"
+      "workers,accelerate-workers,hf-trainer`; raw results in `benches/data/exec_everyday.json`.")
     w("")
     la = " / ".join(m.get("loadavg") or ["?"])
     w(f"* **Date** {res.get('date', '?')} (stages ended {res.get('first_stage_end', '?')} to "
