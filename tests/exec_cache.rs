@@ -184,7 +184,6 @@ fn a_changed_config_file_the_job_reads_is_not_answered_from_the_cache() {
 #[test]
 fn a_new_file_in_a_folder_the_job_lists_is_not_answered_from_the_cache() {
     let d = tmp();
-    let cache = fresh_cache_dir();
     write_job(d.path());
     edit_job(
         d.path(),
@@ -193,12 +192,9 @@ fn a_new_file_in_a_folder_the_job_lists_is_not_answered_from_the_cache() {
     );
     std::fs::create_dir(d.path().join("shards")).unwrap();
     std::fs::write(d.path().join("shards/a.txt"), "1\n").unwrap();
-    let (first, _) = probe(d.path(), &cache, &[], &[], &JOB);
-    assert_eq!(first["recommendation"]["max_fitting_batch"], 6, "{first}");
-    let (_, err) = probe(d.path(), &cache, &[], &[], &JOB);
-    assert!(err.contains("plan from cache"), "{err}");
-    std::fs::write(d.path().join("shards/b.txt"), "1\n").unwrap();
-    let (second, err) = probe(d.path(), &cache, &[], &[], &JOB);
+    let (second, err) = cached_then_changed(d.path(), &JOB, || {
+        std::fs::write(d.path().join("shards/b.txt"), "1\n").unwrap()
+    });
     assert!(!err.contains("plan from cache"), "{err}");
     assert!(
         err.contains("shards changed since the plan was made"),
@@ -213,7 +209,6 @@ fn a_new_file_in_a_folder_the_job_lists_is_not_answered_from_the_cache() {
 #[test]
 fn a_job_whose_worker_reads_its_config_is_answered_from_the_cache_until_it_changes() {
     let d = tmp();
-    let cache = fresh_cache_dir();
     write_job(d.path());
     edit_job(
         d.path(),
@@ -222,17 +217,15 @@ fn a_job_whose_worker_reads_its_config_is_answered_from_the_cache_until_it_chang
          if os.fork() == 0:\n    os.write(w, open('cfg.toml').read().split('=')[1].strip().encode()); os._exit(0)\n\
          os.wait(); scale = int(os.read(r, 16))\n",
     );
-    let (first, _) = probe(d.path(), &cache, &[], &[], &JOB);
-    assert_eq!(first["recommendation"]["max_fitting_batch"], 6, "{first}");
-    let read = first["model"]["read_files"].to_string();
-    assert!(read.contains("cfg.toml"), "{read}");
-    assert!(!read.contains("batchfit-"), "batchfit's own files: {read}");
-    let (_, err) = probe(d.path(), &cache, &[], &[], &JOB);
-    assert!(err.contains("plan from cache"), "{err}");
-    std::fs::write(d.path().join("cfg.toml"), "scale = 3\n").unwrap();
-    let (second, err) = probe(d.path(), &cache, &[], &[], &JOB);
+    let (second, err) = cached_then_changed(d.path(), &JOB, || {
+        std::fs::write(d.path().join("cfg.toml"), "scale = 3\n").unwrap()
+    });
     assert!(!err.contains("plan from cache"), "{err}");
     assert_eq!(second["recommendation"]["max_fitting_batch"], 2, "{second}");
+    // the re-probed plan records what the job read: the worker's config, none of batchfit's files
+    let read = second["model"]["read_files"].to_string();
+    assert!(read.contains("cfg.toml"), "{read}");
+    assert!(!read.contains("batchfit-"), "batchfit's own files: {read}");
 }
 
 #[test]

@@ -202,14 +202,19 @@ def _record_listing(args):
         path = args[0] if args else None
         if isinstance(path, int):
             return
-        path = os.path.abspath(os.fsdecode(path if path is not None else "."))
-        if path in _opened or (path + os.sep).startswith(_not_the_jobs) or _in_site_packages(path):
-            return
-        _opened.append(path)
-        if os.environ.get(_ENV_READS_OWNER) != str(os.getpid()):
-            _share_read(path)
+        _remember(os.path.abspath(os.fsdecode(path if path is not None else ".")))
     except Exception:
         pass
+
+
+def _remember(path):
+    """Record `path` (absolute) as read by the job, unless it is the installation's or already
+    recorded; a process of the job other than the reporting one shares it."""
+    if path in _opened or (path + os.sep).startswith(_not_the_jobs) or _in_site_packages(path):
+        return
+    _opened.append(path)
+    if os.environ.get(_ENV_READS_OWNER) != str(os.getpid()):
+        _share_read(path)
 
 
 def _record_open(event, args):
@@ -232,12 +237,7 @@ def _record_open(event, args):
                 return
         elif flags is not None and (flags & os.O_ACCMODE) != os.O_RDONLY:
             return
-        path = os.path.abspath(os.fsdecode(path))
-        if path in _opened or path.startswith(_not_the_jobs) or _in_site_packages(path):
-            return
-        _opened.append(path)
-        if os.environ.get(_ENV_READS_OWNER) != str(os.getpid()):
-            _share_read(path)
+        _remember(os.path.abspath(os.fsdecode(path)))
     except Exception:
         pass
 

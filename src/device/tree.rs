@@ -35,6 +35,7 @@
 //! (kernels before 5.7 have no `Pss_Anon`; a process batchfit may not inspect) that process counts
 //! with its `RssAnon + RssShmem`, and [`Tree::measure`] says so ([`Measure::RssSum`]).
 
+use crate::platform::procfs::{children, start_time};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -130,8 +131,7 @@ pub struct TrialIds {
 /// A process's group, session and start time (fields 5, 6 and 22 of `/proc/PID/stat`), unless it is
 /// a zombie or gone.
 pub fn stat_ids(pid: u32) -> Option<(u32, u32, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
+    let rest = crate::platform::procfs::stat(pid)?;
     let f: Vec<&str> = rest.split_whitespace().collect();
     if f.first() == Some(&"Z") || f.first() == Some(&"X") {
         return None;
@@ -211,8 +211,7 @@ pub fn has_marker_prefix(pid: u32, prefix: &[u8]) -> bool {
 /// The signal that ended `pid` when it is a zombie (field 52 of `/proc/PID/stat`, `exit_code`, as
 /// `waitpid` reports it; Linux ≥ 3.5), else `None`.
 fn zombie_signal(pid: u32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
+    let rest = crate::platform::procfs::stat(pid)?;
     if !rest.starts_with('Z') {
         return None;
     }
@@ -249,32 +248,8 @@ pub fn describe(pid: u32) -> String {
     }
 }
 
-fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // the command name may hold spaces and parentheses: fields start after the last ')'
-    let rest = &stat[stat.rfind(')')? + 2..];
-    // field 3 (state) is rest's first; starttime is field 22
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
 fn is_zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rfind(')').map(|i| s[i + 2..].starts_with('Z')))
-        .unwrap_or(true)
-}
-
-fn children(pid: u32) -> Vec<u32> {
-    let mut v = vec![];
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return v;
-    };
-    for t in tasks.flatten() {
-        if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
-            v.extend(s.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
-        }
-    }
-    v
+    crate::platform::procfs::stat(pid).is_none_or(|s| s.starts_with('Z'))
 }
 
 fn status_kb(text: &str, key: &str) -> u64 {

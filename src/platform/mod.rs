@@ -6,11 +6,13 @@
 //! * [`files`]: the one writer of result files (atomic, regular files only, modes kept);
 //! * [`lock`]: one writer per `--logs` directory and `--out` plan (a lock file held until exit);
 //! * [`scratch`]: temporary directories that a killed process's successor removes;
-//! * [`reaper`]: batchfit as its trials' subreaper, so that an orphaned daemon is still found.
+//! * [`reaper`]: batchfit as its trials' subreaper, so that an orphaned daemon is still found;
+//! * [`procfs`]: a process's children and `stat` fields.
 
 pub mod files;
 pub mod interrupt;
 pub mod lock;
+pub mod procfs;
 pub mod reaper;
 pub mod scratch;
 pub mod sysmem;

@@ -55,11 +55,17 @@ pub fn adopted() -> Vec<(u32, u64)> {
     let me = std::process::id();
     let mine = started();
     let mut out = vec![];
-    for pid in children_of(me).into_iter().filter(|p| !mine.contains(p)) {
-        match stat_of(pid) {
-            Some((state, start)) if state != 'Z' && state != 'X' => out.push((pid, start)),
-            Some(_) => reap(pid),
-            None => {}
+    for pid in super::procfs::children(me)
+        .into_iter()
+        .filter(|p| !mine.contains(p))
+    {
+        let Some(stat) = super::procfs::stat(pid) else {
+            continue;
+        };
+        if stat.starts_with(['Z', 'X']) {
+            reap(pid);
+        } else if let Some(start) = super::procfs::started_at(&stat) {
+            out.push((pid, start));
         }
     }
     out
@@ -70,26 +76,4 @@ fn reap(pid: u32) {
     let mut status = 0;
     // SAFETY: waitpid on a child this process did not start (no std `Child` waits on it).
     unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
-}
-
-/// The children of process `pid`, over all its threads (an orphan goes to the thread group).
-fn children_of(pid: u32) -> Vec<u32> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return vec![];
-    };
-    let mut out = BTreeSet::new();
-    for t in tasks.flatten() {
-        if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
-            out.extend(s.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
-        }
-    }
-    out.into_iter().collect()
-}
-
-/// A process's state letter and start time (fields 3 and 22 of `/proc/PID/stat`).
-fn stat_of(pid: u32) -> Option<(char, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    Some((f.first()?.chars().next()?, f.get(19)?.parse().ok()?))
 }

@@ -276,24 +276,20 @@ fn above_ceiling(prober: &Prober, plan: &Plan, b: u64, acc: u32) -> Option<Strin
         .filter(|t| t.outcome.fits())
         .filter_map(|t| t.footprint())
         .collect();
-    let top = *fits.iter().max()?;
-    let own = (fits.len() > 1)
-        .then(|| crate::search::line::whole_range(top - fits.iter().min().unwrap(), fits.len()));
-    let spread = plan.search.noise_spread_bytes.max(own)?;
-    if spread <= plan.guard_band_bytes.unwrap_or(0) {
-        return None;
-    }
-    let ceiling = plan.job_limit_bytes().saturating_sub(spread);
-    (top > ceiling).then(|| {
-        format!(
-            "micro-batch {b} peaked at {}, above the {} that the job's measured noise ({} between \
-             fresh runs) leaves under the job's {} limit",
-            format_size(top),
-            format_size(ceiling),
-            format_size(spread),
-            format_size(plan.job_limit_bytes())
-        )
-    })
+    let over = crate::search::noise::above_noise(
+        &fits,
+        plan.search.noise_spread_bytes,
+        plan.job_limit_bytes(),
+        plan.limit_bytes,
+    )?;
+    Some(format!(
+        "micro-batch {b} peaked at {}, above the {} that the job's measured noise ({} between \
+         fresh runs) leaves under the job's {} limit",
+        format_size(over.top),
+        format_size(over.ceiling),
+        format_size(over.spread),
+        format_size(plan.job_limit_bytes())
+    ))
 }
 
 /// Makes `out` the verified plan of this machine: its device, torch, limit and curve, and the

@@ -47,6 +47,37 @@ use super::{tolerance_gap, Confirmation, Grid, Prober, Purpose, Stop, StopReason
 use crate::protocol::{Isolation, TrialOutcome};
 use serde::{Deserialize, Serialize};
 
+/// Fits of one size that break the promise: the largest peaked above the ceiling the job's noise
+/// leaves under its limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AboveNoise {
+    pub top: u64,
+    pub ceiling: u64,
+    pub spread: u64,
+}
+
+/// Whether the fresh fits' footprints of one size (`fits`) break the promise: the job's noise is
+/// the wider of `measured` (a spread measured before) and the fits' own range, scaled to the whole
+/// range so few draws imply ([`whole_range`]); once that is wider than the guard band (`job_limit −
+/// limit`), each fit must leave it under `job_limit`. The one rule of the answer's repeats, the
+/// split's sizes and `verify`.
+pub fn above_noise(
+    fits: &[u64],
+    measured: Option<u64>,
+    job_limit: u64,
+    limit: u64,
+) -> Option<AboveNoise> {
+    let (lo, top) = (*fits.iter().min()?, *fits.iter().max()?);
+    let own = (fits.len() > 1).then(|| whole_range(top - lo, fits.len()));
+    let spread = measured.max(own)?;
+    let ceiling = job_limit.saturating_sub(spread);
+    (ceiling < limit && top > ceiling).then_some(AboveNoise {
+        top,
+        ceiling,
+        spread,
+    })
+}
+
 /// The most trials the engine runs after the first contradiction (retries of errors aside): two
 /// candidates, each run twice.
 pub const NOISY_TRIALS: u32 = 4;
@@ -121,7 +152,15 @@ impl NoisyBoundary {
 
 /// A fit in a fresh process with at least `steps`, at accumulation 1.
 fn fresh_fit(t: &TrialRecord, steps: u32) -> bool {
-    t.outcome.fits() && t.steps >= steps && t.isolation != Isolation::Worker && t.accumulation == 1
+    fresh_fit_at(t, steps, 1)
+}
+
+/// A fit in a fresh process with at least `steps` steps, at accumulation `acc` exactly.
+fn fresh_fit_at(t: &TrialRecord, steps: u32, acc: u32) -> bool {
+    t.outcome.fits()
+        && t.steps >= steps
+        && t.isolation != Isolation::Worker
+        && t.accumulation == acc
 }
 
 /// A failure that bounds the answer: out of memory or over the budget, not in the worker.
@@ -270,8 +309,7 @@ impl Prober<'_> {
     fn split_fits(&self, b: u64, acc: u32, steps: u32) -> Vec<u64> {
         self.trials
             .iter()
-            .filter(|t| t.batch == b && t.accumulation == acc && t.steps >= steps)
-            .filter(|t| t.outcome.fits() && t.isolation != Isolation::Worker)
+            .filter(|t| t.batch == b && fresh_fit_at(t, steps, acc))
             .filter_map(|t| t.footprint())
             .collect()
     }
@@ -281,22 +319,16 @@ impl Prober<'_> {
     /// limit (a spread within the guard band leaves every fit room).
     fn split_above_noise(&self, b: u64, acc: u32, steps: u32) -> Option<Confirmation> {
         let fits = self.split_fits(b, acc, steps);
-        let (lo, hi) = (*fits.iter().min()?, *fits.iter().max()?);
-        let own = (fits.len() > 1).then(|| whole_range(hi - lo, fits.len()));
-        let spread = self.spread(steps).max(own)?;
-        let ceiling = self.job_limit?.saturating_sub(spread);
-        if ceiling >= self.limit_bytes || hi <= ceiling {
-            return None;
-        }
+        let over = above_noise(&fits, self.spread(steps), self.job_limit?, self.limit_bytes)?;
         let mib = |x: u64| x as f64 / (1u64 << 20) as f64;
-        let width = self.samples_for(hi - ceiling, b).max(1);
+        let width = self.samples_for(over.top - over.ceiling, b).max(1);
         Some(Confirmation::AboveNoise {
             why: format!(
                 "micro-batch {b} × accumulation {acc} peaked at {:.1} MiB, above the {:.1} MiB that \
                  the job's measured noise ({:.1} MiB between fresh runs) leaves under its limit",
-                mib(hi),
-                mib(ceiling),
-                mib(spread)
+                mib(over.top),
+                mib(over.ceiling),
+                mib(over.spread)
             ),
             below: b.saturating_sub(width),
         })
