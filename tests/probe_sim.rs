@@ -734,6 +734,44 @@ fn the_recommended_split_fits_as_often_as_the_answer_and_under_the_noise_ceiling
     );
 }
 
+/// The plan's measured noise covers every set of fresh runs of one size, the split's at its
+/// accumulation too: `search.noise_spread_bytes` is at least the whole range the split's own fits
+/// imply, so `verify` and the text hold the answer to the widest noise the probe saw.
+#[test]
+fn the_plans_measured_noise_covers_the_splits_own_fresh_runs() {
+    let d = tmp();
+    for seed in 30..38 {
+        let out = path(&d, &format!("plan-{seed}.json"));
+        let sim = format!("{SIM},boundary-noise=60MiB,seed={seed},accumulation=60MiB");
+        batchfit()
+            .args(["probe", "--backend", "sim", "--sim", &sim, "--repeats", "2"])
+            .args(["--global-batch", "9600", "--quiet", "--out"])
+            .arg(&out)
+            .assert()
+            .success();
+        let plan = read_json(&out);
+        let rec = &plan["recommendation"];
+        let (m, acc) = (rec["micro_batch"].clone(), rec["accumulation"].clone());
+        let peaks: Vec<u64> = plan["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["batch"] == m && t["accumulation"] == acc && t["outcome"] == "fits")
+            .filter(|t| t["steps"].as_u64().unwrap() >= 5)
+            .map(|t| t["peak_bytes"].as_u64().unwrap())
+            .collect();
+        assert!(peaks.len() >= 3, "seed {seed}: {peaks:?}");
+        let n = peaks.len() as u64;
+        let range = peaks.iter().max().unwrap() - peaks.iter().min().unwrap();
+        let implied = (range * (n + 1)).div_ceil(n - 1);
+        let spread = plan["search"]["noise_spread_bytes"].as_u64().unwrap();
+        assert!(
+            spread >= implied,
+            "seed {seed}: micro-batch {m} × {acc} peaks {peaks:?} imply {implied}, the plan says {spread}"
+        );
+    }
+}
+
 /// `verify` checks the promise as the probe made it: the answer runs as often as the probe ran it,
 /// and where the probe measured a spread wider than its guard band, a run peaking above the ceiling
 /// that spread leaves under the job's limit fails the verification (exit 4) though it fit.

@@ -116,6 +116,7 @@ pub fn run(
         };
         let outcome = SearchOutcome {
             trials: prober.trials().to_vec(),
+            noise_spread_bytes: prober.noise_spread(),
             ..outcome
         };
         (outcome, split)

@@ -782,7 +782,7 @@ impl<'b> Prober<'b> {
             interrupted_by: sig,
             fatal,
             noisy_boundary: self.noise.clone(),
-            noise_spread_bytes: self.spread(self.cfg.confirm_steps.max(self.cfg.steps)),
+            noise_spread_bytes: self.noise_spread(),
         }
     }
 

@@ -334,25 +334,38 @@ impl Prober<'_> {
         })
     }
 
-    /// The job's measured noise: the wider of the widest range of footprints among fresh fits at one
-    /// size run more than once, and the range of all fresh fits' footprints about the line through
-    /// them near the top ([`residual_range`]), each with the confirmation's steps and scaled to the
-    /// whole range its number of draws implies ([`whole_range`]). (A failure says
-    /// only that its run needed more than the limit, not by how much: a flaky failure would make any
-    /// spread.)
+    /// The job's measured noise: the wider of the widest range of footprints among fresh fits of one
+    /// size at one accumulation run more than once (the answer's repeats, the split's), and the
+    /// range of all fresh fits' footprints without accumulation about the line through them near the
+    /// top ([`residual_range`]), each with the confirmation's steps and scaled to the whole range its
+    /// number of draws implies ([`whole_range`]). (A failure says only that its run needed more than
+    /// the limit, not by how much: a flaky failure would make any spread.)
     pub(super) fn spread(&self, steps: u32) -> Option<u64> {
-        let mut by_size: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
-        for t in self.trials.iter().filter(|t| fresh_fit(t, steps)) {
+        type Runs<K> = std::collections::BTreeMap<K, Vec<u64>>;
+        let (mut by_size, mut by_run): (Runs<u64>, Runs<(u64, u32)>) = Default::default();
+        for t in self
+            .trials
+            .iter()
+            .filter(|t| fresh_fit_at(t, steps, t.accumulation))
+        {
             if let Some(f) = t.footprint() {
-                by_size.entry(t.batch).or_default().push(f);
+                by_run.entry((t.batch, t.accumulation)).or_default().push(f);
+                if t.accumulation == 1 {
+                    by_size.entry(t.batch).or_default().push(f);
+                }
             }
         }
-        let repeated = by_size
+        let repeated = by_run
             .values()
             .filter(|v| v.len() > 1)
             .map(|v| whole_range(v.iter().max().unwrap() - v.iter().min().unwrap(), v.len()))
             .max();
         repeated.max(residual_range(&by_size))
+    }
+
+    /// The job's measured noise over every trial so far (the plan's `search.noise_spread_bytes`).
+    pub fn noise_spread(&self) -> Option<u64> {
+        self.spread(self.cfg.confirm_steps.max(self.cfg.steps))
     }
 
     /// The largest footprint a fit may have for a fresh run, the measured spread included, to stay
