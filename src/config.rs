@@ -1024,8 +1024,13 @@ fn shell_syntax(line: &str, words: &[String]) -> Result<Vec<String>, ConfigError
             fix("redirections, pipes and command lists do nothing there")
         )));
     }
-    let variable = regex_lite::Regex::new(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
-        .expect("a valid expression");
+    if let Some(e) = tilde_program(line, words) {
+        return Err(e);
+    }
+    let variable = regex_lite::Regex::new(
+        r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)|^~[A-Za-z0-9_.-]*(/|$)",
+    )
+    .expect("a valid expression");
     Ok(words
         .iter()
         .filter_map(|w| variable.find(w))
@@ -1038,6 +1043,29 @@ fn shell_syntax(line: &str, words: &[String]) -> Result<Vec<String>, ConfigError
         })
         .take(1)
         .collect())
+}
+
+/// A program word that starts with `~` (`~/venv/bin/python`) in a command given as one string: no
+/// shell expands it, so the program would be looked for in a folder named `~`. Refused with the path
+/// written in full where `HOME` says what a shell would have made of `~/`.
+fn tilde_program(line: &str, words: &[String]) -> Option<ConfigError> {
+    let program = words.first().filter(|w| w.starts_with('~'))?;
+    if std::path::Path::new(program).exists() {
+        return None;
+    }
+    let full = match (program.strip_prefix("~/"), std::env::var("HOME")) {
+        (Some(rest), Ok(home)) if !home.is_empty() => {
+            format!(" (here {}/{rest})", home.trim_end_matches('/'))
+        }
+        _ => String::new(),
+    };
+    Some(ConfigError(format!(
+        "--exec {}: no shell runs a command given as one string, so `~` is not expanded and the \
+         program `{program}` would be looked for in a folder named `~`; write its path in full{full}, \
+         or give the command after `--` so that your shell expands it (batchfit probe --exec -- \
+         {line})",
+        crate::output::env::shell_quote(line),
+    )))
 }
 
 /// A command after `--` that is one word with whitespace in it and no such file (`--exec -- "python
@@ -1597,6 +1625,28 @@ mod tests {
         assert_eq!(w.len(), 1);
         assert!(w[0].contains("`$DATA`") && w[0].contains("sh -c"), "{w:?}");
         let line = "python t.py --batch-size {batch} --pattern '^a$'";
+        assert_eq!(
+            shell_syntax(line, &words(line)).unwrap(),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn a_tilde_in_a_one_string_command_is_refused_as_the_program_and_warned_as_an_argument() {
+        let line = "~/no-such-venv-here/bin/python t.py --batch-size {batch}";
+        let e = shell_syntax(line, &words(line)).unwrap_err().0;
+        assert!(
+            e.contains("`~` is not expanded") && e.contains("--exec -- "),
+            "{e}"
+        );
+        let line = "python t.py --batch-size {batch} --data ~/data";
+        let w = shell_syntax(line, &words(line)).unwrap();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("`~/`") && w[0].contains("nothing is expanded"),
+            "{w:?}"
+        );
+        let line = "python t.py --batch-size {batch} --name a~b";
         assert_eq!(
             shell_syntax(line, &words(line)).unwrap(),
             Vec::<String>::new()
