@@ -389,7 +389,7 @@ pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
                 mib(rise_below),
                 mib(rise),
                 mib(predicted),
-                UNSHOWN_CAUSES
+                unshown_causes(trials)
             ));
         }
     }
@@ -414,7 +414,7 @@ pub fn batch_not_shown(trials: &[TrialRecord]) -> Option<String> {
         mib(high as f64),
         mib(rise),
         mib(noise),
-        UNSHOWN_CAUSES
+        unshown_causes(trials)
     ))
 }
 
@@ -504,6 +504,23 @@ const UNSHOWN_CAUSES: &str = "Likely causes: the script does not use the {batch}
      BATCHFIT_BATCH), or the job adjusts its own batch size (a batch-size finder, or an \
      out-of-memory retry inside the job); pass the size through and let an out-of-memory end the \
      job (or report it with the helper's batch_size())";
+
+/// The same, for a job whose helper says it read the size: it read it and trained less.
+const READ_BUT_NOT_TRAINED: &str = "The job read the size (the helper's batch_size()), so it \
+     trains less than it reads: it clamps the size (to its dataset's length, min(batch, …)), or \
+     lowers it after an out-of-memory (a batch-size finder, a retry); give it a dataset at least \
+     as long as --max-batch and let an out-of-memory end the job";
+
+/// The likely causes of a refusal, by what the trials' reports say.
+fn unshown_causes(trials: &[TrialRecord]) -> &'static str {
+    let read = (trials.iter().filter_map(|t| t.details.as_ref()))
+        .any(|d| d.report.as_ref().is_some_and(|r| r.reads_batch));
+    if read {
+        READ_BUT_NOT_TRAINED
+    } else {
+        UNSHOWN_CAUSES
+    }
+}
 
 /// Records in `plan` why a stage after the search stopped; returns the ending.
 pub fn stopped(plan: &mut Plan, stop: Stop) -> Ending {
@@ -797,6 +814,34 @@ mod tests {
         let mut trials = fits;
         trials.push(t(7635, false, 2, Isolation::Process));
         assert_eq!(batch_not_shown(&trials), None);
+    }
+
+    /// A job that reads its size through the helper and then trains less (it clamps to its
+    /// dataset's length) is refused with that cause, not told to call `batch_size()`, which it does.
+    #[test]
+    fn a_refused_job_that_read_its_size_is_told_it_trains_less_than_it_reads() {
+        let mib = 1u64 << 20;
+        let mut trials: Vec<_> = [(1, 868), (1896, 994), (4244, 996)]
+            .iter()
+            .map(|&(b, p)| fit_at(b, p * mib))
+            .collect();
+        let why = batch_not_shown(&trials).unwrap();
+        assert!(
+            why.contains("batch_size()") && why.contains("placeholder"),
+            "{why}"
+        );
+        let report: crate::protocol::TrialReport = serde_json::from_value(serde_json::json!({
+            "schema": "batchfit-trial-report/1", "batch": 4244, "steps": 2, "accumulation": 1,
+            "reads_accumulation": false, "reads_batch": true, "step_seconds": [0.1, 0.1]
+        }))
+        .unwrap();
+        trials[2].details = Some(crate::protocol::TrialDetails {
+            report: Some(report),
+            ..Default::default()
+        });
+        let why = batch_not_shown(&trials).expect("stalled: refused though it read the size");
+        assert!(why.contains("clamps the size"), "{why}");
+        assert!(!why.contains("placeholder"), "{why}");
     }
 
     /// A small model whose peak barely moves between two fits, with nothing above them out of
