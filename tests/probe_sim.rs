@@ -772,6 +772,33 @@ fn the_plans_measured_noise_covers_the_splits_own_fresh_runs() {
     }
 }
 
+/// A search cut short by `--max-trials` on a noisy boundary says how many trials it needs, and a
+/// probe given that many finishes.
+#[test]
+fn a_probe_cut_short_by_max_trials_says_how_many_finish_it() {
+    let d = tmp();
+    let sim = format!("{SIM},boundary-noise=60MiB,seed=3");
+    let probe = |n: &str| {
+        let out = path(&d, &format!("plan-{n}.json"));
+        let run = batchfit()
+            .args(["probe", "--backend", "sim", "--sim", &sim, "--repeats", "2"])
+            .args(["--max-trials", n, "--format", "text", "--out"])
+            .arg(&out)
+            .assert();
+        (run, out)
+    };
+    let (run, _) = probe("8");
+    let text = String::from_utf8(run.code(5).get_output().stdout.clone()).unwrap();
+    let wanted = regex_lite::Regex::new(r"run the probe again with --max-trials (\d+) or more")
+        .unwrap()
+        .captures(&text)
+        .unwrap_or_else(|| panic!("{text}"))[1]
+        .to_string();
+    let (run, out) = probe(&wanted);
+    run.success();
+    assert_eq!(read_json(&out)["status"], "complete");
+}
+
 /// `verify` checks the promise as the probe made it: the answer runs as often as the probe ran it,
 /// and where the probe measured a spread wider than its guard band, a run peaking above the ceiling
 /// that spread leaves under the job's limit fails the verification (exit 4) though it fit.

@@ -121,6 +121,9 @@ pub fn summary(plan: &Plan) -> String {
         s += &format!("{}\n", n.describe());
     }
     s += &format!("stopped: {}\n", plan.stop_detail);
+    if plan.stop_reason == crate::search::StopReason::MaxTrials {
+        s += &more_trials_line(plan, n);
+    }
     s += &format!("{}, {secs:.1} s of trials\n", count(n, "trial", "trials"));
     for w in &plan.warnings {
         s += &format!("warning: {w}\n");
@@ -129,6 +132,29 @@ pub fn summary(plan: &Plan) -> String {
         s += &sweep_table(sw);
     }
     s
+}
+
+/// What a search cut short by `--max-trials` needs to finish: more trials, and how many a noisy
+/// boundary takes (it stops bisecting, then runs a few sizes twice) on top of the answer's repeats.
+fn more_trials_line(plan: &Plan, ran: usize) -> String {
+    let repeats = plan.search.repeats;
+    let more = match &plan.search.noisy_boundary {
+        Some(_) => crate::search::noise::noisy_trials(repeats) + 1,
+        None => 4 + repeats,
+    };
+    format!(
+        "to finish: run the probe again with --max-trials {} or more ({ran} ran{})\n",
+        ran as u32 + more,
+        if plan.search.noisy_boundary.is_some() {
+            format!(
+                "; outcomes near the boundary disagree, which takes up to {} trials after the \
+                 first disagreement",
+                crate::search::noise::noisy_trials(repeats)
+            )
+        } else {
+            String::new()
+        }
+    )
 }
 
 /// `; PEAK P of the L limit (N%)` and the tree figure, of a peak measured at `batch`.

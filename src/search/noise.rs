@@ -82,6 +82,15 @@ pub fn above_noise(
 /// candidates, each run twice.
 pub const NOISY_TRIALS: u32 = 4;
 
+/// The most trials a noisy boundary takes after its first contradiction (retries aside), with
+/// `repeats`: two candidates run twice ([`NOISY_TRIALS`]), or three each run `1 + repeats` times.
+pub fn noisy_trials(repeats: u32) -> u32 {
+    match repeats {
+        0 => NOISY_TRIALS,
+        r => 3 * (1 + r),
+    }
+}
+
 /// `--repeats` for a user's command (`--exec`): the answer fits three times in fresh runs, and the
 /// spread of those runs is the job's noise. Measured: fresh runs of one size of the repository's
 /// exec scripts peak up to ~35 MiB apart under a cgroup (docs/benchmarks.md, "does the answer hold
@@ -251,8 +260,7 @@ impl Prober<'_> {
     /// twice ([`NOISY_TRIALS`]); with repeats, three candidates, each run as often as an answer must
     /// fit.
     pub(super) fn noisy_trials(&self) -> u32 {
-        let candidates = if self.cfg.repeats == 0 { 2 } else { 3 };
-        candidates * self.fits_needed(true) as u32
+        noisy_trials(self.cfg.repeats)
     }
 
     /// Runs the confirmed answer `b` again, fresh, until it has fit `1 + repeats` times or a repeat
