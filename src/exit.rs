@@ -96,10 +96,21 @@ pub fn finish(program: &str, result: Result<Exit, Fail>) -> std::process::ExitCo
     match result {
         Ok(e) => e.into(),
         Err(Fail(exit, e)) => {
-            eprintln!("{program}: error: {e:#}");
+            crate::note!("{program}: error: {e:#}");
             exit.into()
         }
     }
+}
+
+/// `eprintln!` that never panics: a line for the user on stderr, dropped when stderr is closed
+/// (`batchfit probe … 2>&1 | head -3`). A probe whose reader went away still finishes its work,
+/// writes its plan, releases its locks and ends its trials; `eprintln!` would panic mid-probe.
+#[macro_export]
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
 }
 
 /// Writes `text` to stdout. A reader that went away (`batchfit show plan.json | head -c 1`) is not

@@ -795,3 +795,38 @@ fn the_summary_puts_each_peak_beside_the_size_it_was_measured_at() {
     );
     assert!(recommended_line.contains("samples/s"), "{text}");
 }
+
+/// A probe whose stderr reader went away (`batchfit probe … 2>&1 | head -3`) finishes as if it
+/// had been read: exit 0, the plan written, its lock file gone (a write to a closed stderr
+/// panicked with exit 101 and left the lock).
+#[test]
+fn a_probe_whose_stderr_is_closed_finishes_and_leaves_no_lock() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let status = std::process::Command::new(assert_cmd::cargo::cargo_bin("batchfit"))
+        .env("BATCHFIT_CACHE_DIR", fresh_cache_dir())
+        .args([
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            SIM,
+            "--global-batch",
+            "4096",
+            "--out",
+        ])
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .stderr(writer)
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert_eq!(read_json(&out)["status"], "complete");
+    let left: Vec<_> = std::fs::read_dir(d.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["plan.json"], "{left:?}");
+}

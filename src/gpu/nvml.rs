@@ -190,7 +190,7 @@ mod tests {
                     m.contains("--backend cpu") && m.contains("--backend sim"),
                     "{m}"
                 );
-                eprintln!("no NVIDIA driver here (expected on CPU machines): {m}");
+                crate::note!("no NVIDIA driver here (expected on CPU machines): {m}");
             }
             Ok(n) => {
                 for g in n.devices().unwrap() {

@@ -179,7 +179,7 @@ fn register_fonts() {
         for family in [FONT, "serif", "monospace"] {
             if plotters::style::register_font(family, FontStyle::Normal, DEJAVU).is_err() {
                 // only if the embedded file were not a font; text would then fail to draw, loudly
-                eprintln!("batchfit: warning: the embedded plot font cannot be read");
+                crate::note!("batchfit: warning: the embedded plot font cannot be read");
             }
         }
     });

@@ -164,7 +164,7 @@ impl Progress for StderrProgress {
     fn line(&mut self, line: &str) {
         match self {
             StderrProgress::Quiet => {}
-            StderrProgress::Plain => eprintln!("{line}"),
+            StderrProgress::Plain => crate::note!("{line}"),
             StderrProgress::Live(pb) => pb.println(line),
         }
     }

@@ -347,7 +347,9 @@ mod tests {
     #[test]
     fn accelerator_is_cuda_build_with_zero_devices_here() {
         if !no_gpu_here() {
-            eprintln!("skipped: this machine has a GPU; the test checks the no-GPU behaviour");
+            batchfit::note!(
+                "skipped: this machine has a GPU; the test checks the no-GPU behaviour"
+            );
             return;
         }
         let a = accelerator().unwrap();
@@ -361,7 +363,9 @@ mod tests {
     #[test]
     fn allocator_calls_are_errors_not_zeros_without_a_gpu() {
         if !no_gpu_here() {
-            eprintln!("skipped: this machine has a GPU; the test checks the no-GPU behaviour");
+            batchfit::note!(
+                "skipped: this machine has a GPU; the test checks the no-GPU behaviour"
+            );
             return;
         }
         for r in [
@@ -373,7 +377,7 @@ mod tests {
             let e = r.unwrap_err();
             assert!(matches!(e, ShimError::NoCudaDevice(_)), "{e:?}");
             let msg = e.to_string();
-            eprintln!("{msg}");
+            batchfit::note!("{msg}");
             assert!(
                 msg.starts_with("no CUDA device: ") && msg.contains("0 CUDA devices"),
                 "{msg}"

@@ -24,7 +24,7 @@ fn main() -> ExitCode {
     const VERSION: &str = env!("CARGO_PKG_VERSION");
     if let Some(caller) = std::env::var_os(CALLER_VERSION_ENV) {
         if caller != VERSION {
-            eprintln!(
+            batchfit::note!(
                 "batchfit-torch {VERSION} cannot serve batchfit {}: the two speak one version's \
                  protocol. Install them together (pip install batchfit, or cargo build --release \
                  --workspace), or point BATCHFIT_TORCH_RUNNER at the runner of batchfit {}",
@@ -56,7 +56,7 @@ fn main() -> ExitCode {
         }
         (Some("inspect"), Some(file)) => inspect(&file),
         _ => {
-            eprintln!("{USAGE}");
+            batchfit::note!("{USAGE}");
             Exit::Usage.into()
         }
     }
@@ -91,7 +91,7 @@ fn inspect(file: &str) -> ExitCode {
             Exit::Success.into()
         }
         Err(e) => {
-            eprintln!(
+            batchfit::note!(
                 "{}",
                 batchfit::protocol::classify::first_line(&e.to_string())
             );

@@ -21,7 +21,7 @@ fn main() -> ExitCode {
             if e.kind() == clap::error::ErrorKind::UnknownArgument && exec_before_separator() {
                 // `--exec python train.py …` unquoted: clap took `python` as the command and
                 // refused the next word
-                eprintln!(
+                batchfit::note!(
                     "batchfit: --exec takes the command as one argument: {}",
                     batchfit::config::EXEC_FORMS
                 );
@@ -29,6 +29,7 @@ fn main() -> ExitCode {
             return exit.into();
         }
     };
+    let _cleanup = Cleanup;
     let result = match cli.command {
         Command::Probe(args) => probe::probe(&args),
         Command::Show(args) => plans::show(&args),
@@ -42,13 +43,21 @@ fn main() -> ExitCode {
         Command::PythonHelper => info::python_helper(),
         Command::Predict(args) => plans::predict(&args),
     };
-    // the lock files this process made (`--logs`, `--out`) go with it, whatever its end: success,
-    // an error, an interruption that wrote a partial plan
-    batchfit::platform::lock::release_all();
-    // and so does every process a trial left, whatever ended the probe (each trial ends its own;
-    // this is the last sweep for this batchfit's trial marker)
-    batchfit::device::process::end_all();
+    drop(_cleanup);
     exit::finish("batchfit", result)
+}
+
+/// What this process made goes with it, whatever its end: success, an error, an interruption that
+/// wrote a partial plan, a panic (dropped while unwinding): the lock files (`--logs`, `--out`), and
+/// every process a trial left (each trial ends its own; this is the last sweep for this batchfit's
+/// trial marker).
+struct Cleanup;
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        batchfit::platform::lock::release_all();
+        batchfit::device::process::end_all();
+    }
 }
 
 /// Whether `--exec` is among this process's arguments before a `--`.

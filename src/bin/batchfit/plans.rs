@@ -91,7 +91,7 @@ pub fn merge(a: &MergeArgs) -> Result<Exit, Fail> {
     })?;
     write_plan(&plan, &a.out)?;
     print_plan(&plan, a.format, &a.out)?;
-    eprintln!(
+    batchfit::note!(
         "batchfit: merged plan written to {} (not verified: run `batchfit verify {}` on the machine \
          that trains)",
         a.out.display(),
@@ -120,11 +120,11 @@ pub fn verify(a: &VerifyArgs) -> Result<Exit, Fail> {
     print_plan(&report.plan, a.format, &out)?;
     Ok(match report.ending {
         VerifyEnding::Verified => {
-            eprintln!("batchfit: verified; plan written to {}", out.display());
+            batchfit::note!("batchfit: verified; plan written to {}", out.display());
             Exit::Success
         }
         VerifyEnding::Failed(why) => {
-            eprintln!(
+            batchfit::note!(
                 "batchfit: not verified: {why}; the plan (verified: false, with the trial) is in {}",
                 out.display()
             );
@@ -132,16 +132,16 @@ pub fn verify(a: &VerifyArgs) -> Result<Exit, Fail> {
             if let Ok(dir) = cache::default_dir() {
                 match cache::forget(&dir, &plan) {
                     Ok(0) => {}
-                    Ok(_) => eprintln!(
+                    Ok(_) => batchfit::note!(
                         "batchfit: the cached plan of this probe is removed (the next probe runs)"
                     ),
-                    Err(e) => eprintln!("batchfit: warning: the cached plan stays: {e}"),
+                    Err(e) => batchfit::note!("batchfit: warning: the cached plan stays: {e}"),
                 }
             }
             Exit::Unproven
         }
         VerifyEnding::Interrupted(sig) => {
-            eprintln!("batchfit: verification interrupted");
+            batchfit::note!("batchfit: verification interrupted");
             Exit::Interrupted(sig)
         }
     })
@@ -153,7 +153,7 @@ pub fn cache(action: &CacheAction) -> Result<Exit, Fail> {
     match action {
         CacheAction::List => {
             let entries = cache::list(&dir).map_err(fail(Exit::Environment))?;
-            eprintln!("batchfit: cache {}", dir.display());
+            batchfit::note!("batchfit: cache {}", dir.display());
             let mut s = format!(
                 "{:<20}  {:<16}  {:<30}  {:>11}  DATE (UTC)\n",
                 "KEY", "MODEL", "DEVICE", "MICRO-BATCH"
@@ -172,7 +172,7 @@ pub fn cache(action: &CacheAction) -> Result<Exit, Fail> {
         }
         CacheAction::Clear => {
             let n = cache::clear(&dir).map_err(fail(Exit::Environment))?;
-            eprintln!(
+            batchfit::note!(
                 "batchfit: removed {n} cached plan(s) from {}",
                 dir.display()
             );

@@ -29,7 +29,7 @@ pub fn probe(args: &ProbeArgs) -> Result<Exit, Fail> {
     progress.finish();
     let report = result.map_err(|e| Fail(e.exit(), e.into()))?;
     for n in &report.notices {
-        eprintln!("{n}");
+        batchfit::note!("{n}");
     }
     // BATCHFIT_PLAN only names a complete plan (a partial one has no recommendation to export).
     let plan_path = report
@@ -40,13 +40,13 @@ pub fn probe(args: &ProbeArgs) -> Result<Exit, Fail> {
         Ok(s) => print_stdout(&s)?,
         // (no recommendation: the exit code and the summary say why; nothing to add)
         Err(output::OutputError::NoRecommendation(_)) => {}
-        Err(e) => eprintln!("batchfit: error: {e}"),
+        Err(e) => batchfit::note!("batchfit: error: {e}"),
     }
     if !quiet && cfg.format != Format::Text {
-        eprint!("{}", output::text::summary(&report.plan));
+        batchfit::note!("{}", output::text::summary(&report.plan).trim_end());
     }
     if let Some(p) = report.written.as_ref().filter(|_| !quiet) {
-        eprintln!("batchfit: plan written to {}", p.display());
+        batchfit::note!("batchfit: plan written to {}", p.display());
     }
     // Drawn after the plan is written (partial plans too); a failure leaves the plan as written and
     // exits 3, unless the probe's own exit code already says something went wrong.
@@ -54,12 +54,12 @@ pub fn probe(args: &ProbeArgs) -> Result<Exit, Fail> {
         Some(p) => match draw(&report.plan, p, cfg.plot_scale) {
             Ok(()) => {
                 if !quiet {
-                    eprintln!("batchfit: plot drawn to {}", p.display());
+                    batchfit::note!("batchfit: plot drawn to {}", p.display());
                 }
                 true
             }
             Err(Fail(_, e)) => {
-                eprintln!("batchfit: error: {e:#}");
+                batchfit::note!("batchfit: error: {e:#}");
                 false
             }
         },

@@ -204,7 +204,7 @@ pub fn child_main(spec_json: &str) -> ! {
     let spec = match serde_json::from_str::<TrialSpec>(spec_json) {
         Ok(spec) if u64::from(spec.accumulation) <= batchfit::accumulate::MAX_ACCUMULATION => spec,
         Ok(spec) => {
-            eprintln!(
+            batchfit::note!(
                 "batchfit: error: bad trial spec (an internal subcommand): accumulation {} is more \
                  than {}",
                 spec.accumulation,
@@ -213,7 +213,7 @@ pub fn child_main(spec_json: &str) -> ! {
             std::process::exit(batchfit::exit::Exit::Usage.code().into());
         }
         Err(e) => {
-            eprintln!("batchfit: error: bad trial spec (an internal subcommand): {e}");
+            batchfit::note!("batchfit: error: bad trial spec (an internal subcommand): {e}");
             std::process::exit(batchfit::exit::Exit::Usage.code().into());
         }
     };
@@ -233,7 +233,7 @@ pub fn worker_main(template_json: &str) -> ! {
     let template = match serde_json::from_str::<TrialSpec>(template_json) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("batchfit: error: bad worker template (an internal subcommand): {e}");
+            batchfit::note!("batchfit: error: bad worker template (an internal subcommand): {e}");
             std::process::exit(batchfit::exit::Exit::Usage.code().into());
         }
     };

@@ -118,7 +118,7 @@ fn run(a: &TrainArgs) -> Result<(), Fail> {
     let spec = model_spec(a, &plan, &model.config)?;
     let file_data = load_data(a, &plan, &spec, memory_limit)?;
     if !a.quiet {
-        eprintln!(
+        batchfit::note!(
             "batchfit-train: {} ({} params), {} of {} samples ({}: {})",
             model.name,
             model.parameter_count,
@@ -196,7 +196,7 @@ impl StepSizes {
             _ => vec![micro; acc as usize],
         };
         if a.micro_batch.is_some() || a.accumulation.is_some() {
-            eprintln!(
+            batchfit::note!(
                 "batchfit-train: override: micro-batch {micro} × accumulation {acc} (plan: {})",
                 rec.map_or("none".into(), |r| format!(
                     "{} × {}",
@@ -283,7 +283,7 @@ fn model_spec(a: &TrainArgs, plan: &Plan, config: &ModelSpec) -> Result<ModelSpe
             ));
         }
         Err(e @ ScriptError::Changed { .. }) => {
-            eprintln!("batchfit-train: warning (--force): {e}");
+            batchfit::note!("batchfit-train: warning (--force): {e}");
         }
         Err(e) => {
             return Err(Fail(
@@ -309,7 +309,7 @@ fn load_data(
     };
     let d = FileData::load(path, spec).map_err(fail(Exit::Usage))?;
     if !a.quiet {
-        eprintln!(
+        batchfit::note!(
             "batchfit-train: data: {} ({} samples, {} in memory)",
             path.display(),
             d.rows(),
@@ -321,7 +321,7 @@ fn load_data(
     if plan.device.kind == DeviceKind::Cpu
         && d.bytes() > plan.reserve_bytes.saturating_add(plan.limit_bytes / 100)
     {
-        eprintln!(
+        batchfit::note!(
             "batchfit-train: warning: --data holds {} in memory, which the probe's trials did not \
              have (its plan reserved {} with --reserve); the plan's micro-batch may not fit {}. \
              Re-probe with --reserve {} or more, or train without a memory limit",

@@ -52,7 +52,7 @@ pub(super) fn start_as_trials_did(plan: &Plan, limit: u64, quiet: bool) -> Resul
     }
     let Some(setup) = plan.runtime.process.as_ref() else {
         if !quiet {
-            eprintln!(
+            batchfit::note!(
                 "batchfit-train: note: this plan does not record how its trial processes were \
                  started (an older batchfit made it); the memory limit applies to this process as it \
                  is (its stack limit and OpenMP settings may differ from the trials')"
@@ -63,7 +63,7 @@ pub(super) fn start_as_trials_did(plan: &Plan, limit: u64, quiet: bool) -> Resul
     // What differs from the trials' set-up, said once (the job's own settings are overridden).
     let changes = differences_from(setup);
     if !quiet && !changes.is_empty() {
-        eprintln!(
+        batchfit::note!(
             "batchfit-train: under the memory limit, running as the probe's trials ran: {}",
             changes.join(", ")
         );

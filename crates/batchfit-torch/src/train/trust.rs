@@ -181,11 +181,11 @@ pub(super) fn refuse_or_warn(a: &TrainArgs, plan: &Plan) -> Result<(), Fail> {
             ));
         }
         for r in &refused {
-            eprintln!("batchfit-train: warning (--force): {r}");
+            batchfit::note!("batchfit-train: warning (--force): {r}");
         }
     }
     if let Some(w) = less_memory_than_at_probe_time(plan) {
-        eprintln!("batchfit-train: warning: {w}");
+        batchfit::note!("batchfit-train: warning: {w}");
     }
     Ok(())
 }
