@@ -842,6 +842,10 @@ fn watch(
         _ => vec![],
     };
     let killed_left = record_left_behind(kill_everything(&tree), &mut left_behind);
+    // what its processes left in /dev/shm (a DataLoader batch of a killed worker) goes with them
+    if let Some(t) = tree.as_ref() {
+        crate::platform::shm::remove_left(&t.seen_pids());
+    }
     let drained = Instant::now() + DRAIN;
     // In a cgroup only the group's own counter is evidence; elsewhere the machine's counter with a
     // SIGKILL is weak evidence (any process of the machine may have been the one killed), which the

@@ -582,6 +582,11 @@ impl Tree {
         self.known.len() as u32
     }
 
+    /// The PIDs of every process seen in the tree, live or not.
+    pub fn seen_pids(&self) -> Vec<u32> {
+        self.known.keys().copied().collect()
+    }
+
     /// The PIDs of the tree's live processes that are not zombies.
     pub fn live_pids(&self) -> Vec<u32> {
         self.alive()

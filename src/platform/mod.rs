@@ -7,7 +7,8 @@
 //! * [`lock`]: one writer per `--logs` directory and `--out` plan (a lock file held until exit);
 //! * [`scratch`]: temporary directories that a killed process's successor removes;
 //! * [`reaper`]: batchfit as its trials' subreaper, so that an orphaned daemon is still found;
-//! * [`procfs`]: a process's children and `stat` fields.
+//! * [`procfs`]: a process's children and `stat` fields;
+//! * [`shm`]: the shared memory a trial's killed processes left in `/dev/shm`.
 
 pub mod files;
 pub mod interrupt;
@@ -15,6 +16,7 @@ pub mod lock;
 pub mod procfs;
 pub mod reaper;
 pub mod scratch;
+pub mod shm;
 pub mod sysmem;
 pub mod units;
 

@@ -851,7 +851,7 @@ mod tests {
     #[test]
     fn a_report_that_counted_the_samples_or_a_watched_loader_shows_the_batch_reaches_the_job() {
         let mib = 1u64 << 20;
-        let mut trials: Vec<_> = [(64, 800), (512, 801)]
+        let trials: Vec<_> = [(64, 800), (512, 801)]
             .iter()
             .map(|&(b, p)| fit_at(b, p * mib))
             .collect();
