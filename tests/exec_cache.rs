@@ -228,6 +228,35 @@ fn a_job_whose_worker_reads_its_config_is_answered_from_the_cache_until_it_chang
     assert!(!read.contains("batchfit-"), "batchfit's own files: {read}");
 }
 
+/// A job that reads its config before it imports the helper: the read is recorded from the
+/// process's start, so a changed config is not answered from the cache.
+#[test]
+fn a_config_read_before_the_helper_is_imported_is_in_the_cache_key() {
+    let d = tmp();
+    write_job(d.path());
+    edit_job(
+        d.path(),
+        "import batchfit_trial as bt\n",
+        "early = open('cfg.toml').read()\nimport batchfit_trial as bt\n",
+    );
+    edit_job(
+        d.path(),
+        "with open('cfg.toml') as f:\n    scale = int(f.read().split('=')[1])\n",
+        "scale = int(early.split('=')[1])\n",
+    );
+    let (second, err) = cached_then_changed(d.path(), &JOB, || {
+        std::fs::write(d.path().join("cfg.toml"), "scale = 3\n").unwrap()
+    });
+    assert!(!err.contains("plan from cache"), "{err}");
+    assert_eq!(second["recommendation"]["max_fitting_batch"], 2, "{second}");
+    let read = second["model"]["read_files"].to_string();
+    assert!(read.contains("cfg.toml"), "{read}");
+    assert!(
+        !read.contains("_batchfit_reads"),
+        "batchfit's own files: {read}"
+    );
+}
+
 #[test]
 fn a_changed_environment_variable_is_not_answered_from_the_cache() {
     let (_, second, err) = probe_changed(|_| {}, [("WIDTH_MULT", "1"), ("WIDTH_MULT", "2")]);

@@ -150,6 +150,10 @@ _PSEUDO_DIRS = ("/proc", "/sys", "/dev")
 #: DataLoader workers and other processes of the job, forked or spawned, know they are not it).
 _ENV_READS_OWNER = "BATCHFIT_READS_OWNER"
 _in_hook = [False]
+#: Set by batchfit's start-up hook (its sitecustomize imports this file as ``_batchfit_reads`` in
+#: every process of a trial, before the job's code): every read is added to the shared list, the
+#: reporting process's too, so that files read before the job imports the helper are in the report.
+_SHARE_ALL = [False]
 
 
 def _reads_path():
@@ -213,7 +217,7 @@ def _remember(path):
     if path in _opened or (path + os.sep).startswith(_not_the_jobs) or _in_site_packages(path):
         return
     _opened.append(path)
-    if os.environ.get(_ENV_READS_OWNER) != str(os.getpid()):
+    if _SHARE_ALL[0] or os.environ.get(_ENV_READS_OWNER) != str(os.getpid()):
         _share_read(path)
 
 

@@ -240,12 +240,11 @@ pub const LOCAL_PROOF: &str = " (a local proof: it assumes memory does not shrin
 /// out of memory (with at least as many steps and as much accumulation, the failure in a fresh
 /// process). The proof is local; the plan says where it does not hold.
 pub fn non_monotone(trials: &[TrialRecord]) -> Option<String> {
-    use crate::protocol::Isolation;
     let mut worst: Option<(&TrialRecord, &TrialRecord)> = None;
     for f in trials.iter().filter(|t| t.outcome.fits()) {
         for o in trials.iter().filter(|t| {
             t.outcome.is_oom()
-                && t.isolation != Isolation::Worker
+                && t.cold()
                 && t.batch < f.batch
                 && t.steps <= f.steps
                 && t.accumulation <= f.accumulation

@@ -238,6 +238,19 @@ impl TrialRecord {
         let tree = d.and_then(|d| d.tree_pss_peak_bytes);
         self.outcome.peak_bytes().into_iter().chain(tree).max()
     }
+
+    /// Whether the trial ran as the job will: in a process started for it alone, cold (not in
+    /// batchfit's worker, whose leftovers can add or hide memory, nor in a warm process started
+    /// ahead, whose imports ran before the limit saw a cold start's peak). Only such trials
+    /// confirm a size or bound one.
+    pub fn cold(&self) -> bool {
+        self.isolation != Isolation::Worker && !self.warm()
+    }
+
+    /// Whether the trial ran in a warm process (`--warm`): exploration only.
+    pub fn warm(&self) -> bool {
+        self.details.as_ref().is_some_and(|d| d.warm)
+    }
 }
 
 fn one() -> u32 {
@@ -811,7 +824,7 @@ impl<'b> Prober<'b> {
     }
 
     /// Whether a trial at `batch` already fit with the confirmation steps (at the current
-    /// accumulation or more).
+    /// accumulation or more) in a cold process of its own ([`TrialRecord::cold`]).
     fn confirmed(&self, batch: u64) -> bool {
         let steps = self.cfg.confirm_steps.max(self.cfg.steps);
         self.trials.iter().any(|t| {
@@ -819,6 +832,7 @@ impl<'b> Prober<'b> {
                 && t.steps >= steps
                 && t.outcome.fits()
                 && t.accumulation >= self.accumulation
+                && t.cold()
         })
     }
 
@@ -965,7 +979,7 @@ impl<'b> Prober<'b> {
             return Ok(true);
         };
         let hb = grid.batch(h);
-        let fresh = |t: &TrialRecord| t.outcome.is_bound() && t.isolation != Isolation::Worker;
+        let fresh = |t: &TrialRecord| t.outcome.is_bound() && t.cold();
         if self.trials.iter().any(|t| t.batch == hb && fresh(t)) {
             return Ok(true);
         }

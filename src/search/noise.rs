@@ -44,7 +44,7 @@
 
 use super::line::{residual_range, whole_range};
 use super::{tolerance_gap, Confirmation, Grid, Prober, Purpose, Stop, StopReason, TrialRecord};
-use crate::protocol::{Isolation, TrialOutcome};
+use crate::protocol::TrialOutcome;
 use serde::{Deserialize, Serialize};
 
 /// Fits of one size that break the promise: the largest peaked above the ceiling the job's noise
@@ -166,19 +166,17 @@ fn fresh_fit(t: &TrialRecord, steps: u32) -> bool {
 
 /// A fit in a fresh process with at least `steps` steps, at accumulation `acc` exactly.
 fn fresh_fit_at(t: &TrialRecord, steps: u32, acc: u32) -> bool {
-    t.outcome.fits()
-        && t.steps >= steps
-        && t.isolation != Isolation::Worker
-        && t.accumulation == acc
+    t.outcome.fits() && t.steps >= steps && t.cold() && t.accumulation == acc
 }
 
 /// A failure that bounds the answer: out of memory or over the budget, not in the worker.
 fn fresh_bound(t: &TrialRecord) -> bool {
-    t.outcome.is_bound() && t.isolation != Isolation::Worker && t.accumulation == 1
+    t.outcome.is_bound() && t.cold() && t.accumulation == 1
 }
 
 /// The contradictions among `trials`, by failing size: a fit at or above a fresh failure, with at
-/// least its steps and accumulation (memory only grows with either).
+/// least its steps and accumulation (memory only grows with either). A warm process's fit is none:
+/// a warm start differs from a cold one by what it imported ahead, not by the job's noise.
 pub fn contradictions(trials: &[TrialRecord]) -> Vec<Contradiction> {
     let mut out: Vec<Contradiction> = vec![];
     for o in trials.iter().filter(|t| fresh_bound(t)) {
@@ -186,6 +184,7 @@ pub fn contradictions(trials: &[TrialRecord]) -> Vec<Contradiction> {
             .iter()
             .filter(|f| {
                 f.outcome.fits()
+                    && !f.warm()
                     && f.batch >= o.batch
                     && f.steps >= o.steps
                     && f.accumulation >= o.accumulation

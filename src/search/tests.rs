@@ -1408,3 +1408,79 @@ fn a_single_size_that_errs_is_named_when_it_stops_the_proof() {
         "{detail}"
     );
 }
+
+/// A device whose trials that need not be fresh run warm (started ahead, imports done): they peak
+/// `cold_extra` lower than a cold process of the same size, as a job whose cold start holds more.
+struct WarmSim {
+    warm: SimBackend,
+    cold: SimBackend,
+    last_warm: bool,
+}
+
+impl Backend for WarmSim {
+    fn device(&self) -> &crate::device::DeviceInfo {
+        self.cold.device()
+    }
+    fn default_budget(&self) -> u64 {
+        self.cold.default_budget()
+    }
+    fn set_limit(&mut self, l: u64) {
+        self.warm.set_limit(l);
+        self.cold.set_limit(l)
+    }
+    fn isolation(&self, _req: &TrialRequest) -> Isolation {
+        Isolation::Process
+    }
+    fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
+        assert!(self.cold.trials_run + self.warm.trials_run < TRIAL_CAP);
+        self.last_warm = !req.fresh;
+        if req.fresh {
+            self.cold.run_trial(req)
+        } else {
+            self.warm.run_trial(req)
+        }
+    }
+    fn take_details(&mut self) -> Option<crate::protocol::TrialDetails> {
+        Some(crate::protocol::TrialDetails {
+            warm: self.last_warm,
+            ..Default::default()
+        })
+    }
+}
+
+/// A warm exploration trial is never the answer's confirmation nor a bound, even with the
+/// confirmation's steps (`--confirm-steps` ≤ `--steps`) and no repeats: the answer fit cold, and
+/// a fresh run of it fits.
+#[test]
+fn a_warm_fit_with_the_confirmations_steps_does_not_confirm_the_answer() {
+    let cold = SimSpec::affine(250 * MIB, MIB, 1000 * MIB);
+    let warm = SimSpec::affine(100 * MIB, MIB, 1000 * MIB);
+    for strategy in [StrategyKind::Guided, StrategyKind::Bisect] {
+        let cfg = SearchConfig {
+            strategy,
+            steps: 5,
+            confirm_steps: 5,
+            repeats: 0,
+            ..SearchConfig::default()
+        };
+        let mut be = WarmSim {
+            warm: SimBackend::new(warm.clone()),
+            cold: SimBackend::new(cold.clone()),
+            last_warm: false,
+        };
+        let out = Prober::new(&mut be, cfg, cold.capacity).search();
+        let b = out
+            .max_fitting
+            .unwrap_or_else(|| panic!("{strategy:?}: {out:#?}"));
+        assert!(
+            b <= 750,
+            "{strategy:?}: {b} does not fit a cold run: {out:?}"
+        );
+        assert!(
+            out.trials
+                .iter()
+                .any(|t| t.batch == b && t.cold() && t.outcome.fits() && t.steps >= 5),
+            "{strategy:?}: {b} never fit cold"
+        );
+    }
+}

@@ -19,6 +19,11 @@
 //! ([`short`]): never a fit, never an out-of-memory. `{batch}` is the per-rank micro-batch and each
 //! rank's loader yields it, so the largest over the processes is the figure to compare.
 //!
+//! The same start-up file imports batchfit's helper (as `_batchfit_reads`, from its folder) in every
+//! process of a trial that writes a report, so that the files a job reads before it imports the
+//! helper itself (a config opened at the top of the script) are in the report's `read_files`, the
+//! plan's cache key; `--observe off` leaves them to the helper's own import.
+//!
 //! The helper's report, where the job writes one, is the job's own word and wins. A trial with no
 //! file (no DataLoader, a job that is not Python, `python -S`/`-I`, `--observe off`) is judged as
 //! before, as is one where some batch's size could not be read (no tensor in it): nothing is
@@ -59,10 +64,16 @@ struct ProcessFile {
     unknown: u64,
 }
 
-/// Writes the watcher into `folder` (created): the folder to put first on `PYTHONPATH`.
+/// The name the watcher imports batchfit's helper under, from its own folder, to record what each
+/// process reads from its start (the plan's cache key).
+pub const READS_MODULE: &str = "_batchfit_reads.py";
+
+/// Writes the watcher and the helper it imports into `folder` (created): the folder to put first
+/// on `PYTHONPATH`.
 pub fn install(folder: &Path) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(folder)?;
     std::fs::write(folder.join("sitecustomize.py"), SITECUSTOMIZE)?;
+    std::fs::write(folder.join(READS_MODULE), super::PYTHON_HELPER)?;
     Ok(folder.to_path_buf())
 }
 

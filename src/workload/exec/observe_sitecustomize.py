@@ -6,6 +6,10 @@
 #   * never imports torch: only when the job itself imports torch's DataLoader does it wrap
 #     `_BaseDataLoaderIter.__next__`, which records the largest batch the process's iterators yielded
 #     (the first dimension of the first tensor in the batch) in $BATCHFIT_OBSERVED/<pid>.json.
+# Under batchfit (BATCHFIT_RESULT set) it also imports batchfit's helper, written beside it as
+# `_batchfit_reads`, before the job's code runs: the helper's audit hook then records every file the
+# process reads for the plan's cache key, those read before the job imports the helper too (a config
+# opened at the top of the script, data a module opens as it is imported).
 # A job whose DataLoader yields fewer samples than the size batchfit gave it (a dataset shorter than
 # the batch, a clamped batch size) would otherwise "fit" at every size with flat memory. Nothing here
 # may ever raise into the job: whatever goes wrong is swallowed (a batch it cannot read counts as
@@ -201,6 +205,18 @@ def _watch():
         sys.meta_path.insert(0, _DataLoaderFinder())
 
 
+def _record_reads():
+    if not os.environ.get("BATCHFIT_RESULT"):
+        return
+    import _batchfit_reads
+
+    _batchfit_reads._SHARE_ALL[0] = True
+
+
+try:
+    _record_reads()
+except Exception:
+    pass
 try:
     _watch()
 except Exception:
