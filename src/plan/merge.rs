@@ -319,12 +319,11 @@ pub fn smallest_failing_with_accumulation(plan: &Plan) -> Option<u64> {
 fn above_noise_with_accumulation(plan: &Plan) -> Option<u64> {
     let steps = plan.confirmation_steps();
     let mut runs: std::collections::BTreeMap<(u64, u32), Vec<u64>> = Default::default();
-    for t in plan.trials.iter().filter(|t| {
-        t.accumulation > 1
-            && t.steps >= steps
-            && t.outcome.fits()
-            && t.isolation != crate::protocol::Isolation::Worker
-    }) {
+    for t in plan
+        .trials
+        .iter()
+        .filter(|t| t.accumulation > 1 && t.steps >= steps && t.outcome.fits() && t.cold())
+    {
         if let Some(f) = t.footprint() {
             runs.entry((t.batch, t.accumulation)).or_default().push(f);
         }

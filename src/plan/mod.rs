@@ -48,7 +48,8 @@ pub enum PlanError {
 }
 
 /// The fit whose measurements a recommendation carries (`peak_bytes`, samples/s): of the fresh fits
-/// of exactly `batch` × `accumulation` with at least `steps` steps, the one with the largest peak.
+/// (cold, [`TrialRecord::cold`]) of exactly `batch` × `accumulation` with at least `steps` steps,
+/// the one with the largest peak.
 /// A fresh run of the recommendation may peak as high as any of them, so the plan records the
 /// highest, never merely the last. The one choice of the probe, `merge` and `verify`.
 pub fn recommended_fit<'a>(
@@ -61,7 +62,7 @@ pub fn recommended_fit<'a>(
         .into_iter()
         .filter(|t| t.batch == batch && t.accumulation == accumulation.max(1))
         .filter(|t| t.steps >= steps && t.outcome.fits())
-        .filter(|t| t.isolation != crate::protocol::Isolation::Worker)
+        .filter(|t| t.cold())
         .max_by_key(|t| t.outcome.peak_bytes())
 }
 

@@ -550,7 +550,7 @@ pub fn best_fit(trials: &[TrialRecord], batch: u64) -> Option<&TrialRecord> {
     let (accumulation, steps) = trials
         .iter()
         .filter(|t| t.batch == batch && t.outcome.fits())
-        .filter(|t| t.isolation != crate::protocol::Isolation::Worker)
+        .filter(|t| t.cold())
         .map(|t| (t.accumulation, t.steps))
         .max()?;
     crate::plan::recommended_fit(trials, batch, accumulation, steps)

@@ -316,7 +316,7 @@ fn fresh_fits<'a>(
     trials
         .into_iter()
         .filter(|t| t.batch == b && t.accumulation == acc.max(1) && t.steps >= steps)
-        .filter(|t| t.outcome.fits() && t.isolation != crate::protocol::Isolation::Worker)
+        .filter(|t| t.outcome.fits() && t.cold())
         .filter_map(|t| t.footprint())
         .collect()
 }
