@@ -311,6 +311,231 @@ fn verify_elsewhere_checks_the_plans_bracket() {
     assert_eq!(w["recommendation"]["max_fitting_batch"], 2247);
 }
 
+/// Two sim devices of 1 GiB, the second with 100 MiB more fixed memory: 800 × 2 fits on the
+/// first and runs out of memory on the second.
+const ROOMY: &str = "base=100MiB,per-sample=1MiB,capacity=1GiB";
+const CRAMPED: &str = "base=200MiB,per-sample=1MiB,capacity=1GiB";
+
+/// A plan whose `verify` failed still names the device it was probed on, with that device's
+/// largest fit: merged, it would stand for the machine its sizes did not hold on (a split of 780 × 2
+/// merged from it verified on the first device and ran out of memory on the second). `merge`
+/// refuses it (exit 2), saying to probe that machine, and writes nothing.
+#[test]
+fn a_merged_plan_refuses_a_source_whose_verification_failed() {
+    let d = tmp();
+    let (a, b) = (path(&d, "a.json"), path(&d, "b.json"));
+    probe_to(ROOMY, &a, &["--global-batch", "1600"]);
+    batchfit()
+        .args(["verify", "--quiet", "--sim", CRAMPED, "--out"])
+        .arg(&b)
+        .arg(&a)
+        .assert()
+        .code(4);
+    assert!(read_json(&b)["verification_failure"].is_string());
+    merge(&d, &[&a, &b], &["--global-batch", "1560"])
+        .code(2)
+        .stderr(predicate::str::contains("b.json failed its verification"))
+        .stderr(predicate::str::contains(
+            "probe the machine that verified it",
+        ));
+    assert!(!path(&d, "m.json").exists(), "refused before writing");
+    // the source that verified nothing is fine alone
+    merge(&d, &[&a], &["--global-batch", "1560"]).success();
+}
+
+/// A sim curve on which 750 × 4 fits three times but peaks above the ceiling its measured noise
+/// leaves (the probe recomputes its split to 600 × 5 below it).
+const NOISY_ACCUMULATION: &str =
+    "base=100MiB,per-sample=1MiB,capacity=1GiB,boundary-noise=20MiB,accumulation=30MiB,seed=35";
+
+/// The plan of [`NOISY_ACCUMULATION`] for a global batch of 3000, checked to hold what the tests
+/// of it rest on: its split was recomputed below 750 × 4, which fit above its noise ceiling.
+fn noisy_accumulation_plan(d: &tempfile::TempDir) -> PathBuf {
+    let p = path(d, "p.json");
+    probe_to(
+        NOISY_ACCUMULATION,
+        &p,
+        &["--global-batch", "3000", "--repeats", "2", "--no-cache"],
+    );
+    let plan = read_json(&p);
+    assert_eq!(plan["recommendation"]["micro_batch"], 600, "{plan}");
+    let warnings = plan["warnings"].to_string();
+    assert!(
+        warnings.contains("750 × accumulation 4 peaked at"),
+        "{warnings}"
+    );
+    p
+}
+
+/// `merge` holds its sources' splits to the probe's one rule: a size whose fresh fits with
+/// accumulation break the noise ceiling bounds the split like an out-of-memory, so the merged plan
+/// of a plan that recomputed 750 × 4 down to 600 × 5 recommends 600 × 5 (not 750 × 4), records 750
+/// as the source's bound and says why.
+#[test]
+fn merge_keeps_below_a_size_whose_fits_with_accumulation_broke_the_noise_ceiling() {
+    let d = tmp();
+    let p = noisy_accumulation_plan(&d);
+    merge(&d, &[&p], &["--global-batch", "3000"]).success();
+    let m = read_json(&path(&d, "m.json"));
+    let r = &m["recommendation"];
+    assert_eq!(
+        (r["micro_batch"].clone(), r["accumulation"].clone()),
+        (600.into(), 5.into()),
+        "{r}"
+    );
+    assert_eq!(m["sources"][0]["smallest_failing_with_accumulation"], 750);
+    let warnings = m["warnings"].to_string();
+    assert!(
+        warnings.contains(
+            "peaked above the ceiling its measured noise leaves under the limit at micro-batch 750"
+        ),
+        "{warnings}"
+    );
+}
+
+/// `verify` on the device a plan was probed on holds each size to the noise of every fresh run of
+/// it at its accumulation the plan carries from that device, not only its own: a merged plan
+/// recommending 750 × 4, whose probe's runs of it peaked above the ceiling, is not verified there
+/// (exit 4) although verify's own three runs happen to stay under it.
+#[test]
+fn verify_holds_a_size_to_the_noise_of_every_run_of_it_on_this_device() {
+    let d = tmp();
+    let p = noisy_accumulation_plan(&d);
+    merge(&d, &[&p], &["--global-batch", "3000"]).success();
+    let (m, edited, v) = (path(&d, "m.json"), path(&d, "e.json"), path(&d, "v.json"));
+    let mut plan = read_json(&m);
+    let r = &mut plan["recommendation"];
+    r["micro_batch"] = 750.into();
+    r["accumulation"] = 4.into();
+    r["micro_batches"] = serde_json::json!([750, 750, 750, 750]);
+    write_json(&edited, &plan);
+    batchfit()
+        .args(["verify", "--quiet", "--out"])
+        .arg(&v)
+        .arg(&edited)
+        .assert()
+        .code(4)
+        .stderr(predicate::str::contains(
+            "micro-batch 750 × accumulation 4 peaked at",
+        ));
+    // verify's own run of 750 × 4 fit, lower than the probe's highest: the probe's runs show the
+    // excess
+    let trials = plan["trials"].as_array().unwrap();
+    let top = |ts: &[serde_json::Value]| {
+        ts.iter()
+            .filter(|t| t["batch"] == 750 && t["accumulation"] == 4 && t["outcome"] == "fits")
+            .map(|t| t["peak_bytes"].as_u64().unwrap())
+            .max()
+    };
+    let own = read_json(&v)["trials"].as_array().unwrap()[trials.len()..].to_vec();
+    assert!(own.iter().all(|t| t["outcome"] == "fits"), "{own:?}");
+    assert!(top(&own) < top(trials), "{own:?}");
+}
+
+/// A device with the probe's curve and five times its run-to-run noise.
+const NOISIER: &str = "base=100MiB,per-sample=1MiB,capacity=1GiB,boundary-noise=15MiB,seed=3";
+
+/// The plan of 512 on the quiet curve (`boundary-noise=5MiB`): 849 is its largest fit, below a
+/// noise band.
+fn quiet_noisy_plan(d: &tempfile::TempDir) -> PathBuf {
+    let q = path(d, "q.json");
+    probe_to(
+        "base=100MiB,per-sample=1MiB,capacity=1GiB,boundary-noise=5MiB,seed=3",
+        &q,
+        &["--global-batch", "512", "--repeats", "2", "--no-cache"],
+    );
+    assert_eq!(read_json(&q)["recommendation"]["max_fitting_batch"], 849);
+    q
+}
+
+/// `verify` elsewhere claims the plan's largest fit as this device's, so it holds it as the probe
+/// did: run as often as the probe ran its answer, each run under the ceiling the wider of the
+/// probe's and this device's noise leaves. On a noisier device 849 fits, but at 958.87 MiB, above
+/// that ceiling: not verified (exit 4), where before one run of it sufficed.
+#[test]
+fn verify_elsewhere_holds_the_largest_fit_to_the_noise_ceiling() {
+    let d = tmp();
+    let q = quiet_noisy_plan(&d);
+    let v = path(&d, "v.json");
+    batchfit()
+        .args(["verify", "--quiet", "--sim", NOISIER, "--out"])
+        .arg(&v)
+        .arg(&q)
+        .assert()
+        .code(4)
+        .stderr(predicate::str::contains(
+            "its largest fitting micro-batch fit here, but micro-batch 849 peaked at 958.87 MiB",
+        ));
+    // the failed verification's trials ran on the noisier device: the plan, still the quiet
+    // device's, counts none of them as its own
+    let text = batchfit()
+        .args(["show", "--format", "text"])
+        .arg(&v)
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&text.get_output().stdout).into_owned();
+    assert!(
+        text.contains("micro-batch 849 fit 3 times in fresh runs"),
+        "{text}"
+    );
+}
+
+/// A plan verified on another device describes that device: its measured noise is the wider of
+/// the probe's and the verification's own (the probe's rule: the whole range three runs imply),
+/// the trials before the verification's are marked as another device's, and the text counts only
+/// this device's runs of the largest fit (three, not the probe's three and these).
+#[test]
+fn a_plan_verified_elsewhere_carries_its_own_noise_and_counts_only_its_own_runs() {
+    let d = tmp();
+    let q = quiet_noisy_plan(&d);
+    let probe = read_json(&q);
+    let n = probe["trials"].as_array().unwrap().len();
+    let v = path(&d, "v.json");
+    batchfit()
+        .args(["verify", "--quiet", "--sim"])
+        .arg("base=100MiB,per-sample=1MiB,capacity=1GiB,boundary-noise=5MiB,seed=4")
+        .arg("--out")
+        .arg(&v)
+        .arg(&q)
+        .assert()
+        .success();
+    let plan = read_json(&v);
+    assert_eq!(plan["trials_elsewhere"], serde_json::json!([[0, n]]));
+    let peaks = |b: u64| -> Vec<u64> {
+        plan["trials"].as_array().unwrap()[n..]
+            .iter()
+            .filter(|t| t["batch"] == b && t["outcome"] == "fits")
+            .map(|t| t["peak_bytes"].as_u64().unwrap())
+            .collect()
+    };
+    let spread = plan["search"]["noise_spread_bytes"].as_u64().unwrap();
+    assert!(spread >= probe["search"]["noise_spread_bytes"].as_u64().unwrap());
+    for b in [512, 849] {
+        let p = peaks(b);
+        assert_eq!(p.len(), 3, "{b}: {p:?}");
+        let implied = 2 * (p.iter().max().unwrap() - p.iter().min().unwrap());
+        assert!(
+            spread >= implied,
+            "{b}: {p:?} imply {implied}, the plan says {spread}"
+        );
+    }
+    let text = batchfit()
+        .args(["show", "--format", "text"])
+        .arg(&v)
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&text.get_output().stdout).into_owned();
+    assert!(
+        text.contains("micro-batch 849 fit 3 times in fresh runs"),
+        "{text}"
+    );
+    let top = *peaks(849).iter().max().unwrap() as f64 / (1u64 << 20) as f64;
+    assert!(
+        text.contains(&format!("peak (simulated) {top:.2} MiB")),
+        "{top:.2}: {text}"
+    );
+}
+
 #[test]
 fn verify_of_an_old_sim_plan_needs_sim() {
     let d = tmp();

@@ -172,7 +172,8 @@ fn peak_clause(plan: &Plan, batch: u64, peak: u64) -> String {
 /// The largest fitting micro-batch with its bracket and its own peak, then, when the recommended
 /// micro-batch is smaller (a split's rounding), the recommended size with its peak and speed: each
 /// figure beside the size it was measured at. The largest fit's peak is the highest of its fitting
-/// trials; none measured (a merged plan's size proven elsewhere): no figure for it.
+/// trials on the plan's device; none measured (a merged plan's size proven elsewhere): no figure
+/// for it.
 fn peak_lines(plan: &Plan, r: &crate::plan::Recommendation) -> String {
     let x = r.max_fitting_batch;
     let bracket = r
@@ -195,8 +196,8 @@ recommended micro-batch {}: not measured \
         return format!("largest fitting micro-batch: {x}{bracket}{recommended}{speed}\n");
     }
     let largest = plan
-        .trials
-        .iter()
+        .device_trials()
+        .into_iter()
         .filter(|t| t.batch == x && t.outcome.fits())
         .filter_map(|t| t.outcome.peak_bytes().filter(|&p| p > 0))
         .max()
@@ -268,9 +269,10 @@ fn repeats_line(plan: &Plan) -> Option<String> {
     if plan.search.repeats == 0 {
         return None;
     }
+    // after a verify on another device, the probe's runs are that device's, not this one's
     let runs = plan
-        .trials
-        .iter()
+        .device_trials()
+        .into_iter()
         .filter(|t| {
             t.batch == r.max_fitting_batch
                 && t.outcome.fits()

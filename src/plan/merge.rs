@@ -35,8 +35,9 @@ pub struct MergeOptions {
 
 /// One plan from several: micro-batch = the smallest `max_fitting_batch`, the accumulation re-solved
 /// for `global_batch` over `world_size` ranks on the sources' grid of sizes, below any size a source
-/// saw run out of memory with accumulation. Refuses plans of different models and plans that are
-/// not complete. The result is `verified: false` and lists its sources.
+/// saw fail with accumulation (out of memory, or above its noise ceiling). Refuses plans of
+/// different models, plans that are not complete, and plans whose verification failed. The result
+/// is `verified: false` and lists its sources.
 pub fn merge(opts: &MergeOptions) -> Result<Plan, MergeError> {
     if opts.plans.is_empty() {
         return Err(MergeError::Usage("merge needs at least one plan".into()));
@@ -83,6 +84,18 @@ impl<'a> Source<'a> {
                 )))
             }
         };
+        if plan.failed_verification() {
+            // its device and bracket are still the ones its verify did not confirm: merged, they
+            // would stand for a machine on which its sizes did not hold
+            return Err(MergeError::Usage(format!(
+                "{} failed its verification ({}), so it describes no machine its sizes hold on: \
+                 probe the machine that verified it (batchfit probe) and merge that plan",
+                path.display(),
+                plan.verification_failure
+                    .as_deref()
+                    .unwrap_or("verified: false")
+            )));
+        }
         if !plan.model.fingerprint_matches() {
             return Err(MergeError::Usage(format!(
                 "{}: its model fingerprint does not match its model config; the plan was edited",
@@ -146,7 +159,7 @@ fn base_source<'s, 'a>(sources: &'s [Source<'a>]) -> &'s Source<'a> {
 
 /// The split of the global batch at most the base's largest fitting size, on sizes every source
 /// could have tried (multiples of all their --multiple-of, at least the largest --min-batch), and
-/// below the smallest size any source saw run out of memory with accumulation; with the notes that
+/// below the smallest size any source saw fail with accumulation; with the notes that
 /// say when that last bound moved it.
 fn split_for(
     opts: &MergeOptions,
@@ -187,29 +200,35 @@ fn split_for(
         return Ok((s, vec![]));
     }
     let path = sources[i].path.display();
+    let failed = if above_noise_with_accumulation(&sources[i].plan) == Some(fail) {
+        "peaked above the ceiling its measured noise leaves under the limit"
+    } else {
+        "ran out of memory"
+    };
     let s = split_below(fail - 1).map_err(|e| {
         MergeError::Usage(format!(
-            "{e} ({path} ran out of memory at micro-batch {fail} with gradient accumulation, \
-             so the split must stay below it)"
+            "{e} ({path} {failed} at micro-batch {fail} with gradient accumulation, so the split \
+             must stay below it)"
         ))
     })?;
     let note = format!(
-        "{path} ran out of memory at micro-batch {fail} with gradient accumulation, although \
-         larger sizes fit alone there; the merged split stays below {fail}"
+        "{path} {failed} at micro-batch {fail} with gradient accumulation, although larger sizes \
+         fit alone there; the merged split stays below {fail}"
     );
     Ok((s, vec![note]))
 }
 
-/// The merged recommendation: with the base plan's measurements of the chosen size when it ran it,
-/// else the base's recommendation with the split's numbers and no measurements.
+/// The merged recommendation: with the base plan's measurements of the chosen size when it ran it
+/// at the split's accumulation, else the base's recommendation with the split's numbers and no
+/// measurements.
 fn recommendation_for(base: &Source, s: &accumulate::Split) -> Recommendation {
     let max = base.rec.max_fitting_batch;
-    let measured = base
-        .plan
-        .trials
-        .iter()
-        .filter(|t| t.batch == s.micro_batch && t.outcome.fits())
-        .max_by_key(|t| t.steps);
+    let measured = super::recommended_fit(
+        &base.plan.trials,
+        s.micro_batch,
+        u32::try_from(s.accumulation).unwrap_or(u32::MAX),
+        base.plan.confirmation_steps(),
+    );
     let mut rec = match measured {
         Some(t) => Recommendation::from_split(s, max, base.rec.first_failing_batch, t),
         None => {
@@ -276,18 +295,50 @@ fn merged_plan(
     merged
 }
 
-/// The smallest micro-batch that ran out of memory with gradient accumulation in `plan` (its own
-/// trials, and what its sources reported when it is itself a merged plan).
+/// The smallest micro-batch that failed with gradient accumulation in `plan`: ran out of memory, or
+/// fit only above the ceiling its measured noise leaves ([`above_noise_with_accumulation`]); its own
+/// trials, and what its sources reported when it is itself a merged plan.
 pub fn smallest_failing_with_accumulation(plan: &Plan) -> Option<u64> {
     plan.trials
         .iter()
         .filter(|t| t.accumulation > 1 && t.outcome.is_bound())
         .map(|t| t.batch)
+        .chain(above_noise_with_accumulation(plan))
         .chain(
             plan.sources
                 .iter()
                 .filter_map(|s| s.smallest_failing_with_accumulation),
         )
+        .min()
+}
+
+/// The smallest micro-batch whose fresh fits with gradient accumulation (at one accumulation, with
+/// the confirmation's steps) break the plan's noise ceiling, the rule the probe recomputed its split
+/// by ([`crate::search::noise::above_noise`]): a fresh run of it may not fit, so it bounds the split
+/// like an out-of-memory.
+fn above_noise_with_accumulation(plan: &Plan) -> Option<u64> {
+    let steps = plan.confirmation_steps();
+    let mut runs: std::collections::BTreeMap<(u64, u32), Vec<u64>> = Default::default();
+    for t in plan
+        .trials
+        .iter()
+        .filter(|t| t.accumulation > 1 && t.steps >= steps && t.outcome.fits() && t.cold())
+    {
+        if let Some(f) = t.footprint() {
+            runs.entry((t.batch, t.accumulation)).or_default().push(f);
+        }
+    }
+    runs.into_iter()
+        .filter(|(_, fits)| {
+            crate::search::noise::above_noise(
+                fits,
+                plan.search.noise_spread_bytes,
+                plan.job_limit_bytes(),
+                plan.limit_bytes,
+            )
+            .is_some()
+        })
+        .map(|((b, _), _)| b)
         .min()
 }
 

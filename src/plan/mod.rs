@@ -47,6 +47,25 @@ pub enum PlanError {
     Write(#[from] FileError),
 }
 
+/// The fit whose measurements a recommendation carries (`peak_bytes`, samples/s): of the fresh fits
+/// (cold, [`TrialRecord::cold`]) of exactly `batch` × `accumulation` with at least `steps` steps,
+/// the one with the largest peak.
+/// A fresh run of the recommendation may peak as high as any of them, so the plan records the
+/// highest, never merely the last. The one choice of the probe, `merge` and `verify`.
+pub fn recommended_fit<'a>(
+    trials: impl IntoIterator<Item = &'a TrialRecord>,
+    batch: u64,
+    accumulation: u32,
+    steps: u32,
+) -> Option<&'a TrialRecord> {
+    trials
+        .into_iter()
+        .filter(|t| t.batch == batch && t.accumulation == accumulation.max(1))
+        .filter(|t| t.steps >= steps && t.outcome.fits())
+        .filter(|t| t.cold())
+        .max_by_key(|t| t.outcome.peak_bytes())
+}
+
 impl Plan {
     /// The limit the job gets: the trials' `limit_bytes` plus the guard band in bytes (the band is
     /// headroom for the job, which is not the trial process; `batchfit-train --memory-limit plan`).
@@ -66,6 +85,11 @@ impl Plan {
             .iter()
             .map(|&b| check::fitting_steps(self, b, acc))
             .try_fold(u32::MAX, |fewest, s| s.map(|s| fewest.min(s)))
+    }
+
+    /// The confirmation steps: the most steps the search runs a size with.
+    pub fn confirmation_steps(&self) -> u32 {
+        self.search.confirm_steps.max(self.search.steps)
     }
 
     pub fn to_json(&self) -> String {

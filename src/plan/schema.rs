@@ -704,6 +704,12 @@ pub struct Plan {
     /// The plans a merged plan was made from (`batchfit merge`); absent otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sources: Vec<PlanSource>,
+    /// The trials that ran on another device than `device`, as index ranges `[from, to)` of
+    /// `trials`: a `batchfit verify` that verified the plan elsewhere than its earlier trials ran
+    /// makes those the one range; one that failed elsewhere adds its own. Empty: every trial ran on
+    /// `device`. ([`Plan::device_trials`].)
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trials_elsewhere: Vec<(usize, usize)>,
     /// The simulated device's curve (sim backend only), so `batchfit verify` can rebuild it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sim_spec: Option<SimSpec>,
@@ -750,6 +756,16 @@ impl Plan {
             Some(v) => v,
             None => self.sources.is_empty(),
         }
+    }
+    /// The trials that ran on the device the plan describes (`device`), outside `trials_elsewhere`:
+    /// after a `batchfit verify` on another device, only verify's own. What the plan says of this
+    /// device rests on these.
+    pub fn device_trials(&self) -> Vec<&TrialRecord> {
+        let elsewhere = |i: usize| self.trials_elsewhere.iter().any(|&(a, b)| a <= i && i < b);
+        (self.trials.iter().enumerate())
+            .filter(|&(i, _)| !elsewhere(i))
+            .map(|(_, t)| t)
+            .collect()
     }
     /// Whether a `batchfit verify` of this plan failed: it says why, or it is a probe plan (no
     /// `sources`, proven where it was made) marked `verified: false`, which only a failed verify does.

@@ -552,6 +552,7 @@ pub fn skeleton(
         // the band as applied (the quarter cap included): what the job has above `limit_bytes`
         guard_band_bytes: guard_band.map(|_| unguarded - limit),
         capacity_model: None,
+        trials_elsewhere: vec![],
         sweep: None,
     };
     plan.search.parallel = (backend.width() > 1).then_some(backend.width() as u32);

@@ -542,12 +542,18 @@ pub fn stopped(plan: &mut Plan, stop: Stop) -> Ending {
     }
 }
 
-/// The fitting trial at `batch` that proves the most: the largest accumulation, then the most steps.
+/// The fresh fit at `batch` that proves the most, the largest accumulation, then the most steps, and
+/// of those the highest peak ([`crate::plan::recommended_fit`]).
 pub fn best_fit(trials: &[TrialRecord], batch: u64) -> Option<&TrialRecord> {
-    trials
+    // the split confirms its sizes at its accumulation with the confirmation's steps: the most of
+    // either that a fresh fit of `batch` ran with
+    let (accumulation, steps) = trials
         .iter()
         .filter(|t| t.batch == batch && t.outcome.fits())
-        .max_by_key(|t| (t.accumulation, t.steps))
+        .filter(|t| t.cold())
+        .map(|t| (t.accumulation, t.steps))
+        .max()?;
+    crate::plan::recommended_fit(trials, batch, accumulation, steps)
 }
 
 /// A user's command proves a split only when it ran the accumulation it was given: the warning for

@@ -66,29 +66,42 @@ pub fn verify(
         device.name,
         format_size(limit)
     ));
-    let (ending, trials) = {
+    let (ending, trials, spread) = {
         let progress = &mut *progress;
         let mut prober = Prober::new(backend.as_mut(), search_config(plan), limit)
             .on_trial(move |t, all| progress.trial(all.len(), t, limit));
         let ending = confirm_plan(&mut prober, plan, &rec, &here, limit)?;
-        (ending, prober.trials().to_vec())
+        (ending, prober.trials().to_vec(), prober.noise_spread())
     };
     let mut out = plan.clone();
-    out.trials.extend(trials.iter().cloned());
+    let first_here = out.trials.len();
+    out.trials.extend(trials);
     match &ending {
-        VerifyEnding::Verified => mark_verified(&mut out, plan, &rec, &here, limit, &trials),
+        VerifyEnding::Verified => {
+            mark_verified(&mut out, plan, &here, limit, first_here, spread);
+        }
         VerifyEnding::Failed(why) => {
+            failed_elsewhere(&mut out, &here, first_here);
             out.verified = Some(false);
             out.verification_failure = Some(why.clone());
             out.warnings.push(format!("verification failed: {why}"));
         }
         VerifyEnding::Interrupted(_) => {
+            failed_elsewhere(&mut out, &here, first_here);
             out.verified = Some(false);
             out.verification_failure = Some("the verification was interrupted".into());
             out.warnings.push("verification interrupted".into());
         }
     }
     Ok(VerifyReport { plan: out, ending })
+}
+
+/// A verification that did not verify leaves the plan describing its device: trials from
+/// `first_here` on, when they ran on another, are not that device's.
+fn failed_elsewhere(out: &mut Plan, here: &Here, first_here: usize) {
+    if here.elsewhere && first_here < out.trials.len() {
+        out.trials_elsewhere.push((first_here, out.trials.len()));
+    }
 }
 
 /// The recommendation of a plan that can be verified: a complete one, whose model config is the one
@@ -194,7 +207,7 @@ fn confirm_plan(
     here: &Here,
     limit: u64,
 ) -> Result<VerifyEnding, ProbeError> {
-    let ending = confirm_sizes(prober, plan, rec, &here.device.name, limit)?;
+    let ending = confirm_sizes(prober, plan, rec, here, limit)?;
     if ending != VerifyEnding::Verified || !here.elsewhere {
         return Ok(ending);
     }
@@ -207,84 +220,141 @@ fn confirm_plan(
         Some(v) if here.other_torch => format!("{} on PyTorch {v}", here.device.name),
         _ => here.device.name.clone(),
     };
-    Ok(check_bracket(prober, rec, plan.search.steps, &name)
+    Ok(check_bracket(prober, plan, rec, &name)
         .err()
         .unwrap_or(ending))
 }
 
 /// Confirms each distinct size of `rec`'s micro-batches, largest first, with its accumulation, as
-/// often as the plan's probe ran its answer (`1 + search.repeats` fresh runs), and where the probe
-/// measured a spread wider than its guard band, each run's footprint at most the ceiling that spread
-/// leaves under the job's limit: the plan's promise, checked as it was made. The first size that
-/// does not confirm ends the verification.
+/// often as the plan's probe ran its answer, each run held to the noise ceiling ([`run_held`]): the
+/// plan's promise, checked as it was made. The first size that does not hold ends the verification.
 fn confirm_sizes(
     prober: &mut Prober,
     plan: &Plan,
     rec: &crate::plan::Recommendation,
-    device: &str,
+    here: &Here,
     limit: u64,
 ) -> Result<VerifyEnding, ProbeError> {
+    let device = &here.device.name;
     let mut sizes = rec.micro_batches.clone();
     sizes.sort_unstable_by(|a, b| b.cmp(a));
     sizes.dedup();
     let acc = u32::try_from(rec.accumulation).unwrap_or(u32::MAX);
     for b in sizes {
-        for run in 0..=plan.search.repeats {
-            let confirmed = if run == 0 {
-                prober.confirm_split(b, acc, Purpose::Confirm)
-            } else {
-                prober.repeat_split(b, acc)
-            };
-            let ending = match confirmed {
-                Ok(Confirmation::Fits) => match above_ceiling(prober, plan, b, acc) {
-                    None => continue,
-                    Some(why) => VerifyEnding::Failed(why),
-                },
-                Ok(Confirmation::AboveNoise { why, .. }) => VerifyEnding::Failed(why),
-                Ok(Confirmation::Failed(why)) => VerifyEnding::Failed(format!(
-                    "micro-batch {b} × accumulation {acc} could not be confirmed on {device}: {why}"
-                )),
-                Ok(Confirmation::OutOfMemory) => {
-                    let last = prober.trials().last();
-                    let why = last
-                        .and_then(|t| t.outcome.message().map(String::from))
-                        .unwrap_or_default();
-                    VerifyEnding::Failed(format!(
-                        "micro-batch {b} × accumulation {acc} did not fit under the {} limit on {device} ({}): {why}",
-                        format_size(limit),
-                        last.map_or("", |t| t.outcome.kind())
-                    ))
-                }
-                Err(Stop::Interrupted(sig)) => VerifyEnding::Interrupted(sig),
-                Err(Stop::Fatal(m)) => return Err(ProbeError::Environment(m)),
-                Err(Stop::Reason(r)) => VerifyEnding::Failed(r.describe().to_string()),
-            };
-            return Ok(ending);
-        }
+        let ending = match run_held(prober, plan, here.elsewhere, b, acc) {
+            Ok(None) => continue,
+            Ok(Some(NotHeld::AboveNoise(why))) => VerifyEnding::Failed(why),
+            Ok(Some(NotHeld::Failed(why))) => VerifyEnding::Failed(format!(
+                "micro-batch {b} × accumulation {acc} could not be confirmed on {device}: {why}"
+            )),
+            Ok(Some(NotHeld::OutOfMemory)) => {
+                let last = prober.trials().last();
+                let why = last
+                    .and_then(|t| t.outcome.message().map(String::from))
+                    .unwrap_or_default();
+                VerifyEnding::Failed(format!(
+                    "micro-batch {b} × accumulation {acc} did not fit under the {} limit on {device} ({}): {why}",
+                    format_size(limit),
+                    last.map_or("", |t| t.outcome.kind())
+                ))
+            }
+            Err(Stop::Interrupted(sig)) => VerifyEnding::Interrupted(sig),
+            Err(Stop::Fatal(m)) => return Err(ProbeError::Environment(m)),
+            Err(Stop::Reason(r)) => VerifyEnding::Failed(r.describe().to_string()),
+        };
+        return Ok(ending);
     }
     Ok(VerifyEnding::Verified)
 }
 
-/// Why the fits of `b` at `acc` so far break the plan's promise, if they do: each must leave under
-/// the job's limit the job's noise, the wider of the probe's measured spread and the spread of
-/// these runs themselves (scaled to the whole range so few draws imply), once that is wider than
-/// the guard band. (A machine noisier than the probe's is held to its own noise.)
-fn above_ceiling(prober: &Prober, plan: &Plan, b: u64, acc: u32) -> Option<String> {
-    let steps = plan.search.confirm_steps.max(plan.search.steps);
-    let fits: Vec<u64> = (prober.trials().iter())
+/// How the runs of one size ended where they did not hold the plan's promise.
+enum NotHeld {
+    OutOfMemory,
+    /// An error or a timeout, twice: no evidence either way.
+    Failed(String),
+    /// It fit, above the ceiling the job's noise leaves under its limit.
+    AboveNoise(String),
+}
+
+/// Runs `b` at `acc` with the confirmation's steps until it has fit as often as the plan's probe
+/// ran its answer (`1 + search.repeats` fresh fits in this verification, earlier ones counted),
+/// each fit held to the noise ceiling ([`above_ceiling`]); the first run that does not hold ends it.
+fn run_held(
+    prober: &mut Prober,
+    plan: &Plan,
+    elsewhere: bool,
+    b: u64,
+    acc: u32,
+) -> Result<Option<NotHeld>, Stop> {
+    let needed = 1 + plan.search.repeats as usize;
+    let mut run = prober.confirm_split(b, acc, Purpose::Confirm)?;
+    loop {
+        match run {
+            Confirmation::Fits => {}
+            Confirmation::OutOfMemory => return Ok(Some(NotHeld::OutOfMemory)),
+            Confirmation::Failed(why) => return Ok(Some(NotHeld::Failed(why))),
+            Confirmation::AboveNoise { why, .. } => return Ok(Some(NotHeld::AboveNoise(why))),
+        }
+        if let Some(why) = above_ceiling(prober, plan, elsewhere, b, acc) {
+            return Ok(Some(NotHeld::AboveNoise(why)));
+        }
+        if fresh_fits(prober.trials(), plan, b, acc).len() >= needed {
+            return Ok(None);
+        }
+        run = prober.repeat_split(b, acc)?;
+    }
+}
+
+/// The footprints of the fresh fits of `b` at exactly `acc` with the confirmation's steps.
+fn fresh_fits<'a>(
+    trials: impl IntoIterator<Item = &'a TrialRecord>,
+    plan: &Plan,
+    b: u64,
+    acc: u32,
+) -> Vec<u64> {
+    let steps = plan.confirmation_steps();
+    trials
+        .into_iter()
         .filter(|t| t.batch == b && t.accumulation == acc.max(1) && t.steps >= steps)
-        .filter(|t| t.outcome.fits())
+        .filter(|t| t.outcome.fits() && t.cold())
         .filter_map(|t| t.footprint())
-        .collect();
+        .collect()
+}
+
+/// Why the fits of `b` at `acc` break the plan's promise, if they do: each must leave under the
+/// job's limit the job's noise, the wider of the probe's measured spread and the spread of this
+/// verification's runs (scaled to the whole range so few draws imply), once that is wider than the
+/// guard band. (A machine noisier than the probe's is held to its own noise.) On the plan's own
+/// device its runs of `b` at `acc` count with these: they are draws of the same noise, and one of
+/// them above the ceiling shows a fresh run may be.
+fn above_ceiling(
+    prober: &Prober,
+    plan: &Plan,
+    elsewhere: bool,
+    b: u64,
+    acc: u32,
+) -> Option<String> {
+    let carried = if elsewhere {
+        vec![]
+    } else {
+        fresh_fits(plan.device_trials(), plan, b, acc)
+    };
+    let mut fits = fresh_fits(prober.trials(), plan, b, acc);
+    fits.extend(carried);
+    let measured = plan.search.noise_spread_bytes.max(prober.noise_spread());
     let over = crate::search::noise::above_noise(
         &fits,
-        plan.search.noise_spread_bytes,
+        measured,
         plan.job_limit_bytes(),
         plan.limit_bytes,
     )?;
+    let size = match acc {
+        0 | 1 => format!("micro-batch {b}"),
+        _ => format!("micro-batch {b} × accumulation {acc}"),
+    };
     Some(format!(
-        "micro-batch {b} peaked at {}, above the {} that the job's measured noise ({} between \
-         fresh runs) leaves under the job's {} limit",
+        "{size} peaked at {}, above the {} that the job's measured noise ({} between fresh runs) \
+         leaves under the job's {} limit",
         format_size(over.top),
         format_size(over.ceiling),
         format_size(over.spread),
@@ -292,15 +362,17 @@ fn above_ceiling(prober: &Prober, plan: &Plan, b: u64, acc: u32) -> Option<Strin
     ))
 }
 
-/// Makes `out` the verified plan of this machine: its device, torch, limit and curve, and the
-/// recommendation's peak and speed from the trials that verified it.
+/// Makes `out` the verified plan of this machine: its device, torch, limit and curve; the trials
+/// from `first_here` on as this device's (when it is another than the plan's); the job's noise the
+/// wider of the plan's and `spread`, this verification's own (the probe's rule over its runs); and
+/// the recommendation's peak and speed from this device's fits of it.
 fn mark_verified(
     out: &mut Plan,
     plan: &Plan,
-    rec: &crate::plan::Recommendation,
     here: &Here,
     limit: u64,
-    trials: &[TrialRecord],
+    first_here: usize,
+    spread: Option<u64>,
 ) {
     let device = &here.device;
     out.verified = Some(true);
@@ -317,6 +389,8 @@ fn mark_verified(
             device.name,
             on_torch(here.torch.as_deref()),
         )));
+        // the trials before this verification's ran on another device
+        out.trials_elsewhere = vec![(0, first_here)];
     }
     out.device = device.clone();
     // the trials that verified it ran on this torch
@@ -327,17 +401,18 @@ fn mark_verified(
     if device.kind == DeviceKind::Sim {
         out.sim_spec = here.sim_used.clone();
     }
-    if let (Some(r), Some(t)) = (
-        out.recommendation.as_mut(),
-        trials
-            .iter()
-            .filter(|t| t.batch == rec.micro_batch && t.outcome.fits())
-            .max_by_key(|t| t.steps),
-    ) {
-        r.peak_bytes = t.outcome.peak_bytes().unwrap_or(r.peak_bytes);
-        if let Some(s) = t.outcome.step_seconds().filter(|s| *s > 0.0) {
-            r.samples_per_second = t.batch as f64 / s;
-        }
+    out.search.noise_spread_bytes = plan.search.noise_spread_bytes.max(spread);
+    let steps = out.confirmation_steps();
+    if let Some(r) = out.recommendation.clone() {
+        let acc = u32::try_from(r.accumulation).unwrap_or(u32::MAX);
+        let fit = crate::plan::recommended_fit(out.device_trials(), r.micro_batch, acc, steps);
+        let (peak, speed) = fit.map_or((None, None), |t| {
+            let s = t.outcome.step_seconds().filter(|s| *s > 0.0);
+            (t.outcome.peak_bytes(), s.map(|s| t.batch as f64 / s))
+        });
+        let rec = out.recommendation.as_mut().expect("cloned above");
+        rec.peak_bytes = peak.unwrap_or(rec.peak_bytes);
+        rec.samples_per_second = speed.unwrap_or(rec.samples_per_second);
     }
     out.stop_detail = format!(
         "verified on {} ({}) at {}",
@@ -353,13 +428,14 @@ fn on_torch(version: Option<&str>) -> String {
 }
 
 /// Checks on this device the bracket `rec` claims: its largest fitting size fits alone with the
-/// confirmation's steps, and its first failing size runs out of memory (with the exploration's
-/// `steps`, as the probe's proof ran). An error or a timeout is no evidence either way: the
-/// verification fails then too.
+/// confirmation's steps as often as the probe ran its answer, each run under the noise ceiling
+/// ([`run_held`]: claimed as this device's largest fit, it must hold as the probe's did), and its
+/// first failing size runs out of memory (with the exploration's steps, as the probe's proof ran).
+/// An error or a timeout is no evidence either way: the verification fails then too.
 fn check_bracket(
     prober: &mut Prober,
+    plan: &Plan,
     rec: &crate::plan::Recommendation,
-    steps: u32,
     device: &str,
 ) -> Result<(), VerifyEnding> {
     let fail = |m: String| {
@@ -374,23 +450,27 @@ fn check_bracket(
         Stop::Reason(r) => VerifyEnding::Failed(r.describe().to_string()),
     };
     let b = rec.max_fitting_batch;
-    match prober.confirm_split(b, 1, Purpose::Confirm).map_err(stop)? {
-        Confirmation::Fits => {}
-        Confirmation::OutOfMemory => {
+    match run_held(prober, plan, true, b, 1).map_err(stop)? {
+        None => {}
+        Some(NotHeld::OutOfMemory) => {
             return Err(fail(format!(
                 "its largest fitting micro-batch {b} ran out of memory here"
             )))
         }
-        Confirmation::Failed(why) => {
+        Some(NotHeld::Failed(why)) => {
             return Err(fail(format!(
                 "its largest fitting micro-batch {b} could not be confirmed here ({why})"
             )))
         }
-        Confirmation::AboveNoise { why, .. } => return Err(fail(why)),
+        Some(NotHeld::AboveNoise(why)) => {
+            return Err(fail(format!(
+                "its largest fitting micro-batch fit here, but {why}"
+            )))
+        }
     }
     if let Some(f) = rec.first_failing_batch {
         let o = prober
-            .trial(f, steps.max(1), Purpose::Proof)
+            .trial(f, plan.search.steps.max(1), Purpose::Proof)
             .map_err(stop)?;
         if !o.is_bound() {
             return Err(fail(format!(
