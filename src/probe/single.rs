@@ -510,14 +510,26 @@ const READ_BUT_NOT_TRAINED: &str = "The job read the size (the helper's batch_si
      lowers it after an out-of-memory (a batch-size finder, a retry); give it a dataset at least \
      as long as --max-batch and let an out-of-memory end the job";
 
-/// The likely causes of a refusal, by what the trials' reports say.
+/// The same, for a job whose DataLoader the watcher saw yield the size asked.
+const YIELDED_BUT_FLAT: &str = "The job's DataLoader yielded the size asked (batchfit's watcher \
+     saw it), yet memory stopped growing: a dataset not much longer than the batch (its workers \
+     prefetch most of it at every size), or a job that lowers its size after an out-of-memory (a \
+     batch-size finder, a retry: its loader yields the first size, then less); give the job a \
+     dataset several times longer than --max-batch, and let an out-of-memory end the job";
+
+/// The likely causes of a refusal, by what the trials' reports and the watcher say.
 fn unshown_causes(trials: &[TrialRecord]) -> &'static str {
-    let read = (trials.iter().filter_map(|t| t.details.as_ref()))
-        .any(|d| d.report.as_ref().is_some_and(|r| r.reads_batch));
-    if read {
-        READ_BUT_NOT_TRAINED
-    } else {
-        UNSHOWN_CAUSES
+    let details = || {
+        trials
+            .iter()
+            .filter_map(|t| Some((t.batch, t.details.as_ref()?)))
+    };
+    let read = details().any(|(_, d)| d.report.as_ref().is_some_and(|r| r.reads_batch));
+    let yielded = details().any(|(b, d)| b > 1 && d.dataloader_batch.is_some_and(|n| n >= b));
+    match (read, yielded) {
+        (true, _) => READ_BUT_NOT_TRAINED,
+        (false, true) => YIELDED_BUT_FLAT,
+        (false, false) => UNSHOWN_CAUSES,
     }
 }
 
@@ -822,9 +834,11 @@ mod tests {
     }
 
     /// A job that reads its size through the helper and then trains less (it clamps to its
-    /// dataset's length) is refused with that cause, not told to call `batch_size()`, which it does.
+    /// dataset's length) is refused with that cause, not told to call `batch_size()`, which it does;
+    /// one whose DataLoader yielded each size asked is told what flattens a loader's memory, not
+    /// that it ignores `{batch}`.
     #[test]
-    fn a_refused_job_that_read_its_size_is_told_it_trains_less_than_it_reads() {
+    fn a_refused_job_that_read_or_loaded_its_size_is_told_why_memory_stopped_growing() {
         let mib = 1u64 << 20;
         let mut trials: Vec<_> = [(1, 868), (1896, 994), (4244, 996)]
             .iter()
@@ -846,6 +860,16 @@ mod tests {
         });
         let why = batch_not_shown(&trials).expect("stalled: refused though it read the size");
         assert!(why.contains("clamps the size"), "{why}");
+        assert!(!why.contains("placeholder"), "{why}");
+        // no report, but the watcher saw the job's DataLoader yield each size asked
+        for t in trials.iter_mut() {
+            t.details = Some(crate::protocol::TrialDetails {
+                dataloader_batch: Some(t.batch),
+                ..Default::default()
+            });
+        }
+        let why = batch_not_shown(&trials).expect("stalled: refused though its loader yielded it");
+        assert!(why.contains("DataLoader yielded the size asked"), "{why}");
         assert!(!why.contains("placeholder"), "{why}");
     }
 
