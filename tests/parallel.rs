@@ -179,3 +179,71 @@ fn parallel_zero_or_with_a_shared_worker_is_a_usage_error() {
             .stderr(predicate::str::contains(msg));
     }
 }
+
+/// A job that, from 400 samples up, leaves a daemon that double-forks, calls `setsid` and clears its
+/// environment (nothing but adoption ties it to its trial), holding 700 MiB for 3 s.
+const DAEMON_JOB: &str = r#"import os, sys, time
+batch, steps = int(sys.argv[1]), int(sys.argv[2])
+if batch >= 400:
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execve(sys.executable, [sys.executable, '-c',
+                "x = b'\\x01' * (700 << 20)\nimport time; time.sleep(3)"], {})
+        os._exit(0)
+    os.wait()
+held = b'\x01' * (batch << 20)
+for _ in range(steps):
+    time.sleep(0.8)
+"#;
+
+/// Two lanes under `RLIMIT_DATA` (no cgroup lists a trial's processes): a daemon adopted while both
+/// ran is counted by neither, and a trial that saw one is no fit; a size below 400, which starts no
+/// daemon, is never over the budget or out of memory for another lane's daemon.
+#[test]
+fn a_daemon_from_one_lane_is_never_charged_to_the_other_lanes_trial() {
+    let d = tmp();
+    let job = d.path().join("job.py");
+    std::fs::write(&job, DAEMON_JOB).unwrap();
+    let out = path(&d, "plan.json");
+    let run = batchfit()
+        .args(["probe", "--backend", "cpu", "--cpu-limit", "rlimit"])
+        .args(["--memory-budget", "1GiB", "--parallel", "2", "--quiet"])
+        .args([
+            "--multiple-of",
+            "8",
+            "--max-batch",
+            "1024",
+            "--max-trials",
+            "16",
+        ])
+        .args(["--trial-timeout", "60", "--out"])
+        .arg(&out)
+        .args(["--exec", "--", "/usr/bin/python3"])
+        .arg(&job)
+        .args(["{batch}", "{steps}"])
+        .output()
+        .unwrap();
+    let written = if out.exists() {
+        out.clone()
+    } else {
+        path(&d, "plan.partial.json")
+    };
+    let plan = read_json(&written);
+    let trials = plan["trials"].as_array().unwrap();
+    for t in trials {
+        let b = t["batch"].as_u64().unwrap();
+        if b < 400 {
+            assert!(
+                t["outcome"] == "fits" || t["outcome"] == "error",
+                "{b} starts no daemon: {t}\n{run:?}"
+            );
+        } else {
+            // its daemon's 700 MiB beside its own b MiB is above the limit
+            assert_ne!(t["outcome"], "fits", "{b}: {t}\n{run:?}");
+        }
+    }
+    if let Some(b) = plan["recommendation"]["max_fitting_batch"].as_u64() {
+        assert!(b < 400, "{b}");
+    }
+}

@@ -876,6 +876,11 @@ fn watch(
         killed_descendants: tree.as_ref().map(|t| t.killed.clone()).unwrap_or_default(),
         left_behind,
         left_running: killed_left,
+        unattributed: tree.as_ref().map_or_else(Vec::new, |t| {
+            (t.unattributed.iter())
+                .map(|(p, n)| format!("pid {p} ({n})"))
+                .collect()
+        }),
     };
     Ok(Ran::Finished(Finished {
         status,

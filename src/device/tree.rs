@@ -103,12 +103,17 @@ pub struct Tree {
     /// Processes seen, while the root still held its memory, with a parent outside the tree: made
     /// to outlive the job (a double fork's daemon), so never waited for once the root exits.
     detached: std::collections::BTreeSet<u32>,
+    /// Orphans adopted while this trial followed them that cannot be told to be its own or
+    /// another's (`pid`, `name`): several trials ran at once with no memory cgroup.
+    pub unattributed: Vec<(u32, String)>,
 }
 
 /// How the tree looks for processes that left it (see [`Tree::follow_marker`]).
 #[derive(Debug)]
 struct Scan {
     trial: TrialIds,
+    /// Counted among the trials that follow adopted orphans ([`crate::platform::reaper`]).
+    _following: crate::platform::reaper::Following,
     /// Processes already found not to belong to the trial (with their start times).
     strangers: Known,
     /// When the next scan is due.
@@ -334,6 +339,7 @@ impl Tree {
             scan: None,
             root,
             detached: Default::default(),
+            unattributed: vec![],
         }
     }
 
@@ -344,6 +350,7 @@ impl Tree {
     pub fn follow_marker(mut self, trial: TrialIds) -> Tree {
         self.scan = Some(Scan {
             trial,
+            _following: crate::platform::reaper::Following::start(),
             strangers: Known::new(),
             next: None,
         });
@@ -388,6 +395,24 @@ impl Tree {
         found
     }
 
+    /// Counts an adopted orphan as the trial's where that is known: its memory cgroup lists it, or
+    /// this is the only trial following orphans ([`crate::platform::reaper::attributable`]);
+    /// otherwise it is recorded as [`Tree::unattributed`].
+    fn take_adopted(&mut self, pid: u32, start: u64, inside: Option<&dyn Fn() -> Vec<u32>>) {
+        let ours = match inside {
+            Some(list) => list().contains(&pid),
+            None => crate::platform::reaper::attributable((pid, start)),
+        };
+        if ours {
+            self.known.insert(pid, start);
+        } else if inside.is_none() && !self.unattributed.iter().any(|(p, _)| *p == pid) {
+            let name = crate::platform::procfs::stat(pid)
+                .and_then(|_| std::fs::read_to_string(format!("/proc/{pid}/comm")).ok())
+                .map_or_else(|| "?".into(), |c| c.trim().to_string());
+            self.unattributed.push((pid, name));
+        }
+    }
+
     /// The processes of the tree still alive (as the same processes).
     fn alive(&self) -> Vec<u32> {
         self.known
@@ -411,7 +436,7 @@ impl Tree {
             self.known.insert(pid, start);
         }
         for (pid, start) in self.adopted() {
-            self.known.insert(pid, start);
+            self.take_adopted(pid, start, inside);
         }
         let mut frontier = self.alive();
         while let Some(pid) = frontier.pop() {

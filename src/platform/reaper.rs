@@ -9,9 +9,14 @@
 //! **adopted** process. A trial's tree counts the adopted processes started since the trial began
 //! as its own (their memory is the job's; they are ended and recorded as left behind with the
 //! trial), and their zombies are reaped here, never by a wait on a process batchfit started itself.
+//!
+//! Adoption alone says an orphan is some trial's, not whose. While several trials follow orphans at
+//! once (`--parallel N` lanes) and no memory cgroup lists a trial's processes, an orphan adopted
+//! then is **disputed**: no trial counts it, for as long as it lives, and a trial that saw one is
+//! not proven to fit (its job's memory was partly unmeasured).
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 static ADOPTING: AtomicBool = AtomicBool::new(false);
@@ -22,6 +27,53 @@ fn started() -> MutexGuard<'static, BTreeSet<u32>> {
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|p| p.into_inner())
+}
+
+static FOLLOWING: AtomicUsize = AtomicUsize::new(0);
+
+/// A trial that follows the orphans this process adopts, while it lives.
+#[derive(Debug)]
+pub struct Following(());
+
+impl Following {
+    pub fn start() -> Following {
+        FOLLOWING.fetch_add(1, Ordering::SeqCst);
+        Following(())
+    }
+}
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        FOLLOWING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// How many trials follow orphans now.
+pub fn followers() -> usize {
+    FOLLOWING.load(Ordering::SeqCst)
+}
+
+fn disputed() -> MutexGuard<'static, BTreeSet<(u32, u64)>> {
+    static DISPUTED: OnceLock<Mutex<BTreeSet<(u32, u64)>>> = OnceLock::new();
+    DISPUTED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether the orphan `(pid, start)` can be counted as the asking trial's: it is, when that trial
+/// is the only one following orphans and the orphan was never disputed; otherwise it is disputed
+/// from now on.
+pub fn attributable(orphan: (u32, u64)) -> bool {
+    let mut d = disputed();
+    if d.contains(&orphan) {
+        return false;
+    }
+    if followers() > 1 {
+        d.insert(orphan);
+        return false;
+    }
+    true
 }
 
 /// Makes this process the subreaper of its descendants (once, for the rest of its life). Only the

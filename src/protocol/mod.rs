@@ -357,6 +357,9 @@ pub struct TreeMeasure {
     /// The trial's processes batchfit found running after the root exited and ended (escaped
     /// daemons included), if any.
     pub left_running: Option<LeftBehind>,
+    /// Orphans adopted while the trial ran that could be another trial's as well (`pid N
+    /// (name)`): trials ran at once with no memory cgroup ([`crate::platform::reaper`]).
+    pub unattributed: Vec<String>,
 }
 
 /// Processes a trial left running after its command exited, which batchfit ended (SIGTERM, then

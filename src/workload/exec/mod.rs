@@ -513,6 +513,15 @@ fn complete(first: &TrialReport, others: &[TrialReport], req: &TrialRequest) -> 
 /// to be over budget: [`over_budget`]).
 fn unbounded(m: &crate::protocol::TreeMeasure) -> Option<String> {
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    if !m.unattributed.is_empty() {
+        return Some(format!(
+            "the command exited 0, but a process left its tree ({}: a daemon out of its session \
+             and environment) while other trials ran at once with no memory cgroup, so it cannot \
+             be told to be this trial's or another's: its memory is not measured, and this size \
+             is not proven to fit; run with --parallel 1, or --cpu-limit cgroup",
+            m.unattributed.join(", ")
+        ));
+    }
     if let (Some(limit), Some(escaped)) = (m.cgroup_limit, m.escaped_peak) {
         let total = m.cgroup_peak.unwrap_or(0).saturating_add(escaped);
         if total > limit {
