@@ -26,6 +26,7 @@ pub fn remove_left_in(dir: &Path, pids: &[u32]) -> Vec<String> {
     if pids.is_empty() {
         return vec![];
     }
+    // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     let Ok(entries) = std::fs::read_dir(dir) else {
         return vec![];
