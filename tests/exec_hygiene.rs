@@ -1329,3 +1329,81 @@ fn what_a_killed_probe_left_is_removed_by_the_next() {
     );
     assert!(!d.path().join(".plan.json.batchfit-lock").exists());
 }
+
+/// A probe killed outright leaves its trial's children running (only the trial's root dies with
+/// it): the next probe ends every process that a trial of a batchfit that is gone left, before its
+/// own first trial.
+#[test]
+fn the_processes_a_killed_probes_trial_left_are_ended_by_the_next_probe() {
+    let d = tmp();
+    let out = d.path().join("plan.json");
+    let marker = format!("abandoned-{}", std::process::id());
+    let ran = d.path().join("ran");
+    let job = format!(
+        "import os, pathlib, subprocess, sys, time\n\
+         subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(67)'])\n\
+         pathlib.Path({:?}).touch()\n\
+         time.sleep(30)",
+        ran
+    );
+    let mut a = batchfit_process(&marker)
+        .args(probe_args(&out, "60"))
+        .args([
+            "--cpu-limit",
+            "rlimit",
+            "--exec",
+            "--",
+            PY,
+            "-c",
+            &job,
+            "{batch}",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !ran.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "no trial started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: killing our own child.
+    unsafe { libc::kill(a.id() as i32, libc::SIGKILL) };
+    a.wait().unwrap();
+    let left = || -> Vec<u32> {
+        processes_with("time.sleep(67)")
+            .into_iter()
+            .filter(|&p| environ_has(p, &marker))
+            .collect()
+    };
+    assert!(
+        !left().is_empty(),
+        "the killed probe's trial left nothing to end"
+    );
+    batchfit_process(&marker)
+        .args(probe_args(&d.path().join("next.json"), "60"))
+        .args([
+            "--cpu-limit",
+            "rlimit",
+            "--exec",
+            "--",
+            "/bin/sh",
+            "-c",
+            "exit 1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    let t0 = Instant::now();
+    while !left().is_empty() && t0.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let survivors_left = survivors("time.sleep(67)", &marker);
+    survivors("time.sleep(30)", &marker);
+    assert_eq!(
+        survivors_left,
+        Vec::<u32>::new(),
+        "left running after the next probe"
+    );
+}

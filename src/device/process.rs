@@ -302,7 +302,7 @@ impl Drop for Registered {
 /// interruption). Returns how many it found.
 pub fn end_all() -> usize {
     let running: Vec<TrialIds> = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let mut n: usize = running
+    let n: usize = running
         .iter()
         .map(|t| end_trial(t, None, None).found.len())
         .sum();
@@ -310,22 +310,66 @@ pub fn end_all() -> usize {
         return n;
     };
     let prefix = format!("{TRIAL_MARKER}={}-", std::process::id()).into_bytes();
-    let marked = || -> Vec<u32> {
+    n + terminate(&|| {
         let (left, _) = super::tree::scan_proc(since, &|_| false, &|p, _, _| {
             super::tree::has_marker_prefix(p, &prefix)
         });
         left.into_iter().map(|(p, _)| p).collect()
+    })
+}
+
+/// Ends what the trials of a batchfit that is gone left running: a probe killed by SIGKILL never
+/// made its last sweep ([`end_all`]), and a job's children that outlived their trial's root (a
+/// DataLoader worker, a daemon) would hold their memory for good. Each carries its trial's marker,
+/// `<batchfit's PID>-<trial>-<start>`; where no process of that PID that started before the trial
+/// lives, the batchfit that ran it is gone, and the process is ended. Run before a probe's first
+/// trial. Returns how many it found.
+pub fn end_abandoned_trials() -> usize {
+    let me = std::process::id();
+    terminate(&|| {
+        let (left, _) = super::tree::scan_proc(0, &|_| false, &|p, _, _| abandoned_trial(p, me));
+        left.into_iter().map(|(p, _)| p).collect()
+    })
+}
+
+/// Whether `pid` carries the marker of a trial whose batchfit (not `me`) is gone.
+fn abandoned_trial(pid: u32, me: u32) -> bool {
+    let prefix = format!("{TRIAL_MARKER}=");
+    let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
     };
+    let Some(marker) = (env.split(|&b| b == 0))
+        .find_map(|e| e.strip_prefix(prefix.as_bytes()))
+        .and_then(|m| std::str::from_utf8(m).ok())
+    else {
+        return false;
+    };
+    let mut parts = marker.splitn(3, '-');
+    let (Some(Ok(owner)), Some(_), Some(Ok(since))) = (
+        parts.next().map(str::parse::<u32>),
+        parts.next(),
+        parts.next().map(str::parse::<u64>),
+    ) else {
+        return false;
+    };
+    let owner_lives = crate::platform::procfs::stat(owner)
+        .and_then(|s| crate::platform::procfs::started_at(&s))
+        .is_some_and(|started| started <= since);
+    owner != me && !owner_lives
+}
+
+/// Sends SIGTERM to the processes `marked` lists, then SIGKILL to those still listed after
+/// [`GRACE`]; returns how many were listed at first.
+fn terminate(marked: &dyn Fn() -> Vec<u32>) -> usize {
     let signal = |pids: &[u32], sig: i32| {
         for &p in pids {
-            // SAFETY: a process carrying this batchfit's trial marker, started after its first trial.
+            // SAFETY: a process carrying a trial marker of batchfit's, listed just now.
             unsafe {
                 libc::kill(p as i32, sig);
             }
         }
     };
     let left = marked();
-    n += left.len();
     signal(&left, libc::SIGTERM);
     let t0 = Instant::now();
     while !left.is_empty() && t0.elapsed() < GRACE * 2 {
@@ -338,7 +382,7 @@ pub fn end_all() -> usize {
             signal(&now, libc::SIGKILL);
         }
     }
-    n
+    left.len()
 }
 
 /// Whether `name` is the name of a trial's log under `--logs` (`trial-….stdout` / `.stderr`).

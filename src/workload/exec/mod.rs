@@ -147,6 +147,9 @@ impl ExecWorkload {
         oom_patterns: Vec<regex_lite::Regex>,
         threads: Option<u32>,
     ) -> std::io::Result<Self> {
+        // what a killed batchfit's trials left goes before this one's start: their processes, then
+        // (in `scratch::make`) their folders
+        crate::device::process::end_abandoned_trials();
         Ok(ExecWorkload {
             info,
             oom_patterns,
