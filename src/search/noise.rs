@@ -138,8 +138,10 @@ impl NoisyBoundary {
         ) {
             let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
             return format!(
-                "fresh runs of one size spread by {:.1} MiB, more than the guard band: a fit must \
-                 peak at most {:.1} MiB, and {} did not, so the answer is at most {}",
+                "the job's fresh runs vary by up to {:.1} MiB (repeats of one size, and the fits' \
+                 scatter about their line near the top, scaled to the range so few runs imply), \
+                 more than the guard band: a fit must peak at most {:.1} MiB, and {} did not, so \
+                 the answer is at most {}",
                 mib(spread),
                 mib(ceiling),
                 self.lowest_bound,
