@@ -229,32 +229,46 @@ fn a_job_whose_worker_reads_its_config_is_answered_from_the_cache_until_it_chang
 }
 
 /// A job that reads its config before it imports the helper: the read is recorded from the
-/// process's start, so a changed config is not answered from the cache.
+/// process's start, with the DataLoader watcher on or off, so a changed config is not answered from
+/// the cache.
 #[test]
 fn a_config_read_before_the_helper_is_imported_is_in_the_cache_key() {
-    let d = tmp();
-    write_job(d.path());
-    edit_job(
-        d.path(),
-        "import batchfit_trial as bt\n",
-        "early = open('cfg.toml').read()\nimport batchfit_trial as bt\n",
-    );
-    edit_job(
-        d.path(),
-        "with open('cfg.toml') as f:\n    scale = int(f.read().split('=')[1])\n",
-        "scale = int(early.split('=')[1])\n",
-    );
-    let (second, err) = cached_then_changed(d.path(), &JOB, || {
-        std::fs::write(d.path().join("cfg.toml"), "scale = 3\n").unwrap()
-    });
-    assert!(!err.contains("plan from cache"), "{err}");
-    assert_eq!(second["recommendation"]["max_fitting_batch"], 2, "{second}");
-    let read = second["model"]["read_files"].to_string();
-    assert!(read.contains("cfg.toml"), "{read}");
-    assert!(
-        !read.contains("_batchfit_reads"),
-        "batchfit's own files: {read}"
-    );
+    for observe in ["on", "off"] {
+        let d = tmp();
+        write_job(d.path());
+        edit_job(
+            d.path(),
+            "import batchfit_trial as bt\n",
+            "early = open('cfg.toml').read()\nimport batchfit_trial as bt\n",
+        );
+        edit_job(
+            d.path(),
+            "with open('cfg.toml') as f:\n    scale = int(f.read().split('=')[1])\n",
+            "scale = int(early.split('=')[1])\n",
+        );
+        let cache = fresh_cache_dir();
+        let flags = ["--observe", observe];
+        let (first, _) = probe(d.path(), &cache, &[], &flags, &JOB);
+        assert_eq!(first["recommendation"]["max_fitting_batch"], 6, "{first}");
+        let (_, err) = probe(d.path(), &cache, &[], &flags, &JOB);
+        assert!(
+            err.contains("plan from cache"),
+            "--observe {observe}: {err}"
+        );
+        std::fs::write(d.path().join("cfg.toml"), "scale = 3\n").unwrap();
+        let (second, err) = probe(d.path(), &cache, &[], &flags, &JOB);
+        assert!(
+            !err.contains("plan from cache"),
+            "--observe {observe}: {err}"
+        );
+        assert_eq!(second["recommendation"]["max_fitting_batch"], 2, "{second}");
+        let read = second["model"]["read_files"].to_string();
+        assert!(read.contains("cfg.toml"), "--observe {observe}: {read}");
+        assert!(
+            !read.contains("_batchfit_reads"),
+            "batchfit's own files: {read}"
+        );
+    }
 }
 
 #[test]

@@ -6,9 +6,10 @@
 //! arguments (`{{batch}}` is a literal `{batch}`) and `BATCHFIT_BATCH`, `BATCHFIT_STEPS`, `BATCHFIT_ACCUMULATION`, `BATCHFIT_TRIAL` and
 //! `BATCHFIT_RESULT` added to its environment, and `TMPDIR` (`TEMP`, `TMP`) set to a fresh directory
 //! of its own, removed when the trial ends — nothing else of the user's environment is changed (no
-//! malloc tuning; threads only when `--threads` asks) but for the DataLoader watcher ([`observe`]:
-//! `PYTHONPATH` with batchfit's `sitecustomize` first, `BATCHFIT_OBSERVED`; `--observe off` leaves
-//! both alone). The device limits and measures its whole process tree. What the end means:
+//! malloc tuning; threads only when `--threads` asks) but for batchfit's start-up hook
+//! ([`observe`]: `PYTHONPATH` with batchfit's `sitecustomize` first, which records what each process
+//! reads for the cache key) and the DataLoader watcher in it (`BATCHFIT_OBSERVED`; `--observe off`
+//! leaves it unset). The device limits and measures its whole process tree. What the end means:
 //!
 //! * exit 0 → fits (the device has kept it under the limit); when the command wrote a report
 //!   ([`crate::protocol::TrialReport`], `batchfit python-helper`), it must say it trained the size it
@@ -93,8 +94,10 @@ pub struct ExecWorkload {
     /// Trials of fewer steps than this end once their report is complete ([`Self::ending_early_below`]);
     /// the others run to the job's own end.
     ends_early_below: u32,
-    /// The folder holding the DataLoader watcher's `sitecustomize.py` (`--observe on`).
+    /// The folder holding batchfit's start-up hook, `sitecustomize.py`, and the helper it imports.
     site: Option<PathBuf>,
+    /// Whether the DataLoader watcher in the start-up hook is on (`--observe`).
+    observing: bool,
     /// The running trial's folder of observations (`BATCHFIT_OBSERVED`).
     observed: Mutex<Option<PathBuf>>,
 }
@@ -165,37 +168,37 @@ impl ExecWorkload {
             ack: Mutex::new(None),
             ends_early_below: 0,
             site: None,
+            observing: false,
             observed: Mutex::new(None),
         })
     }
 
-    /// Watches the trials' torch DataLoaders ([`observe`]) when `on`: writes the watcher into the
-    /// workload's own folder.
+    /// Writes batchfit's start-up hook into the workload's own folder (what each process reads, for
+    /// the cache key) and watches the trials' torch DataLoaders with it ([`observe`]) when `on`.
     pub fn with_observe(mut self, on: bool) -> std::io::Result<Self> {
-        if on {
-            self.site = Some(observe::install(&self.temp.path().join("site"))?);
-        }
+        self.site = Some(observe::install(&self.temp.path().join("site"))?);
+        self.observing = on;
         Ok(self)
     }
 
-    /// The watcher's environment with `observed` as the folder of observations (none when off).
-    fn observe_env(&self, observed: &Path) -> Vec<(String, std::ffi::OsString)> {
+    /// The start-up hook's environment, with `observed` as the folder of the watcher's observations
+    /// (none when it is off).
+    fn observe_env(&self, observed: Option<&Path>) -> Vec<(String, std::ffi::OsString)> {
         let Some(site) = &self.site else {
             return vec![];
         };
-        vec![
-            (
-                "PYTHONPATH".into(),
-                observe::python_path(site, std::env::var_os("PYTHONPATH")),
-            ),
-            (observe::OBSERVED.into(), observed.as_os_str().to_owned()),
-        ]
+        let path = observe::python_path(site, std::env::var_os("PYTHONPATH"));
+        let mut env = vec![("PYTHONPATH".into(), path)];
+        if let Some(o) = observed {
+            env.push((observe::OBSERVED.into(), o.as_os_str().to_owned()));
+        }
+        env
     }
 
     /// A fresh folder of observations for trial `n` (the last trial's removed): `None` when the
     /// watcher is off or the folder cannot be made (the trial is then judged without it).
     fn fresh_observed(&self, n: u32) -> Option<PathBuf> {
-        self.site.as_ref()?;
+        self.site.as_ref().filter(|_| self.observing)?;
         let mut slot = self.observed.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(old) = slot.take() {
             remove_tree(&old);
@@ -628,10 +631,9 @@ impl Workload for ExecWorkload {
         for (k, v) in self.common_env() {
             cmd.env(k, v);
         }
-        if let Some(observed) = self.fresh_observed(n) {
-            for (k, v) in self.observe_env(&observed) {
-                cmd.env(k, v);
-            }
+        let observed = self.fresh_observed(n);
+        for (k, v) in self.observe_env(observed.as_deref()) {
+            cmd.env(k, v);
         }
         // the cuda device adds CUDA_VISIBLE_DEVICES and PYTORCH_CUDA_ALLOC_CONF itself
         let _ = at;
@@ -663,7 +665,7 @@ impl Workload for ExecWorkload {
         let mut cmd = warm::command(launch, &modules, &env);
         // the watcher must be in place before the warm process imports torch; the hand-off then
         // gives it the trial's own folder of observations
-        for (k, v) in self.observe_env(&temp) {
+        for (k, v) in self.observe_env(self.observing.then_some(temp.as_path())) {
             cmd.env(k, v);
         }
         Some(cmd)
