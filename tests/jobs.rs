@@ -250,6 +250,32 @@ fn verify_fails_with_exit_4_when_a_size_does_not_fit_here() {
         .stderr(predicate::str::contains("not verified"));
 }
 
+/// A plan whose verification failed is not verified again: a size that did not fit once breaks the
+/// promise however often it fits later (a second `verify` whose runs happened to fit marked such a
+/// plan verified, and merge then took it).
+#[test]
+fn a_plan_whose_verification_failed_is_not_verified_again() {
+    let d = tmp();
+    let a = path(&d, "a.json");
+    probe_to(BIG, &a, &["--global-batch", "4096"]);
+    batchfit()
+        .args(["verify", "--quiet"])
+        .arg(&a)
+        .args(["--sim", "base=1GiB,per-sample=4MiB,capacity=16GiB"])
+        .assert()
+        .code(4);
+    let before = std::fs::read(&a).unwrap();
+    // the plan's own device, on which every size fits
+    batchfit()
+        .args(["verify", "--quiet"])
+        .arg(&a)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("failed its verification"))
+        .stderr(predicate::str::contains("probe this machine again"));
+    assert_eq!(std::fs::read(&a).unwrap(), before, "the plan was rewritten");
+}
+
 /// A plan proven on one device (fits at 2247, 2258 runs out of memory) and verified on another whose
 /// largest size is 2162 must not be marked verified with that device's name and its bracket
 /// unchanged (`show` saying "largest fitting micro-batch: 2247 (fits at 2247, 2258 runs out of

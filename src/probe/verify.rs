@@ -119,6 +119,14 @@ fn verifiable_recommendation(
             )))
         }
     };
+    if let (true, why) = (plan.failed_verification(), &plan.verification_failure) {
+        // a size that did not fit once does not keep the promise however often it fits after
+        return Err(ProbeError::Usage(format!(
+            "the plan failed its verification ({}): its answer did not fit a run, which no later \
+             run can undo; probe this machine again (batchfit probe …) and verify that plan",
+            why.as_deref().unwrap_or("verified: false")
+        )));
+    }
     if !plan.model.fingerprint_matches() {
         return Err(ProbeError::Usage(
             "the plan's model fingerprint does not match its model config; the plan was edited"
