@@ -755,8 +755,11 @@ fn refused_for_its_batch(p: &Value, err: &str, code: i32) {
     assert_eq!(p["stop_reason"], "batch-not-shown", "{p}");
     assert!(p["recommendation"].is_null(), "{}", p["recommendation"]);
     let detail = p["stop_detail"].as_str().unwrap();
+    // the causes: the placeholder unused, or (a job whose helper read the size) a clamp or a retry
+    let read = detail.contains("the helper's batch_size()), so it trains less than it reads");
     assert!(
-        detail.contains("{batch} placeholder") && detail.contains("adjusts its own batch size"),
+        (detail.contains("{batch} placeholder") || read)
+            && detail.contains("adjusts its own batch size"),
         "{detail}"
     );
 }

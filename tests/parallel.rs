@@ -181,7 +181,7 @@ fn parallel_zero_or_with_a_shared_worker_is_a_usage_error() {
 }
 
 /// A job that, from 400 samples up, leaves a daemon that double-forks, calls `setsid` and clears its
-/// environment (nothing but adoption ties it to its trial), holding 700 MiB for 3 s.
+/// environment (nothing but adoption ties it to its trial), holding 700 MiB for 30 s.
 const DAEMON_JOB: &str = r#"import os, sys, time
 batch, steps = int(sys.argv[1]), int(sys.argv[2])
 if batch >= 400:
@@ -189,7 +189,7 @@ if batch >= 400:
         os.setsid()
         if os.fork() == 0:
             os.execve(sys.executable, [sys.executable, '-c',
-                "x = b'\\x01' * (700 << 20)\nimport time; time.sleep(3)"], {})
+                "x = b'\\x01' * (700 << 20)\nimport time; time.sleep(30.17)"], {})
         os._exit(0)
     os.wait()
 held = b'\x01' * (batch << 20)
@@ -246,4 +246,11 @@ fn a_daemon_from_one_lane_is_never_charged_to_the_other_lanes_trial() {
     if let Some(b) = plan["recommendation"]["max_fitting_batch"].as_u64() {
         assert!(b < 400, "{b}");
     }
+    // and none of the daemons outlives the probe
+    let left = processes_with("time.sleep(30.17)");
+    for &p in &left {
+        // SAFETY: a daemon of this test's job (its command line is the test's own).
+        unsafe { libc::kill(p as i32, libc::SIGKILL) };
+    }
+    assert_eq!(left, Vec::<u32>::new(), "daemons left running");
 }

@@ -179,6 +179,7 @@ fn trial_processes(
     let mut v = trial.processes();
     if let Some(t) = tree {
         v.extend(t.live_pids());
+        v.extend(t.disputed_alive());
     }
     if let Some(g) = cgroup {
         v.extend(g.pids());
@@ -309,6 +310,12 @@ pub fn end_all() -> usize {
     let Some(&since) = FIRST_TRIAL.get() else {
         return n;
     };
+    // every orphan batchfit adopted is a trial's (a daemon no trial could claim as its own)
+    let n = n + terminate(&|| {
+        (crate::platform::reaper::adopted().into_iter())
+            .map(|(p, _)| p)
+            .collect()
+    });
     let prefix = format!("{TRIAL_MARKER}={}-", std::process::id()).into_bytes();
     n + terminate(&|| {
         let (left, _) = super::tree::scan_proc(since, &|_| false, &|p, _, _| {
@@ -920,11 +927,7 @@ fn watch(
         killed_descendants: tree.as_ref().map(|t| t.killed.clone()).unwrap_or_default(),
         left_behind,
         left_running: killed_left,
-        unattributed: tree.as_ref().map_or_else(Vec::new, |t| {
-            (t.unattributed.iter())
-                .map(|(p, n)| format!("pid {p} ({n})"))
-                .collect()
-        }),
+        unattributed: tree.as_ref().map_or_else(Vec::new, unattributed),
     };
     Ok(Ran::Finished(Finished {
         status,
@@ -937,6 +940,18 @@ fn watch(
         measure,
         ended_after_report,
     }))
+}
+
+/// The orphans a trial could not tell to be its own (`pid N (name)`), or that another trial could
+/// not while this one ran.
+fn unattributed(t: &super::tree::Tree) -> Vec<String> {
+    let mut v: Vec<String> = (t.unattributed.iter())
+        .map(|(p, n)| format!("pid {p} ({n})"))
+        .collect();
+    if v.is_empty() && t.saw_a_dispute() {
+        v.push("an orphan another trial running beside it could not tell apart".into());
+    }
+    v
 }
 
 /// When a running trial's evidence came in ([`Options::evidence`], checked every

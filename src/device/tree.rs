@@ -106,6 +106,9 @@ pub struct Tree {
     /// Orphans adopted while this trial followed them that cannot be told to be its own or
     /// another's (`pid`, `name`): several trials ran at once with no memory cgroup.
     pub unattributed: Vec<(u32, String)>,
+    /// The same orphans with their start times: ended with the trial (another trial that could be
+    /// theirs is no fit either).
+    disputed: Known,
 }
 
 /// How the tree looks for processes that left it (see [`Tree::follow_marker`]).
@@ -114,6 +117,8 @@ struct Scan {
     trial: TrialIds,
     /// Counted among the trials that follow adopted orphans ([`crate::platform::reaper`]).
     _following: crate::platform::reaper::Following,
+    /// How many orphans had been disputed when the trial began.
+    disputes_before: usize,
     /// Processes already found not to belong to the trial (with their start times).
     strangers: Known,
     /// When the next scan is due.
@@ -340,6 +345,7 @@ impl Tree {
             root,
             detached: Default::default(),
             unattributed: vec![],
+            disputed: Known::new(),
         }
     }
 
@@ -351,6 +357,7 @@ impl Tree {
         self.scan = Some(Scan {
             trial,
             _following: crate::platform::reaper::Following::start(),
+            disputes_before: crate::platform::reaper::disputes(),
             strangers: Known::new(),
             next: None,
         });
@@ -405,12 +412,30 @@ impl Tree {
         };
         if ours {
             self.known.insert(pid, start);
-        } else if inside.is_none() && !self.unattributed.iter().any(|(p, _)| *p == pid) {
+        } else if inside.is_none() && self.disputed.insert(pid, start).is_none() {
             let name = crate::platform::procfs::stat(pid)
                 .and_then(|_| std::fs::read_to_string(format!("/proc/{pid}/comm")).ok())
                 .map_or_else(|| "?".into(), |c| c.trim().to_string());
             self.unattributed.push((pid, name));
         }
+    }
+
+    /// Whether an orphan was disputed while this trial followed them, by this trial or another
+    /// (which may have seen this trial's own first, and ended it): the trial's memory may be
+    /// partly unmeasured.
+    pub fn saw_a_dispute(&self) -> bool {
+        let Some(scan) = self.scan.as_ref() else {
+            return false;
+        };
+        !self.unattributed.is_empty() || crate::platform::reaper::disputes() != scan.disputes_before
+    }
+
+    /// The disputed orphans still alive (as the same processes): ended with the trial.
+    pub fn disputed_alive(&self) -> Vec<u32> {
+        (self.disputed.iter())
+            .filter(|(&pid, &t)| start_time(pid) == Some(t))
+            .map(|(&pid, _)| pid)
+            .collect()
     }
 
     /// The processes of the tree still alive (as the same processes).
@@ -622,7 +647,7 @@ impl Tree {
 
     /// SIGKILL to every live process of the tree (the same processes, never a reused PID).
     pub fn kill_all(&self) {
-        for pid in self.alive() {
+        for pid in self.alive().into_iter().chain(self.disputed_alive()) {
             // SAFETY: sending a signal to a process we started (checked by its start time).
             unsafe {
                 libc::kill(pid as i32, libc::SIGKILL);

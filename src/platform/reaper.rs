@@ -31,6 +31,15 @@ fn started() -> MutexGuard<'static, BTreeSet<u32>> {
 
 static FOLLOWING: AtomicUsize = AtomicUsize::new(0);
 
+/// How many orphans were disputed so far: a trial running while the count moved may have had its
+/// own among them, seen first (and ended) by another trial.
+static DISPUTES: AtomicUsize = AtomicUsize::new(0);
+
+/// How many orphans were disputed so far ([`attributable`]).
+pub fn disputes() -> usize {
+    DISPUTES.load(Ordering::SeqCst)
+}
+
 /// A trial that follows the orphans this process adopts, while it lives.
 #[derive(Debug)]
 pub struct Following(());
@@ -71,6 +80,7 @@ pub fn attributable(orphan: (u32, u64)) -> bool {
     }
     if followers() > 1 {
         d.insert(orphan);
+        DISPUTES.fetch_add(1, Ordering::SeqCst);
         return false;
     }
     true

@@ -506,15 +506,16 @@ const UNSHOWN_CAUSES: &str = "Likely causes: the script does not use the {batch}
 
 /// The same, for a job whose helper says it read the size: it read it and trained less.
 const READ_BUT_NOT_TRAINED: &str = "The job read the size (the helper's batch_size()), so it \
-     trains less than it reads: it clamps the size (to its dataset's length, min(batch, …)), or \
-     lowers it after an out-of-memory (a batch-size finder, a retry); give it a dataset at least \
-     as long as --max-batch and let an out-of-memory end the job";
+     trains less than it reads: the job adjusts its own batch size (it clamps it to its dataset's \
+     length, min(batch, …), or lowers it after an out-of-memory: a batch-size finder, a retry); \
+     give it a dataset at least as long as --max-batch and let an out-of-memory end the job";
 
 /// The same, for a job whose DataLoader the watcher saw yield the size asked.
 const YIELDED_BUT_FLAT: &str = "The job's DataLoader yielded the size asked (batchfit's watcher \
      saw it), yet memory stopped growing: a dataset not much longer than the batch (its workers \
-     prefetch most of it at every size), or a job that lowers its size after an out-of-memory (a \
-     batch-size finder, a retry: its loader yields the first size, then less); give the job a \
+     prefetch most of it at every size), or the job adjusts its own batch size after an \
+     out-of-memory (a batch-size finder, a retry: its loader yields the first size, then less); \
+     give the job a \
      dataset several times longer than --max-batch, and let an out-of-memory end the job";
 
 /// The likely causes of a refusal, by what the trials' reports and the watcher say.
@@ -859,7 +860,7 @@ mod tests {
             ..Default::default()
         });
         let why = batch_not_shown(&trials).expect("stalled: refused though it read the size");
-        assert!(why.contains("clamps the size"), "{why}");
+        assert!(why.contains("clamps it"), "{why}");
         assert!(!why.contains("placeholder"), "{why}");
         // no report, but the watcher saw the job's DataLoader yield each size asked
         for t in trials.iter_mut() {
