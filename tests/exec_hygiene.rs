@@ -1240,6 +1240,23 @@ fn a_killed_probe_takes_its_trial_with_it_and_leaves_no_lock_held() {
     );
 }
 
+/// Starts the probe `cmd` and kills it outright (SIGKILL) once its trial has created `ran`.
+fn sigkill_once_a_trial_ran(mut cmd: Command, ran: &Path) {
+    let mut a = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !ran.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "no trial started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: killing our own child.
+    unsafe { libc::kill(a.id() as i32, libc::SIGKILL) };
+    a.wait().unwrap();
+}
+
 /// A probe killed outright (SIGKILL: a scheduler's time limit, the OOM killer) removes nothing: its
 /// `--logs` lock file, its `--out` lock file and its scratch directories in `TMPDIR` stay. The next
 /// probe given the same places removes them: after it, nothing of the killed one is left.
@@ -1256,8 +1273,8 @@ fn what_a_killed_probe_left_is_removed_by_the_next() {
         "import pathlib, time; pathlib.Path({:?}).touch(); time.sleep(30)",
         ran
     );
-    let mut a = batchfit_process(&marker)
-        .env("TMPDIR", &tmpdir)
+    let mut a = batchfit_process(&marker);
+    a.env("TMPDIR", &tmpdir)
         .args(probe_args(&out, "60"))
         .arg("--logs")
         .arg(&logs)
@@ -1270,19 +1287,8 @@ fn what_a_killed_probe_left_is_removed_by_the_next() {
             "-c",
             &sleep,
             "{batch}",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while !ran.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(20), "no trial started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // SAFETY: killing our own child.
-    unsafe { libc::kill(a.id() as i32, libc::SIGKILL) };
-    a.wait().unwrap();
+        ]);
+    sigkill_once_a_trial_ran(a, &ran);
     survivors("time.sleep(30)", &marker);
     let names = |dir: &Path| -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(dir)
@@ -1346,30 +1352,18 @@ fn the_processes_a_killed_probes_trial_left_are_ended_by_the_next_probe() {
          time.sleep(30)",
         ran
     );
-    let mut a = batchfit_process(&marker)
-        .args(probe_args(&out, "60"))
-        .args([
-            "--cpu-limit",
-            "rlimit",
-            "--exec",
-            "--",
-            PY,
-            "-c",
-            &job,
-            "{batch}",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while !ran.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(20), "no trial started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // SAFETY: killing our own child.
-    unsafe { libc::kill(a.id() as i32, libc::SIGKILL) };
-    a.wait().unwrap();
+    let mut a = batchfit_process(&marker);
+    a.args(probe_args(&out, "60")).args([
+        "--cpu-limit",
+        "rlimit",
+        "--exec",
+        "--",
+        PY,
+        "-c",
+        &job,
+        "{batch}",
+    ]);
+    sigkill_once_a_trial_ran(a, &ran);
     let left = || -> Vec<u32> {
         processes_with("time.sleep(67)")
             .into_iter()

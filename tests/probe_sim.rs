@@ -688,29 +688,29 @@ fn repeated_answers_leave_room_for_the_measured_spread() {
         )));
 }
 
-/// The split the plan recommends is held to the promise the answer was: with gradient accumulation
-/// (which holds more memory than one micro-batch) its micro-batch fit `1 + repeats` times at the
-/// split's accumulation, each peak leaving the measured spread under the limit, or the split was
-/// recomputed below it with a warning that says why.
-#[test]
-fn the_recommended_split_fits_as_often_as_the_answer_and_under_the_noise_ceiling() {
-    let d = tmp();
-    let out = path(&d, "plan.json");
-    let sim = format!("{SIM},boundary-noise=60MiB,seed=36,accumulation=60MiB");
+/// A probe (`--repeats 2`, global batch 9600) of a device whose boundary moves by 60 MiB from run
+/// to run and whose accumulation holds 60 MiB more: its plan.
+fn noisy_split_probe(d: &tempfile::TempDir, seed: u32) -> serde_json::Value {
+    let out = path(d, &format!("plan-{seed}.json"));
+    let sim = format!("{SIM},boundary-noise=60MiB,seed={seed},accumulation=60MiB");
     batchfit()
         .args(["probe", "--backend", "sim", "--sim", &sim, "--repeats", "2"])
         .args(["--global-batch", "9600", "--quiet", "--out"])
         .arg(&out)
         .assert()
         .success();
-    let plan = read_json(&out);
-    assert_eq!(plan["status"], "complete", "{plan}");
+    read_json(&out)
+}
+
+/// The recommended micro-batch and accumulation, and the peaks of their fits with the
+/// confirmation's 5 steps.
+fn recommended_split_peaks(plan: &serde_json::Value) -> (u64, u64, Vec<u64>) {
     let rec = &plan["recommendation"];
-    let (m, acc) = (rec["micro_batch"].clone(), rec["accumulation"].clone());
-    assert!(acc.as_u64().unwrap() > 1, "{rec}");
-    let spread = plan["search"]["noise_spread_bytes"].as_u64().unwrap();
-    let limit = plan["limit_bytes"].as_u64().unwrap();
-    let peaks: Vec<u64> = plan["trials"]
+    let (m, acc) = (
+        rec["micro_batch"].as_u64().unwrap(),
+        rec["accumulation"].as_u64().unwrap(),
+    );
+    let peaks = plan["trials"]
         .as_array()
         .unwrap()
         .iter()
@@ -718,6 +718,22 @@ fn the_recommended_split_fits_as_often_as_the_answer_and_under_the_noise_ceiling
         .filter(|t| t["steps"].as_u64().unwrap() >= 5)
         .map(|t| t["peak_bytes"].as_u64().unwrap())
         .collect();
+    (m, acc, peaks)
+}
+
+/// The split the plan recommends is held to the promise the answer was: with gradient accumulation
+/// (which holds more memory than one micro-batch) its micro-batch fit `1 + repeats` times at the
+/// split's accumulation, each peak leaving the measured spread under the limit, or the split was
+/// recomputed below it with a warning that says why.
+#[test]
+fn the_recommended_split_fits_as_often_as_the_answer_and_under_the_noise_ceiling() {
+    let d = tmp();
+    let plan = noisy_split_probe(&d, 36);
+    assert_eq!(plan["status"], "complete", "{plan}");
+    let (m, acc, peaks) = recommended_split_peaks(&plan);
+    assert!(acc > 1, "{}", plan["recommendation"]);
+    let spread = plan["search"]["noise_spread_bytes"].as_u64().unwrap();
+    let limit = plan["limit_bytes"].as_u64().unwrap();
     assert!(
         peaks.len() >= 3,
         "micro-batch {m} × {acc} fit {} times",
@@ -741,25 +757,8 @@ fn the_recommended_split_fits_as_often_as_the_answer_and_under_the_noise_ceiling
 fn the_plans_measured_noise_covers_the_splits_own_fresh_runs() {
     let d = tmp();
     for seed in 30..38 {
-        let out = path(&d, &format!("plan-{seed}.json"));
-        let sim = format!("{SIM},boundary-noise=60MiB,seed={seed},accumulation=60MiB");
-        batchfit()
-            .args(["probe", "--backend", "sim", "--sim", &sim, "--repeats", "2"])
-            .args(["--global-batch", "9600", "--quiet", "--out"])
-            .arg(&out)
-            .assert()
-            .success();
-        let plan = read_json(&out);
-        let rec = &plan["recommendation"];
-        let (m, acc) = (rec["micro_batch"].clone(), rec["accumulation"].clone());
-        let peaks: Vec<u64> = plan["trials"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|t| t["batch"] == m && t["accumulation"] == acc && t["outcome"] == "fits")
-            .filter(|t| t["steps"].as_u64().unwrap() >= 5)
-            .map(|t| t["peak_bytes"].as_u64().unwrap())
-            .collect();
+        let plan = noisy_split_probe(&d, seed);
+        let (m, acc, peaks) = recommended_split_peaks(&plan);
         assert!(peaks.len() >= 3, "seed {seed}: {peaks:?}");
         let n = peaks.len() as u64;
         let range = peaks.iter().max().unwrap() - peaks.iter().min().unwrap();

@@ -945,9 +945,7 @@ fn watch(
 /// The orphans a trial could not tell to be its own (`pid N (name)`), or that another trial could
 /// not while this one ran.
 fn unattributed(t: &super::tree::Tree) -> Vec<String> {
-    let mut v: Vec<String> = (t.unattributed.iter())
-        .map(|(p, n)| format!("pid {p} ({n})"))
-        .collect();
+    let mut v = t.unattributed.clone();
     if v.is_empty() && t.saw_a_dispute() {
         v.push("an orphan another trial running beside it could not tell apart".into());
     }

@@ -104,8 +104,8 @@ pub struct Tree {
     /// to outlive the job (a double fork's daemon), so never waited for once the root exits.
     detached: std::collections::BTreeSet<u32>,
     /// Orphans adopted while this trial followed them that cannot be told to be its own or
-    /// another's (`pid`, `name`): several trials ran at once with no memory cgroup.
-    pub unattributed: Vec<(u32, String)>,
+    /// another's (`pid N (name)`): several trials ran at once with no memory cgroup.
+    pub unattributed: Vec<String>,
     /// The same orphans with their start times: ended with the trial (another trial that could be
     /// theirs is no fit either).
     disputed: Known,
@@ -413,10 +413,7 @@ impl Tree {
         if ours {
             self.known.insert(pid, start);
         } else if inside.is_none() && self.disputed.insert(pid, start).is_none() {
-            let name = crate::platform::procfs::stat(pid)
-                .and_then(|_| std::fs::read_to_string(format!("/proc/{pid}/comm")).ok())
-                .map_or_else(|| "?".into(), |c| c.trim().to_string());
-            self.unattributed.push((pid, name));
+            self.unattributed.push(describe(pid));
         }
     }
 

@@ -138,22 +138,20 @@ pub fn summary(plan: &Plan) -> String {
 /// boundary takes (it stops bisecting, then runs a few sizes twice) on top of the answer's repeats.
 fn more_trials_line(plan: &Plan, ran: usize) -> String {
     let repeats = plan.search.repeats;
-    let more = match &plan.search.noisy_boundary {
-        Some(_) => crate::search::noise::noisy_trials(repeats) + 1,
-        None => 4 + repeats,
+    let (more, why) = match &plan.search.noisy_boundary {
+        Some(_) => {
+            let noisy = crate::search::noise::noisy_trials(repeats);
+            let why = format!(
+                "; outcomes near the boundary disagree, which takes up to {noisy} trials after \
+                 the first disagreement"
+            );
+            (noisy + 1, why)
+        }
+        None => (4 + repeats, String::new()),
     };
     format!(
-        "to finish: run the probe again with --max-trials {} or more ({ran} ran{})\n",
-        ran as u32 + more,
-        if plan.search.noisy_boundary.is_some() {
-            format!(
-                "; outcomes near the boundary disagree, which takes up to {} trials after the \
-                 first disagreement",
-                crate::search::noise::noisy_trials(repeats)
-            )
-        } else {
-            String::new()
-        }
+        "to finish: run the probe again with --max-trials {} or more ({ran} ran{why})\n",
+        ran as u32 + more
     )
 }
 

@@ -322,7 +322,7 @@ fn above_noise_with_accumulation(plan: &Plan) -> Option<u64> {
     for t in plan
         .trials
         .iter()
-        .filter(|t| t.accumulation > 1 && t.steps >= steps && t.outcome.fits() && t.cold())
+        .filter(|t| t.accumulation > 1 && t.fresh_fit_at(steps, t.accumulation))
     {
         if let Some(f) = t.footprint() {
             runs.entry((t.batch, t.accumulation)).or_default().push(f);

@@ -60,9 +60,7 @@ pub fn recommended_fit<'a>(
 ) -> Option<&'a TrialRecord> {
     trials
         .into_iter()
-        .filter(|t| t.batch == batch && t.accumulation == accumulation.max(1))
-        .filter(|t| t.steps >= steps && t.outcome.fits())
-        .filter(|t| t.cold())
+        .filter(|t| t.batch == batch && t.fresh_fit_at(steps, accumulation))
         .max_by_key(|t| t.outcome.peak_bytes())
 }
 

@@ -119,12 +119,14 @@ fn verifiable_recommendation(
             )))
         }
     };
-    if let (true, why) = (plan.failed_verification(), &plan.verification_failure) {
+    if plan.failed_verification() {
         // a size that did not fit once does not keep the promise however often it fits after
         return Err(ProbeError::Usage(format!(
             "the plan failed its verification ({}): its answer did not fit a run, which no later \
              run can undo; probe this machine again (batchfit probe …) and verify that plan",
-            why.as_deref().unwrap_or("verified: false")
+            plan.verification_failure
+                .as_deref()
+                .unwrap_or("verified: false")
         )));
     }
     if !plan.model.fingerprint_matches() {
@@ -323,8 +325,7 @@ fn fresh_fits<'a>(
     let steps = plan.confirmation_steps();
     trials
         .into_iter()
-        .filter(|t| t.batch == b && t.accumulation == acc.max(1) && t.steps >= steps)
-        .filter(|t| t.outcome.fits() && t.cold())
+        .filter(|t| t.batch == b && t.fresh_fit_at(steps, acc))
         .filter_map(|t| t.footprint())
         .collect()
 }

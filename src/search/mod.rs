@@ -247,6 +247,15 @@ impl TrialRecord {
         self.isolation != Isolation::Worker && !self.warm()
     }
 
+    /// Whether the trial is a fresh fit of `accumulation` (exactly) with at least `steps` steps: it
+    /// fit, cold ([`TrialRecord::cold`]). The runs that confirm a size and measure its noise.
+    pub fn fresh_fit_at(&self, steps: u32, accumulation: u32) -> bool {
+        self.outcome.fits()
+            && self.steps >= steps
+            && self.cold()
+            && self.accumulation == accumulation.max(1)
+    }
+
     /// Whether the trial ran in a warm process (`--warm`): exploration only.
     pub fn warm(&self) -> bool {
         self.details.as_ref().is_some_and(|d| d.warm)

@@ -163,12 +163,7 @@ impl NoisyBoundary {
 
 /// A fit in a fresh process with at least `steps`, at accumulation 1.
 fn fresh_fit(t: &TrialRecord, steps: u32) -> bool {
-    fresh_fit_at(t, steps, 1)
-}
-
-/// A fit in a fresh process with at least `steps` steps, at accumulation `acc` exactly.
-fn fresh_fit_at(t: &TrialRecord, steps: u32, acc: u32) -> bool {
-    t.outcome.fits() && t.steps >= steps && t.cold() && t.accumulation == acc
+    t.fresh_fit_at(steps, 1)
 }
 
 /// A failure that bounds the answer: out of memory or over the budget, not in the worker.
@@ -318,7 +313,7 @@ impl Prober<'_> {
     fn split_fits(&self, b: u64, acc: u32, steps: u32) -> Vec<u64> {
         self.trials
             .iter()
-            .filter(|t| t.batch == b && fresh_fit_at(t, steps, acc))
+            .filter(|t| t.batch == b && t.fresh_fit_at(steps, acc))
             .filter_map(|t| t.footprint())
             .collect()
     }
@@ -355,7 +350,7 @@ impl Prober<'_> {
         for t in self
             .trials
             .iter()
-            .filter(|t| fresh_fit_at(t, steps, t.accumulation))
+            .filter(|t| t.fresh_fit_at(steps, t.accumulation))
         {
             if let Some(f) = t.footprint() {
                 by_run.entry((t.batch, t.accumulation)).or_default().push(f);

@@ -22,7 +22,8 @@
 //! The same start-up file imports batchfit's helper (as `_batchfit_reads`, from its folder) in every
 //! process of a trial that writes a report, so that the files a job reads before it imports the
 //! helper itself (a config opened at the top of the script) are in the report's `read_files`, the
-//! plan's cache key; `--observe off` leaves them to the helper's own import.
+//! plan's cache key. It is installed with `--observe off` too; `off` leaves out only the watcher
+//! (no `BATCHFIT_OBSERVED`).
 //!
 //! The helper's report, where the job writes one, is the job's own word and wins. A trial with no
 //! file (no DataLoader, a job that is not Python, `python -S`/`-I`, `--observe off`) is judged as
@@ -68,8 +69,8 @@ struct ProcessFile {
 /// process reads from its start (the plan's cache key).
 pub const READS_MODULE: &str = "_batchfit_reads.py";
 
-/// Writes the watcher and the helper it imports into `folder` (created): the folder to put first
-/// on `PYTHONPATH`.
+/// Writes the start-up hook (with the watcher) and the helper it imports into `folder` (created):
+/// the folder to put first on `PYTHONPATH`.
 pub fn install(folder: &Path) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(folder)?;
     std::fs::write(folder.join("sitecustomize.py"), SITECUSTOMIZE)?;

@@ -1,15 +1,15 @@
-# batchfit's DataLoader watcher (`batchfit probe --exec --observe on`, the default). batchfit puts the
-# folder of this file first on a trial's PYTHONPATH, so every Python process of the trial imports it
-# at start-up as `sitecustomize`. It then
-#   * runs the user's own sitecustomize, if one is further on sys.path, exactly once, as Python would;
-#   * does nothing else unless BATCHFIT_OBSERVED (a folder) is set;
-#   * never imports torch: only when the job itself imports torch's DataLoader does it wrap
-#     `_BaseDataLoaderIter.__next__`, which records the largest batch the process's iterators yielded
-#     (the first dimension of the first tensor in the batch) in $BATCHFIT_OBSERVED/<pid>.json.
-# Under batchfit (BATCHFIT_RESULT set) it also imports batchfit's helper, written beside it as
-# `_batchfit_reads`, before the job's code runs: the helper's audit hook then records every file the
-# process reads for the plan's cache key, those read before the job imports the helper too (a config
-# opened at the top of the script, data a module opens as it is imported).
+# batchfit's start-up hook for a trial of `batchfit probe --exec`. batchfit puts the folder of this
+# file first on a trial's PYTHONPATH, so every Python process of the trial imports it at start-up as
+# `sitecustomize`. It then
+#   * under batchfit (BATCHFIT_RESULT set) imports batchfit's helper, written beside it as
+#     `_batchfit_reads`, before the job's code runs: the helper's audit hook records every file the
+#     process reads for the plan's cache key, those read before the job imports the helper too (a
+#     config opened at the top of the script, data a module opens as it is imported);
+#   * watches the DataLoaders only when BATCHFIT_OBSERVED (a folder) is set (`--observe on`, the
+#     default), and never imports torch: only when the job itself imports torch's DataLoader does it
+#     wrap `_BaseDataLoaderIter.__next__`, which records the largest batch the process's iterators
+#     yielded (the first dimension of the first tensor in the batch) in $BATCHFIT_OBSERVED/<pid>.json;
+#   * runs the user's own sitecustomize, if one is further on sys.path, exactly once, as Python would.
 # A job whose DataLoader yields fewer samples than the size batchfit gave it (a dataset shorter than
 # the batch, a clamped batch size) would otherwise "fit" at every size with flat memory. Nothing here
 # may ever raise into the job: whatever goes wrong is swallowed (a batch it cannot read counts as
