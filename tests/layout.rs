@@ -310,6 +310,67 @@ fn the_engine_uses_no_tch_clap_or_nvml() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
+/// Where `code` branches on which workload a probe runs (a command or batchfit's model) rather than
+/// asking the workload (`config::WorkloadSpec`'s questions), as `what it names`.
+fn workload_branches(code: &str) -> Vec<&'static str> {
+    [
+        "WorkloadSpec::Exec",
+        "WorkloadSpec::Model",
+        "exec.is_some()",
+        "exec.is_none()",
+        "cfg.exec",
+        "c.exec",
+    ]
+    .into_iter()
+    .filter(|b| code.contains(b))
+    .collect()
+}
+
+/// The kind of workload is chosen once, from the arguments (`src/config/`), and matched only where
+/// the running workload is built (`probe::setup`'s `workload`); the rest of a probe, and the whole
+/// engine, ask the workload's questions instead.
+#[test]
+fn only_the_config_and_the_builder_branch_on_the_kind_of_workload() {
+    let mut files = vec![];
+    rust_files(&src(), &mut files);
+    let mut wrong = vec![];
+    for f in &files {
+        let rel = f
+            .strip_prefix(src())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        if rel.starts_with("config/") {
+            continue;
+        }
+        let code = code(f);
+        let found = workload_branches(&code);
+        let builder = rel == "probe/setup.rs"
+            && found.iter().all(|b| b.starts_with("WorkloadSpec::"))
+            && code.matches("WorkloadSpec::").count() == 2;
+        if !found.is_empty() && !builder {
+            wrong.push(format!("{rel}: {found:?}"));
+        }
+    }
+    let mut engine = vec![];
+    for e in ENGINE {
+        rust_files(&src().join(e), &mut engine);
+    }
+    for f in engine.iter().filter(|f| !f.ends_with("plan/schema.rs")) {
+        let code = code(f);
+        for kind in ["WorkloadInfo::Exec", "WorkloadInfo::Model", ".exec()"] {
+            if code.contains(kind) {
+                wrong.push(format!("{} (engine) branches on {kind}", f.display()));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "branches on the kind of workload:\n{}",
+        wrong.join("\n")
+    );
+}
+
 #[test]
 fn the_checks_can_fail() {
     // an exported macro is an import of the module that defines it
@@ -325,6 +386,11 @@ fn the_checks_can_fail() {
     assert!(code(&src().join("lib.rs")).contains("pub mod search"));
     assert!(!engine_path_allowed("crate::device::cuda::CudaBackend"));
     assert!(!engine_path_allowed("crate::workload::model::step"));
+    assert_eq!(
+        workload_branches("if cfg.exec.is_some() { x }"),
+        ["exec.is_some()", "cfg.exec"]
+    );
+    assert!(workload_branches("if cfg.workload.may_not_train_the_size() {}").is_empty());
     assert!(engine_path_allowed(
         "crate::device::{sim::SimSpec, DeviceInfo}"
     ));

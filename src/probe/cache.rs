@@ -361,7 +361,10 @@ pub fn key(skeleton: &Plan, cfg: &ProbeConfig) -> String {
         compare_alloc_conf: cfg.compare_alloc_conf,
         process: skeleton.runtime.process.as_ref(),
         limit_mechanism: skeleton.limit_mechanism,
-        exec: cfg.exec.as_ref().map(|e| exec_key(&e.info, !e.observe)),
+        exec: cfg
+            .workload
+            .command_info()
+            .map(|e| exec_key(e, !cfg.workload.observes_its_dataloaders())),
     };
     let json = serde_json::to_string(&input).expect("key serialises");
     let digest = Sha256::digest(json.as_bytes());
@@ -698,7 +701,7 @@ mod tests {
         assert_eq!(exec(&[]), exec(&["--observe", "on"]));
         assert_ne!(exec(&[]), exec(&["--observe", "off"]));
         let input = |c: &ProbeConfig| {
-            serde_json::to_string(&exec_key(&c.exec.as_ref().unwrap().info, false)).unwrap()
+            serde_json::to_string(&exec_key(c.workload.command_info().unwrap(), false)).unwrap()
         };
         let on = cfg(&["--exec", "--", "/bin/sh", "-c", "true", "{batch}"]);
         assert!(!input(&on).contains("observe_off"), "{}", input(&on));

@@ -101,7 +101,7 @@ pub fn run_cached(
         ))),
         Devices::Cuda(gpus) => {
             let (c, note) = setup::cuda_effective(cfg, &gpus)?;
-            if gpus.indices.len() > 1 && c.exec.is_some() {
+            if gpus.indices.len() > 1 && c.workload.is_the_whole_job() {
                 return one_job_on_several_gpus(&c, &gpus, note, progress, cache);
             }
             if gpus.indices.len() > 1 {

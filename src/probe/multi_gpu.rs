@@ -159,6 +159,27 @@ pub fn differ(gpus: &[Gpu]) -> Option<String> {
     })
 }
 
+/// What the probe says before several GPUs search: together in rounds when they are identical,
+/// else one search each (`fallback`: why not together).
+fn announcement(setup: &CudaSetup, fallback: Option<&str>) -> String {
+    match fallback {
+        None => format!(
+            "batchfit: probing {} identical GPUs together ({}): each round runs one size on each \
+             GPU at once, and the answer is confirmed on each",
+            setup.indices.len(),
+            setup.list()
+        ),
+        Some(why) => format!(
+            "batchfit: probing {} GPUs in parallel ({}), a search on each as they differ ({why}); \
+             the plan takes the smallest answer and confirms it on each",
+            setup.indices.len(),
+            setup.list()
+        ),
+    }
+}
+
+/// Several GPUs' probe: each GPU's largest fitting micro-batch, the smallest of them split for the
+/// global batch and confirmed on every GPU, and the plan of the smallest GPU's measurements.
 pub fn run(
     cfg: &ProbeConfig,
     setup: &CudaSetup,
@@ -166,20 +187,7 @@ pub fn run(
     progress: &mut dyn Progress,
 ) -> Result<(Plan, Ending), ProbeError> {
     let fallback = differ(gpus);
-    match &fallback {
-        None => progress.line(&format!(
-            "batchfit: probing {} identical GPUs together ({}): each round runs one size on each \
-             GPU at once, and the answer is confirmed on each",
-            setup.indices.len(),
-            setup.list()
-        )),
-        Some(why) => progress.line(&format!(
-            "batchfit: probing {} GPUs in parallel ({}), a search on each as they differ ({why}); \
-             the plan takes the smallest answer and confirms it on each",
-            setup.indices.len(),
-            setup.list()
-        )),
-    }
+    progress.line(&announcement(setup, fallback.as_deref()));
     // 1. Each GPU's largest fitting micro-batch (one search of them all when they are identical).
     let together = fallback.is_none();
     let (outcomes, shared) = if together {

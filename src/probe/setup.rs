@@ -5,16 +5,16 @@
 use super::report::ProbeError;
 use crate::accumulate;
 use crate::cli::CpuLimitArg;
-use crate::config::{self, BackendChoice, ProbeConfig};
+use crate::config::{self, BackendChoice, PeakNoise, ProbeConfig, WorkloadSpec};
 use crate::device::cgroup;
 use crate::device::cpu::CpuBackend;
 use crate::device::cuda::{fake, CudaBackend, Executor};
 use crate::device::sim::{SimBackend, SimSpec};
 use crate::device::{Backend, DeviceKind, IsolationMode, LimitMechanism};
 use crate::gpu::{GpuError, GpuProcess, GpuQuery};
-use crate::plan::model::{ModelSpec, Precision};
+use crate::plan::model::ModelSpec;
 use crate::plan::schema::{ExecInfo, WorkloadInfo};
-use crate::plan::{GpuSection, ModelInfo, Plan, Runtime, SearchSettings, Status, StopReason, Tool};
+use crate::plan::{GpuSection, Plan, Runtime, SearchSettings, Status, StopReason, Tool};
 use crate::platform::units::format_size;
 use crate::platform::{now_unix, sysmem};
 use crate::protocol::Workload;
@@ -75,8 +75,8 @@ pub fn exec_workload(
 
 /// What `cfg`'s trials run: the user's command (`--exec`), else batchfit's tch model.
 fn workload(cfg: &ProbeConfig) -> Result<Arc<dyn Workload>, ProbeError> {
-    match &cfg.exec {
-        Some(e) => exec_workload(
+    match &cfg.workload {
+        WorkloadSpec::Exec(e) => exec_workload(
             &e.info,
             e.oom_patterns.clone(),
             Some(cfg.world_size),
@@ -84,7 +84,7 @@ fn workload(cfg: &ProbeConfig) -> Result<Arc<dyn Workload>, ProbeError> {
             cfg.search.confirm_steps.max(cfg.search.steps),
             e.observe,
         ),
-        None => model_workload(&cfg.model, cfg.threads, cfg.seed, cfg.fault),
+        WorkloadSpec::Model(m) => model_workload(m, cfg.threads, cfg.seed, cfg.fault),
     }
 }
 
@@ -252,7 +252,7 @@ impl CudaSetup {
 /// Whether `cfg`'s trials can use CUDA beyond NVML: a user's command decides that itself (its own
 /// torch); batchfit's model trials need the torch runner's libtorch to see a CUDA device.
 fn torch_sees_cuda(cfg: &ProbeConfig) -> Result<(), String> {
-    if cfg.exec.is_some() {
+    if !cfg.workload.runs_the_torch_runner() {
         return Ok(());
     }
     let runner = Runner::locate().map_err(|e| e.to_string())?;
@@ -317,11 +317,15 @@ pub fn resolve(cfg: &ProbeConfig, notices: &mut Vec<String>) -> Result<Devices, 
                 ));
                 Ok(Devices::Cuda(setup))
             }
-            Err(why) if cfg.model.precision.is_amp() => Err(ProbeError::Usage(format!(
-                "--precision {} needs CUDA, and --backend auto chose the cpu ({why}); use --precision \
-                 bf16 or fp32 on cpu",
-                cfg.model.precision.as_str()
-            ))),
+            Err(why) if cfg.workload.cuda_only_precision().is_some() => {
+                Err(ProbeError::Usage(format!(
+                    "--precision {} needs CUDA, and --backend auto chose the cpu ({why}); use \
+                     --precision bf16 or fp32 on cpu",
+                    cfg.workload
+                        .cuda_only_precision()
+                        .map_or("", |p| p.as_str())
+                )))
+            }
             Err(why) if cfg.gpus.is_some() || cfg.compare_alloc_conf => {
                 Err(ProbeError::Environment(format!(
                     "--gpus and --compare-alloc-conf need CUDA, and there is none here: {why}"
@@ -342,20 +346,18 @@ pub fn resolve(cfg: &ProbeConfig, notices: &mut Vec<String>) -> Result<Devices, 
 pub fn cpu_backend(cfg: &ProbeConfig, notices: &mut Vec<String>) -> Result<CpuBackend, ProbeError> {
     let mut b = CpuBackend::new(workload(cfg)?, cfg.trial_timeout, cfg.isolation)
         .map_err(|e| ProbeError::Environment(e.to_string()))?;
-    if let Some(e) = &cfg.exec {
-        match (e.cpu_limit, cgroup::parent()) {
-            (CpuLimitArg::Rlimit, _) => {}
-            (_, Ok(parent)) => b = b.with_cgroup(parent),
-            (CpuLimitArg::Cgroup, Err(why)) => {
-                return Err(ProbeError::Environment(format!(
+    match (cfg.workload.cpu_limit(), cgroup::parent()) {
+        (CpuLimitArg::Rlimit, _) => {}
+        (_, Ok(parent)) => b = b.with_cgroup(parent),
+        (CpuLimitArg::Cgroup, Err(why)) => {
+            return Err(ProbeError::Environment(format!(
                 "--cpu-limit cgroup: {why}; use --cpu-limit rlimit (RLIMIT_DATA on each process)"
             )))
-            }
-            (CpuLimitArg::Auto, Err(why)) => notices.push(format!(
-                "batchfit: --cpu-limit auto: no memory cgroup for trials ({why}); each process of \
-                 the command runs under RLIMIT_DATA instead"
-            )),
         }
+        (CpuLimitArg::Auto, Err(why)) => notices.push(format!(
+            "batchfit: --cpu-limit auto: no memory cgroup for trials ({why}); each process of the \
+             command runs under RLIMIT_DATA instead"
+        )),
     }
     Ok(match logs_dir(cfg)? {
         Some(d) => b.with_logs(d),
@@ -405,14 +407,6 @@ pub fn cpu_backends(
     Ok(all)
 }
 
-/// Gradient bytes per parameter (DDP's buckets hold one copy of the gradients).
-fn gradient_bytes(cfg: &ProbeConfig) -> u64 {
-    match cfg.model.precision {
-        Precision::Bf16 => 2,
-        _ => 4,
-    }
-}
-
 /// The cuda config with the world size defaulting to the number of GPUs and, for DDP (world size > 1)
 /// without `--reserve`, one copy of the gradients reserved (the note says so).
 pub fn cuda_effective(
@@ -439,9 +433,10 @@ pub fn cuda_effective(
         }
     }
     let mut note = None;
-    // (a user's command is measured as the whole DDP job: its buckets are in the trial already)
-    if c.world_size > 1 && !c.reserve_given && c.exec.is_none() {
-        let bytes = c.model.parameter_count() * gradient_bytes(&c);
+    // (a trial that is the whole DDP job has its buckets in it already)
+    let gradients = c.workload.ddp_gradients();
+    if let Some((parameters, per)) = gradients.filter(|_| c.world_size > 1 && !c.reserve_given) {
+        let bytes = parameters * per;
         c.reserve = bytes;
         note = Some(format!(
             "--reserve defaulted to {} for world size {}: DDP's gradient buckets hold about one copy of \
@@ -449,22 +444,30 @@ pub fn cuda_effective(
              change it",
             format_size(bytes),
             c.world_size,
-            c.model.parameter_count(),
-            gradient_bytes(&c)
+            parameters,
+            per
         ));
     }
     Ok((c, note))
 }
 
-/// The plan before any trial, on `backend`, and the limit its trials run under: the budget (given,
-/// or the device's default) checked against the device, less the reserve and the margin.
-pub fn skeleton(
-    cfg: &ProbeConfig,
-    backend: &dyn Backend,
-    gpu: Option<GpuSection>,
-    reserve_note: Option<String>,
-) -> Result<(Plan, u64), ProbeError> {
-    let device = backend.device().clone();
+/// The limit a probe's trials run under, and how it was reached.
+struct TrialLimit {
+    /// `--memory-budget`, or the device's default.
+    budget: u64,
+    /// The budget less the reserve and the margin: the job's limit.
+    unguarded: u64,
+    /// The guard band, as the share of `unguarded` the plan records.
+    guard_band: Option<f64>,
+    /// `unguarded` less the guard band: the trials' limit.
+    limit: u64,
+}
+
+/// The trials' limit on `backend`: the budget checked against the device and the reserve, less
+/// the reserve, the margin and the guard band; a limit below what batchfit's torch runner starts in
+/// on CPU is refused.
+fn trial_limit(cfg: &ProbeConfig, backend: &dyn Backend) -> Result<TrialLimit, ProbeError> {
+    let device = backend.device();
     let budget = cfg.budget.unwrap_or_else(|| backend.default_budget());
     if budget > device.total_bytes {
         return Err(ProbeError::Usage(format!(
@@ -483,9 +486,14 @@ pub fn skeleton(
         )));
     }
     let unguarded = config::limit(budget, cfg.reserve, cfg.margin);
-    let guard_band = guard_band(backend.limit_mechanism(), cfg.exec.is_some(), unguarded);
+    let guard_band = guard_band(
+        backend.limit_mechanism(),
+        cfg.workload.peak_noise(),
+        unguarded,
+    );
     let limit = guarded(unguarded, guard_band);
-    if device.kind == DeviceKind::Cpu && cfg.exec.is_none() && limit < LIBTORCH_MIN_DATA {
+    let libtorch = cfg.workload.runs_the_torch_runner();
+    if device.kind == DeviceKind::Cpu && libtorch && limit < LIBTORCH_MIN_DATA {
         return Err(ProbeError::Usage(format!(
             "the limit {} (budget {} − reserve {}, less the {:.0}% margin) is below the {} a libtorch process \
              needs to start on CPU; raise --memory-budget",
@@ -496,6 +504,30 @@ pub fn skeleton(
             format_size(LIBTORCH_MIN_DATA)
         )));
     }
+    Ok(TrialLimit {
+        budget,
+        unguarded,
+        guard_band,
+        limit,
+    })
+}
+
+/// The plan before any trial, on `backend`, and the limit its trials run under: the budget (given,
+/// or the device's default) checked against the device, less the reserve and the margin.
+pub fn skeleton(
+    cfg: &ProbeConfig,
+    backend: &dyn Backend,
+    gpu: Option<GpuSection>,
+    reserve_note: Option<String>,
+) -> Result<(Plan, u64), ProbeError> {
+    let device = backend.device().clone();
+    let TrialLimit {
+        budget,
+        unguarded,
+        guard_band,
+        limit,
+    } = trial_limit(cfg, backend)?;
+    let libtorch = cfg.workload.runs_the_torch_runner();
     let sim_spec = match &cfg.backend {
         BackendChoice::Sim(s) => Some(s.clone()),
         _ => None,
@@ -504,17 +536,14 @@ pub fn skeleton(
         schema_version: crate::plan::SCHEMA_VERSION,
         status: Status::Partial,
         created_unix: now_unix(),
-        tool: match (&cfg.exec, &cfg.backend) {
-            (None, BackendChoice::Cpu | BackendChoice::Cuda | BackendChoice::Auto) => {
+        tool: match &cfg.backend {
+            BackendChoice::Cpu | BackendChoice::Cuda | BackendChoice::Auto if libtorch => {
                 Runner::locate()
                     .map_or_else(|_| Tool::current(), |r| Tool::on_torch(&r.torch.version))
             }
             _ => Tool::current(),
         },
-        model: match &cfg.exec {
-            Some(e) => WorkloadInfo::Exec(e.info.clone()),
-            None => WorkloadInfo::Model(ModelInfo::of(&cfg.model)),
-        },
+        model: cfg.workload.info(),
         runtime: Runtime {
             threads: cfg.threads,
             seed: cfg.seed,
@@ -556,7 +585,7 @@ pub fn skeleton(
         sweep: None,
     };
     plan.search.parallel = (backend.width() > 1).then_some(backend.width() as u32);
-    if let Some(b) = guard_band_bytes(backend.limit_mechanism(), cfg.exec.is_some())
+    if let Some(b) = guard_band_bytes(backend.limit_mechanism(), cfg.workload.peak_noise())
         .filter(|&b| guard_band.is_some() && b > unguarded / 4)
     {
         plan.warnings.push(format!(
@@ -603,13 +632,13 @@ pub const EXEC_RLIMIT_GUARD_BAND_BYTES: u64 = CGROUP_GUARD_BAND_BYTES;
 /// trials' (`Plan::job_limit_bytes`).
 pub const TCH_RLIMIT_GUARD_BAND_BYTES: u64 = 1 << 20;
 
-/// The guard band, in bytes, of a limit mechanism for batchfit's own trials or a command's (`exec`);
-/// `None`: none (cuda, sim).
-pub fn guard_band_bytes(m: LimitMechanism, exec: bool) -> Option<u64> {
-    match m {
-        LimitMechanism::CgroupV1 | LimitMechanism::CgroupV2 => Some(CGROUP_GUARD_BAND_BYTES),
-        LimitMechanism::RlimitData if exec => Some(EXEC_RLIMIT_GUARD_BAND_BYTES),
-        LimitMechanism::RlimitData => Some(TCH_RLIMIT_GUARD_BAND_BYTES),
+/// The guard band, in bytes, of a limit mechanism for trials whose peaks move by `noise`; `None`:
+/// none (cuda, sim).
+pub fn guard_band_bytes(m: LimitMechanism, noise: PeakNoise) -> Option<u64> {
+    match (m, noise) {
+        (LimitMechanism::CgroupV1 | LimitMechanism::CgroupV2, _) => Some(CGROUP_GUARD_BAND_BYTES),
+        (LimitMechanism::RlimitData, PeakNoise::Job) => Some(EXEC_RLIMIT_GUARD_BAND_BYTES),
+        (LimitMechanism::RlimitData, PeakNoise::Exact) => Some(TCH_RLIMIT_GUARD_BAND_BYTES),
         _ => None,
     }
 }
@@ -618,8 +647,8 @@ pub fn guard_band_bytes(m: LimitMechanism, exec: bool) -> Option<u64> {
 /// that the plan records (`guard_band`; `verify` re-applies it to the same limit, [`guarded`], and gets
 /// the same `limit_bytes`): [`guard_band_bytes`] of it, at most a quarter of it (a limit that small is
 /// below what a Python or libtorch job starts in; the band must not eat the limit).
-pub fn guard_band(m: LimitMechanism, exec: bool, limit: u64) -> Option<f64> {
-    let bytes = guard_band_bytes(m, exec)?;
+pub fn guard_band(m: LimitMechanism, noise: PeakNoise, limit: u64) -> Option<f64> {
+    let bytes = guard_band_bytes(m, noise)?;
     if limit == 0 {
         return None;
     }
@@ -746,7 +775,7 @@ mod tests {
     fn guard_bands_are_the_measured_noise_in_bytes() {
         let b = 1_342_177_280u64; // the benchmark's 1.25 GiB
         for m in [LimitMechanism::CgroupV1, LimitMechanism::CgroupV2] {
-            for exec in [false, true] {
+            for exec in [PeakNoise::Exact, PeakNoise::Job] {
                 assert_eq!(guard_band_bytes(m, exec), Some(16 << 20));
                 // 1.25 GiB less 16 MiB (the flat 2 % gave 1_315_333_734)
                 assert_eq!(guarded(b, guard_band(m, exec, b)), 1_325_400_064);
@@ -754,32 +783,35 @@ mod tests {
         }
         // batchfit's own trials under RLIMIT_DATA: 1 MiB (the trainer is not the trial child)
         assert_eq!(
-            guard_band_bytes(LimitMechanism::RlimitData, false),
+            guard_band_bytes(LimitMechanism::RlimitData, PeakNoise::Exact),
             Some(1 << 20)
         );
         assert_eq!(
-            guarded(b, guard_band(LimitMechanism::RlimitData, false, b)),
+            guarded(
+                b,
+                guard_band(LimitMechanism::RlimitData, PeakNoise::Exact, b)
+            ),
             b - (1 << 20)
         );
         assert_eq!(
-            guard_band_bytes(LimitMechanism::RlimitData, true),
+            guard_band_bytes(LimitMechanism::RlimitData, PeakNoise::Job),
             Some(16 << 20)
         );
         // 1.25 GiB less 16 MiB (the flat 0.5 % gave 1_335_466_393)
         assert_eq!(
-            guarded(b, guard_band(LimitMechanism::RlimitData, true, b)),
+            guarded(b, guard_band(LimitMechanism::RlimitData, PeakNoise::Job, b)),
             1_325_400_064
         );
         for m in [LimitMechanism::CudaFraction, LimitMechanism::Simulated] {
-            assert_eq!(guard_band(m, true, b), None);
+            assert_eq!(guard_band(m, PeakNoise::Job, b), None);
         }
         // the same bytes whatever the limit: the share shrinks as the limit grows, and the plan's
         // share re-applied (verify) gives the probe's limit to the byte
         for l in [400u64 << 20, b, 3 << 30, 64 << 30, (1 << 40) + 12_345] {
             for (m, exec, bytes) in [
-                (LimitMechanism::CgroupV1, false, 16u64 << 20),
-                (LimitMechanism::CgroupV2, true, 16 << 20),
-                (LimitMechanism::RlimitData, true, 16 << 20),
+                (LimitMechanism::CgroupV1, PeakNoise::Exact, 16u64 << 20),
+                (LimitMechanism::CgroupV2, PeakNoise::Job, 16 << 20),
+                (LimitMechanism::RlimitData, PeakNoise::Job, 16 << 20),
             ] {
                 let g = guard_band(m, exec, l).unwrap();
                 assert_eq!(guarded(l, Some(g)), l - bytes, "limit {l} {m:?}");
@@ -789,10 +821,16 @@ mod tests {
         // a limit so small that the band would be more than a quarter of it keeps three quarters
         let small = 32u64 << 20;
         assert_eq!(
-            guarded(small, guard_band(LimitMechanism::CgroupV1, true, small)),
+            guarded(
+                small,
+                guard_band(LimitMechanism::CgroupV1, PeakNoise::Job, small)
+            ),
             small - small / 4
         );
-        assert_eq!(guard_band(LimitMechanism::CgroupV1, true, 0), None);
+        assert_eq!(
+            guard_band(LimitMechanism::CgroupV1, PeakNoise::Job, 0),
+            None
+        );
         assert_eq!(guarded(b, Some(1.5)), b);
         assert_eq!(guarded(b, Some(0.0)), b);
     }

@@ -4,7 +4,7 @@
 
 use super::report::{self, Ending, ProbeError, Progress};
 use super::split::{self, SplitOutcome};
-use crate::config::ProbeConfig;
+use crate::config::{AccumulationProof, ProbeConfig};
 use crate::device::Backend;
 use crate::plan::{CapacityModel, Plan, Recommendation, Status};
 use crate::search::{Prober, Purpose, SearchOutcome, Stop, StopReason, TrialRecord};
@@ -44,7 +44,7 @@ pub fn search_announced<'b>(
     if let Some(g) = gpu {
         prober = prober.on_gpu(g);
     }
-    if cfg.exec.is_some() {
+    if cfg.workload.may_not_train_the_size() {
         let limit = skeleton.limit_bytes;
         prober = prober.refuse_when(move |trials| settled_at_the_limit(trials, limit));
     }
@@ -88,9 +88,11 @@ pub fn run(
                 }
             },
         );
-        if let (Some(_), Some(max), StopReason::MaxBatch) =
-            (&cfg.exec, outcome.max_fitting, outcome.stop_reason)
-        {
+        if let (true, Some(max), StopReason::MaxBatch) = (
+            cfg.workload.may_not_train_the_size(),
+            outcome.max_fitting,
+            outcome.stop_reason,
+        ) {
             measure_the_slope_below(cfg, &mut prober, max);
         }
         let split = match (outcome.max_fitting, outcome.stop_reason.is_complete()) {
@@ -145,7 +147,9 @@ pub fn assemble(
         .clone()
         .unwrap_or_else(|| outcome.stop_reason.describe().to_string());
     let mut ending = Ending::of(outcome.stop_reason, outcome.interrupted_by);
-    let unshown = cfg.exec.as_ref().and(batch_not_shown(&outcome.trials));
+    let unshown = (cfg.workload.may_not_train_the_size())
+        .then(|| batch_not_shown(&outcome.trials))
+        .flatten();
     match split {
         Some(SplitOutcome { split, warnings }) => {
             plan.warnings.extend(warnings);
@@ -171,7 +175,8 @@ pub fn assemble(
                         r.fastest_micro_batch = Some(a.fastest.batch);
                         r.fastest_samples_per_second = Some(a.fastest.samples_per_second);
                     }
-                    if cfg.exec.is_some() && r.accumulation > 1 {
+                    let by_construction = AccumulationProof::ByConstruction;
+                    if cfg.workload.accumulation_proof() != by_construction && r.accumulation > 1 {
                         r.accumulation_proven = Some(true);
                     }
                     if let Some(w) = unproven_accumulation(cfg, &outcome.trials, &r) {
@@ -213,7 +218,8 @@ pub fn assemble(
     plan.warnings
         .extend(bounded_by_reserved_address_space(&plan));
     // a command's first trial, at the smallest size, already over the limit: what it needs
-    let first = cfg.exec.as_ref().and(plan.trials.first());
+    let first =
+        (plan.trials.first()).filter(|_| cfg.workload.explains_a_first_trial_over_the_limit());
     let too_small = first.and_then(|t| super::first_trial::over_the_limit(&plan, t));
     plan.warnings.extend(too_small);
     if reads_batch(&plan.trials) {
@@ -654,16 +660,7 @@ fn unproven_accumulation(
     trials: &[TrialRecord],
     r: &Recommendation,
 ) -> Option<String> {
-    let exec = cfg.exec.as_ref()?;
-    if r.accumulation <= 1 {
-        return None;
-    }
-    let placeholder = exec
-        .info
-        .argv
-        .iter()
-        .any(|a| crate::workload::exec::has_placeholder(a, "{accumulation}"));
-    if placeholder {
+    if r.accumulation <= 1 || cfg.workload.accumulation_proof() != AccumulationProof::ByReport {
         return None;
     }
     let reads = trials
