@@ -1550,31 +1550,6 @@ mod sweep_tests {
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
 
-    /// On a probe's own trials (an exact device), the line the search proposed from and the line
-    /// of the capacity model (which `predict` and the plot draw) are one line.
-    #[test]
-    fn the_search_and_the_capacity_model_fit_one_line_to_the_same_trials() {
-        let spec = SimSpec::parse("base=1GiB,per-sample=3MiB,capacity=16GiB").unwrap();
-        let limit = spec.capacity / 20 * 19;
-        let out = Prober::new(&mut SimBackend::new(spec), SearchConfig::default(), limit).search();
-        let mut points: Vec<(u64, u64)> = (out.trials.iter())
-            .filter(|t| t.outcome.fits())
-            .filter_map(|t| Some((t.batch, t.outcome.peak_bytes()?)))
-            .collect();
-        points.sort();
-        points.dedup_by_key(|p| p.0);
-        let (search, _) = crate::search::line::fit_line(&points).expect("a slope");
-        let model = CapacityModel::fit(&out.trials, limit).expect("a capacity model");
-        assert!(model.refusal.is_none(), "{:?}", model.refusal);
-        let close = |x: f64, y: f64| (x - y).abs() <= 1e-6 * x.abs().max(y.abs()).max(1.0);
-        assert!(
-            close(search.k, model.per_sample_bytes),
-            "{search:?} {model:?}"
-        );
-        assert!(close(search.a, model.fixed_bytes), "{search:?} {model:?}");
-        assert!(close(search.k, 3.0 * MIB as f64) && close(search.a, GIB as f64));
-    }
-
     /// A point's search with `prior` (trials, answer) and its truth, and the trials without a prior.
     fn point(spec: &SimSpec, prior: Option<Prior>) -> (Vec<TrialRecord>, u64, u64, usize) {
         let limit = spec.capacity / 20 * 19;
