@@ -817,7 +817,6 @@ fn watch(
     sample: &mut dyn FnMut(&[u32]),
 ) -> Result<Ran, BackendError> {
     let kills_before = oom_kills();
-    let t0 = Instant::now();
     let Spawned {
         mut child,
         trial,
@@ -825,121 +824,185 @@ fn watch(
         out,
         err,
     } = spawned;
-    let pid = child.id();
-    let mut tree = opts
-        .tree
-        .then(|| super::tree::Tree::new(pid).follow_marker(trial.clone()));
-    // the anonymous memory charged to the trial's cgroup, sampled (the kernel keeps only the total's
-    // peak, page cache included)
-    let mut cgroup_anon: Option<u64> = None;
-    // a first sample at once (spawn returns after the exec): a short command may end before the next
-    if let Some(t) = tree.as_mut() {
-        sample_tree(t, opts.cgroup, &mut cgroup_anon);
-    }
-    // Everything the trial started goes, whatever happens: its session and group, its tree, its
-    // cgroup and every process carrying its marker.
-    let kill_everything =
-        |tree: &Option<super::tree::Tree>| end_trial(&trial, tree.as_ref(), opts.cgroup);
-    let mut evidence = EvidenceWatch::default();
-    let status = loop {
-        if let Some(sig) = interrupt::pending() {
-            kill_everything(&tree);
-            let _ = child.wait();
-            return Err(BackendError::Interrupted(sig));
-        }
-        if t0.elapsed() >= timeout {
-            kill_everything(&tree);
-            let _ = child.wait();
-            return Ok(Ran::TimedOut {
-                seconds: t0.elapsed().as_secs_f64(),
-            });
-        }
-        if evidence.grace_over(opts.evidence) {
-            // the samples ran until now: the peak covers the whole run up to the kill
-            kill_everything(&tree);
-            break child.wait().map_err(|e| {
-                BackendError::Environment(format!("waiting for a trial process: {e}"))
-            })?;
-        }
-        match reap(pid, false) {
-            Ok(Some((s, _))) => break s,
-            Ok(None) => {
-                match tree.as_mut() {
-                    Some(t) => {
-                        sample_tree(t, opts.cgroup, &mut cgroup_anon);
-                        sample(&t.live_pids());
-                    }
-                    None => sample(&[pid]),
-                }
-                std::thread::sleep(Duration::from_millis(5))
-            }
-            Err(e) => {
-                return Err(BackendError::Environment(format!(
-                    "waiting for a trial process: {e}"
-                )))
-            }
-        }
+    let mut w = Watched::start(child.id(), trial, opts);
+    let status = match w.wait_for_exit(&mut child, timeout, sample)? {
+        Waited::Exited(status) => status,
+        Waited::TimedOut { seconds } => return Ok(Ran::TimedOut { seconds }),
     };
     // The root's ru_maxrss is not used: it counts the image of batchfit forked before the exec
     // (about 180 MiB), which the trial never used. Only samples taken after the exec measure it.
-    let seconds = t0.elapsed().as_secs_f64();
-    let ended_after_report = evidence.ended;
-    // Descendants still running after the root exited are waited for a moment (still measured),
-    // then killed, and named: the job left them behind (not when batchfit ended them itself).
-    let mut left_behind = match tree.as_mut() {
-        Some(t) if !ended_after_report => {
-            wait_for_descendants(t, pid, opts.cgroup, &mut cgroup_anon)
-        }
-        _ => vec![],
-    };
-    let killed_left = record_left_behind(kill_everything(&tree), &mut left_behind);
-    // what its processes left in /dev/shm (a DataLoader batch of a killed worker) goes with them
-    if let Some(t) = tree.as_ref() {
-        crate::platform::shm::remove_left(&t.seen_pids());
-    }
+    let seconds = w.t0.elapsed().as_secs_f64();
+    let ended_after_report = w.evidence.ended;
+    let (left_behind, left_running) = w.end_what_is_left();
     let drained = Instant::now() + DRAIN;
-    // In a cgroup only the group's own counter is evidence; elsewhere the machine's counter with a
-    // SIGKILL is weak evidence (any process of the machine may have been the one killed), which the
-    // workload weighs against the trial's measured peak.
-    let group_oom_kills = opts.cgroup.map(|g| g.oom_kills());
+    // Elsewhere than in a cgroup, the machine's counter with a SIGKILL is weak evidence (any
+    // process of the machine may have been the one killed), which the workload weighs against the
+    // trial's measured peak.
     let machine_oom_kill =
         !ended_after_report && killed_by_kernel(status, kills_before, oom_kills());
-    let measure = TreeMeasure {
-        data_peak: tree.as_ref().map(|t| t.data_peak).filter(|&b| b > 0),
-        data_limit: opts.data_limit,
-        rss_peak: tree.as_ref().map(|t| t.rss_peak).filter(|&b| b > 0),
-        cgroup_peak: opts.cgroup.and_then(|g| g.peak()),
-        processes: tree.as_ref().map_or(1, |t| t.seen()),
-        seconds,
-        log: opts.log.clone(),
-        anon_peak: tree.as_ref().map(|t| t.anon_peak).filter(|&b| b > 0),
-        pss_peak: tree.as_ref().map(|t| t.pss_peak).filter(|&b| b > 0),
-        tree_figure: tree.as_ref().map(|t| t.measure()),
-        cgroup_limit: opts.cgroup.and_then(|g| g.limit()),
-        group_oom_kills,
-        cgroup_anon_peak: cgroup_anon,
-        escaped_peak: opts
-            .cgroup
-            .and(tree.as_ref())
-            .map(|t| t.escaped_peak)
-            .filter(|&b| b > 0),
-        machine_oom_kill: opts.cgroup.is_none() && machine_oom_kill,
-        killed_descendants: tree.as_ref().map(|t| t.killed.clone()).unwrap_or_default(),
-        left_behind,
-        left_running: killed_left,
-        unattributed: tree.as_ref().map_or_else(Vec::new, unattributed),
-    };
+    let measure = w.measure(seconds, machine_oom_kill, left_behind, left_running);
     Ok(Ran::Finished(Finished {
         status,
         stdout: out.finish(drained),
         stderr: err.finish(drained),
-        kernel_oom_kill: match group_oom_kills {
+        kernel_oom_kill: match measure.group_oom_kills {
             Some(n) => n > 0,
             None => machine_oom_kill,
         },
         measure,
         ended_after_report,
     }))
+}
+
+/// How the wait for a trial's root ended, when not interrupted.
+enum Waited {
+    Exited(ExitStatus),
+    TimedOut { seconds: f64 },
+}
+
+/// A started trial being watched: what is sampled of it, and when its evidence came in.
+struct Watched<'a> {
+    opts: &'a Options<'a>,
+    trial: TrialIds,
+    pid: u32,
+    t0: Instant,
+    tree: Option<super::tree::Tree>,
+    /// The anonymous memory charged to the trial's cgroup, sampled (the kernel keeps only the
+    /// total's peak, page cache included).
+    cgroup_anon: Option<u64>,
+    evidence: EvidenceWatch,
+}
+
+impl<'a> Watched<'a> {
+    /// Starts watching the trial whose root is `pid`, with a first sample at once (spawn returns
+    /// after the exec): a short command may end before the next.
+    fn start(pid: u32, trial: TrialIds, opts: &'a Options<'a>) -> Self {
+        let tree = opts
+            .tree
+            .then(|| super::tree::Tree::new(pid).follow_marker(trial.clone()));
+        let mut w = Watched {
+            opts,
+            trial,
+            pid,
+            t0: Instant::now(),
+            tree,
+            cgroup_anon: None,
+            evidence: EvidenceWatch::default(),
+        };
+        if let Some(t) = w.tree.as_mut() {
+            sample_tree(t, opts.cgroup, &mut w.cgroup_anon);
+        }
+        w
+    }
+
+    /// Everything the trial started goes, whatever happens: its session and group, its tree, its
+    /// cgroup and every process carrying its marker.
+    fn kill_everything(&self) -> Ended {
+        end_trial(&self.trial, self.tree.as_ref(), self.opts.cgroup)
+    }
+
+    /// Waits for the root to exit, sampling the tree every few milliseconds; ends everything the
+    /// trial started on an interruption, at the timeout, or once its evidence is in and the grace
+    /// passed (the samples ran until then: the peak covers the whole run up to the kill).
+    fn wait_for_exit(
+        &mut self,
+        child: &mut Child,
+        timeout: Duration,
+        sample: &mut dyn FnMut(&[u32]),
+    ) -> Result<Waited, BackendError> {
+        loop {
+            if let Some(sig) = interrupt::pending() {
+                self.kill_everything();
+                let _ = child.wait();
+                return Err(BackendError::Interrupted(sig));
+            }
+            if self.t0.elapsed() >= timeout {
+                self.kill_everything();
+                let _ = child.wait();
+                let seconds = self.t0.elapsed().as_secs_f64();
+                return Ok(Waited::TimedOut { seconds });
+            }
+            if self.evidence.grace_over(self.opts.evidence) {
+                self.kill_everything();
+                return child.wait().map(Waited::Exited).map_err(|e| {
+                    BackendError::Environment(format!("waiting for a trial process: {e}"))
+                });
+            }
+            match reap(self.pid, false) {
+                Ok(Some((s, _))) => return Ok(Waited::Exited(s)),
+                Ok(None) => {
+                    match self.tree.as_mut() {
+                        Some(t) => {
+                            sample_tree(t, self.opts.cgroup, &mut self.cgroup_anon);
+                            sample(&t.live_pids());
+                        }
+                        None => sample(&[self.pid]),
+                    }
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Err(e) => {
+                    return Err(BackendError::Environment(format!(
+                        "waiting for a trial process: {e}"
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Ends what the root left running. Descendants still running after the root exited are
+    /// waited for a moment (still measured), then killed, and named: the job left them behind (not
+    /// when batchfit ended them itself). What its processes left in /dev/shm (a DataLoader batch
+    /// of a killed worker) goes with them.
+    fn end_what_is_left(&mut self) -> (Vec<String>, Option<crate::protocol::LeftBehind>) {
+        let mut left_behind = match self.tree.as_mut() {
+            Some(t) if !self.evidence.ended => {
+                wait_for_descendants(t, self.pid, self.opts.cgroup, &mut self.cgroup_anon)
+            }
+            _ => vec![],
+        };
+        let left_running = record_left_behind(self.kill_everything(), &mut left_behind);
+        if let Some(t) = self.tree.as_ref() {
+            crate::platform::shm::remove_left(&t.seen_pids());
+        }
+        (left_behind, left_running)
+    }
+
+    /// What was measured of the trial. In a cgroup only the group's own OOM counter is evidence;
+    /// elsewhere `machine_oom_kill`.
+    fn measure(
+        &self,
+        seconds: f64,
+        machine_oom_kill: bool,
+        left_behind: Vec<String>,
+        left_running: Option<crate::protocol::LeftBehind>,
+    ) -> TreeMeasure {
+        let (opts, tree) = (self.opts, self.tree.as_ref());
+        TreeMeasure {
+            data_peak: tree.map(|t| t.data_peak).filter(|&b| b > 0),
+            data_limit: opts.data_limit,
+            rss_peak: tree.map(|t| t.rss_peak).filter(|&b| b > 0),
+            cgroup_peak: opts.cgroup.and_then(|g| g.peak()),
+            processes: tree.map_or(1, |t| t.seen()),
+            seconds,
+            log: opts.log.clone(),
+            anon_peak: tree.map(|t| t.anon_peak).filter(|&b| b > 0),
+            pss_peak: tree.map(|t| t.pss_peak).filter(|&b| b > 0),
+            tree_figure: tree.map(|t| t.measure()),
+            cgroup_limit: opts.cgroup.and_then(|g| g.limit()),
+            group_oom_kills: opts.cgroup.map(|g| g.oom_kills()),
+            cgroup_anon_peak: self.cgroup_anon,
+            escaped_peak: opts
+                .cgroup
+                .and(tree)
+                .map(|t| t.escaped_peak)
+                .filter(|&b| b > 0),
+            machine_oom_kill: opts.cgroup.is_none() && machine_oom_kill,
+            killed_descendants: tree.map(|t| t.killed.clone()).unwrap_or_default(),
+            left_behind,
+            left_running,
+            unattributed: tree.map_or_else(Vec::new, unattributed),
+        }
+    }
 }
 
 /// The orphans a trial could not tell to be its own (`pid N (name)`), or that another trial could

@@ -36,7 +36,7 @@
 //! with its `RssAnon + RssShmem`, and [`Tree::measure`] says so ([`Measure::RssSum`]).
 
 use crate::platform::procfs::{children, start_time};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 /// The share of the sampler's time that reading `smaps_rollup` may take: after a round that took
@@ -59,6 +59,20 @@ struct Reading {
     rss: u64,
     /// Its `RssShmem` at the reading.
     shmem: u64,
+}
+
+/// What one pass over the tree's `/proc/PID/status` files found.
+#[derive(Default)]
+struct StatusPass {
+    /// The processes with memory: (pid, RssAnon + RssShmem, RssShmem), in bytes.
+    live: Vec<(u32, u64, u64)>,
+    /// The summed VmRSS.
+    rss: u64,
+    /// The summed RssAnon + RssShmem.
+    anon: u64,
+    /// A process is exiting (its memory detached, not yet a zombie): it is handing its shares of
+    /// shared pages to the others page by page, so readings taken meanwhile do not add up.
+    unsettled: bool,
 }
 
 /// One process of the tree: its PID and its start time (clock ticks since boot, field 22 of
@@ -454,6 +468,32 @@ impl Tree {
     /// processes were found: a process forked between the two readings would otherwise be a process
     /// of the tree outside the group (a DataLoader's workers, forked with the parent's memory).
     pub fn sample_inside(&mut self, inside: Option<&dyn Fn() -> Vec<u32>>) {
+        self.find_new_processes(inside);
+        let inside: Option<Vec<u32>> = inside.map(|list| list());
+        let mut pass = self.read_statuses();
+        let shared_growth = self.shared_grew(&pass.live);
+        let now = Instant::now();
+        let members: BTreeSet<u32> = pass.live.iter().map(|&(p, ..)| p).collect();
+        if self.round_due(&members, now, shared_growth) {
+            pass.unsettled |= self.read_shares(&mut pass.live, now);
+            self.members = members;
+        }
+        self.rss_peak = self.rss_peak.max(pass.rss);
+        self.anon_peak = self.anon_peak.max(pass.anon);
+        if pass.unsettled {
+            // read again at the next sample; the total only falls while a process exits, so this
+            // sample's (too high) sum is not a peak
+            self.next_round = None;
+            return;
+        }
+        let (pss, escaped) = self.shares(&pass.live, inside.as_deref(), shared_growth);
+        self.pss_peak = self.pss_peak.max(pss);
+        self.escaped_peak = self.escaped_peak.max(escaped);
+    }
+
+    /// Adds the processes that joined the tree since the last sample: escaped ones the scan found,
+    /// adopted orphans that are the trial's, and every new descendant of a live member.
+    fn find_new_processes(&mut self, inside: Option<&dyn Fn() -> Vec<u32>>) {
         for (pid, start) in self.scan_for_escaped() {
             self.known.insert(pid, start);
         }
@@ -471,13 +511,12 @@ impl Tree {
                 }
             }
         }
-        let inside: Option<Vec<u32>> = inside.map(|list| list());
-        // the processes with memory: (pid, RssAnon + RssShmem, RssShmem)
-        let mut live = vec![];
-        let (mut rss, mut anon) = (0, 0);
-        // A process that is exiting (its memory detached, not yet a zombie) is handing its shares
-        // of shared pages to the others page by page: readings taken meanwhile do not add up.
-        let mut unsettled = false;
+    }
+
+    /// Reads every live member's `status`: the data segment's peak, the summed RSS and anonymous
+    /// memory, the processes with memory, orphans the job made, and members killed by a signal.
+    fn read_statuses(&mut self) -> StatusPass {
+        let mut pass = StatusPass::default();
         let alive = self.alive();
         let mut orphans = vec![];
         for &pid in &alive {
@@ -487,14 +526,14 @@ impl Tree {
                     orphans.push(pid);
                 }
                 self.data_peak = self.data_peak.max(status_kb(&s, "VmData:"));
-                rss += status_kb(&s, "VmRSS:");
+                pass.rss += status_kb(&s, "VmRSS:");
                 let a = status_kb(&s, "RssAnon:") + status_kb(&s, "RssShmem:");
-                anon += a;
+                pass.anon += a;
                 // a zombie has no memory (and no VmRSS line): nothing to read
                 if has_memory(&s) {
-                    live.push((pid, a, status_kb(&s, "RssShmem:")));
+                    pass.live.push((pid, a, status_kb(&s, "RssShmem:")));
                 } else {
-                    unsettled |= exiting(&s);
+                    pass.unsettled |= exiting(&s);
                 }
             }
             if let Some(sig) = zombie_signal(pid).filter(|&s| abnormal(s)) {
@@ -508,56 +547,68 @@ impl Tree {
         if has_memory_now(self.root) {
             self.detached.extend(orphans);
         }
-        // A process that joins or leaves the tree changes how its pages are shared (a fork shares
-        // the parent's, an exit leaves its share to the others): every reading is then out of date.
-        let now = Instant::now();
-        let members: std::collections::BTreeSet<u32> = live.iter().map(|&(p, ..)| p).collect();
-        let shared_growth = live
-            .iter()
+        pass
+    }
+
+    /// Whether shared memory grew in more than one process since their readings.
+    fn shared_grew(&self, live: &[(u32, u64, u64)]) -> bool {
+        live.iter()
             .filter(|&&(pid, _, shmem)| self.readings.get(&pid).is_some_and(|r| shmem > r.shmem))
             .count()
-            > 1;
-        let round = members != self.members
+            > 1
+    }
+
+    /// A process that joins or leaves the tree changes how its pages are shared (a fork shares
+    /// the parent's, an exit leaves its share to the others): every reading is then out of date.
+    /// Otherwise the readings are renewed on a schedule that keeps their cost a share of the time,
+    /// sooner when shared memory grows in several processes.
+    fn round_due(&self, members: &BTreeSet<u32>, now: Instant, shared_growth: bool) -> bool {
+        *members != self.members
             || self.next_round.is_none_or(|t| now >= t)
-            || (shared_growth && self.next_shared_round.is_none_or(|t| now >= t));
-        if round {
-            self.readings.clear();
-            let mut ended = vec![];
-            for &(pid, _, shmem) in &live {
-                match proportional(pid) {
-                    // the anonymous pages of the same walk (not `status`'s, read before it: pages
-                    // touched meanwhile would count twice), with its shared memory
-                    Some((pss, anon)) => {
-                        let rss = anon + shmem;
-                        self.readings.insert(pid, Reading { pss, rss, shmem });
-                    }
-                    // ended meanwhile (gone, or a zombie): its memory went with it
-                    None if !has_memory_now(pid) => ended.push(pid),
-                    None => self.rss_fallback = true,
+            || (shared_growth && self.next_shared_round.is_none_or(|t| now >= t))
+    }
+
+    /// Reads every live process's proportional share afresh (a round), dropping from `live` those
+    /// that ended meanwhile; whether the readings are unsettled (a process began to exit).
+    fn read_shares(&mut self, live: &mut Vec<(u32, u64, u64)>, now: Instant) -> bool {
+        self.readings.clear();
+        let mut ended = vec![];
+        for &(pid, _, shmem) in live.iter() {
+            match proportional(pid) {
+                // the anonymous pages of the same walk (not `status`'s, read before it: pages
+                // touched meanwhile would count twice), with its shared memory
+                Some((pss, anon)) => {
+                    let rss = anon + shmem;
+                    self.readings.insert(pid, Reading { pss, rss, shmem });
                 }
+                // ended meanwhile (gone, or a zombie): its memory went with it
+                None if !has_memory_now(pid) => ended.push(pid),
+                None => self.rss_fallback = true,
             }
-            live.retain(|(p, ..)| !ended.contains(p));
-            // one that began to exit during the round: the readings before and after it differ
-            unsettled |= !ended.is_empty() || live.iter().any(|&(p, ..)| !has_memory_now(p));
-            self.members = members;
-            let cost = now.elapsed();
-            self.next_round = Some(now + cost.div_f64(PSS_COST_SHARE));
-            self.next_shared_round = Some(now + cost.div_f64(SHARED_GROWTH_COST_SHARE));
         }
-        if unsettled {
-            // read again at the next sample; the total only falls while a process exits, so this
-            // sample's (too high) sum is not a peak
-            self.next_round = None;
-            self.rss_peak = self.rss_peak.max(rss);
-            self.anon_peak = self.anon_peak.max(anon);
-            return;
-        }
+        live.retain(|(p, ..)| !ended.contains(p));
+        let cost = now.elapsed();
+        self.next_round = Some(now + cost.div_f64(PSS_COST_SHARE));
+        self.next_shared_round = Some(now + cost.div_f64(SHARED_GROWTH_COST_SHARE));
+        // one that began to exit during the round: the readings before and after it differ
+        !ended.is_empty() || live.iter().any(|&(p, ..)| !has_memory_now(p))
+    }
+
+    /// The tree's memory with shared pages counted once (each process's share, estimated from its
+    /// last reading), and the part of it outside the trial's cgroup (`inside`). Shared memory that
+    /// grew in several processes since their readings is most likely one region they fill
+    /// together, so its growth counts once, the largest (the next round, due soon, reads each
+    /// page's share).
+    fn shares(
+        &self,
+        live: &[(u32, u64, u64)],
+        inside: Option<&[u32]>,
+        shared_growth: bool,
+    ) -> (u64, u64) {
+        let outside = |pid: u32| inside.is_some_and(|g| !g.contains(&pid));
         let (mut pss, mut escaped) = (0, 0);
-        // shared memory that grew in several processes since their readings: most likely one region
-        // they fill together, so its growth counts once, the largest (the next round, due soon,
-        // reads each page's share)
         let mut shared = (0, None);
-        for &(pid, a, shmem) in &live {
+        for &(pid, a, shmem) in live {
             let last = self.readings.get(&pid).copied();
             let share = if shared_growth {
                 let grew = last.map_or(0, |r| shmem.saturating_sub(r.shmem));
@@ -569,21 +620,15 @@ impl Tree {
                 estimate(last, a)
             };
             pss += share;
-            if inside.as_ref().is_some_and(|g| !g.contains(&pid)) {
+            if outside(pid) {
                 escaped += share;
             }
         }
         pss += shared.0;
-        if shared
-            .1
-            .is_some_and(|p| inside.as_ref().is_some_and(|g| !g.contains(&p)))
-        {
+        if shared.1.is_some_and(outside) {
             escaped += shared.0;
         }
-        self.rss_peak = self.rss_peak.max(rss);
-        self.anon_peak = self.anon_peak.max(anon);
-        self.pss_peak = self.pss_peak.max(pss);
-        self.escaped_peak = self.escaped_peak.max(escaped);
+        (pss, escaped)
     }
 
     /// How [`Tree::pss_peak`] was measured.

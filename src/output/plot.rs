@@ -1277,6 +1277,87 @@ mod tests {
         assert_eq!(compact(12.0), "12");
     }
 
+    /// On a sim probe's own trials (an exact device), the four places that speak of memory
+    /// against batch size give one line: the search's proposal (the anchored pair of
+    /// [`crate::search::line::fit_line`]), the plan's `capacity_model` section, what
+    /// `batchfit predict` computes from the plan (with the section, and refit from the trials
+    /// without it), and the segment the plot draws.
+    #[test]
+    fn the_search_the_capacity_model_predict_and_the_plot_give_one_line() {
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from([
+            "batchfit",
+            "probe",
+            "--backend",
+            "sim",
+            "--sim",
+            "base=1GiB,per-sample=3MiB,capacity=16GiB",
+        ])
+        .unwrap();
+        let crate::cli::Command::Probe(args) = cli.command else {
+            panic!()
+        };
+        let cfg = crate::config::validate(&args).unwrap();
+        let mut plan = crate::probe::run(&cfg, &mut |_| {}).unwrap().plan;
+        let close = |x: f64, y: f64| (x - y).abs() <= 1e-6 * x.abs().max(y.abs()).max(1.0);
+
+        let mut points: Vec<(u64, u64)> = (plan.trials.iter())
+            .filter(|t| t.accumulation <= 1 && t.outcome.fits())
+            .filter_map(|t| Some((t.batch, t.outcome.peak_bytes()?)))
+            .collect();
+        points.sort();
+        points.dedup_by_key(|p| p.0);
+        let (search, _) = crate::search::line::fit_line(&points).expect("a slope");
+        assert!(close(search.k, 3.0 * MIB as f64) && close(search.a, 1024.0 * MIB as f64));
+        let same = |what: &str, per_sample: f64, fixed: f64| {
+            assert!(
+                close(per_sample, search.k) && close(fixed, search.a),
+                "{what}: {per_sample} per sample + {fixed}, the search's {search:?}"
+            );
+        };
+
+        let model = plan
+            .capacity_model
+            .clone()
+            .expect("the plan's capacity model");
+        assert!(model.refusal.is_none(), "{model:?}");
+        same("capacity model", model.per_sample_bytes, model.fixed_bytes);
+
+        let predicted = |plan: &Plan| {
+            let memory = ["8GiB".to_string()];
+            let r = crate::plan::capacity::report(plan, "plan.json", &memory, None, None).unwrap();
+            (
+                r.capacity_model.per_sample_bytes,
+                r.capacity_model.fixed_bytes,
+            )
+        };
+        let (k, a) = predicted(&plan);
+        same("predict", k, a);
+
+        let v = View::of(&plan, Scale::Linear);
+        let (k, a) = v.fit_line.expect("a drawn line");
+        let segment = v.fit_points(k, a).expect("a segment in the chart");
+        for (x, y) in segment {
+            assert!(
+                close(y * v.unit.bytes, search.at(x)),
+                "the plot draws ({x}, {}) off the search's line",
+                y * v.unit.bytes
+            );
+        }
+
+        plan.capacity_model = None;
+        let (k, a) = predicted(&plan);
+        same("predict, refit from the trials", k, a);
+        let (k, a) = View::of(&plan, Scale::Linear)
+            .fit_line
+            .expect("a drawn line");
+        same(
+            "the plot, refit from the trials",
+            k * v.unit.bytes,
+            a * v.unit.bytes,
+        );
+    }
+
     #[test]
     fn the_plot_draws_the_line_of_the_capacity_model() {
         // batch 1's peak lies far above the line (a flat part below a knee): the capacity model

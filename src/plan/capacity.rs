@@ -1418,10 +1418,10 @@ mod tests {
 
     #[test]
     fn an_out_of_memory_below_a_fit_is_no_bound() {
-        // review of 8f01ca8: a measurement below the largest fit ran out of memory (a dip in the
-        // curve at 512) while 1301 was proven; `predict` took 512 as the smallest out-of-memory and
-        // answered 511 at the plan's own memory. A bound needs no fit at or above it with as many
-        // steps; a 5-step failure at a size that fit only with 3 steps still is one.
+        // A measurement below the largest fit that ran out of memory (a dip in the curve at 512,
+        // with 1301 proven) is no bound: taken as the smallest out-of-memory, it would make
+        // `predict` answer 511 at the plan's own memory. A bound needs no fit at or above it with
+        // as many steps; a 5-step failure at a size that fit only with 3 steps still is one.
         let trials = vec![
             trial(1, Some(GIB), 3, 1),
             trial(1024, Some(2 * GIB), 3, 1),
@@ -1499,8 +1499,9 @@ mod tests {
         assert_eq!(p.limit_bytes, (2000.0 * MIB as f64 * 0.98) as u64);
         // (2000 × 0.98 − 1000) MiB at 1 MiB a sample
         assert_eq!(p.max_micro_batch.unwrap().micro_batch, 960);
-        // A band in bytes (review of the byte band: the share of a 470 MiB limit made 128 MiB's
-        // prediction 12 % high): the same bytes off every limit, at most a quarter of it.
+        // A band in bytes is the same bytes off every limit, at most a quarter of it (as a share of
+        // the limit it would scale with it: the 16 MiB of a 470 MiB limit, as a share, made a
+        // 128 MiB limit's prediction 12 % high).
         let t = Target {
             guard_band: Some((16.0 * MIB as f64) / (470.0 * MIB as f64)),
             guard_band_bytes: Some(16 * MIB),
@@ -1549,31 +1550,6 @@ mod sweep_tests {
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
 
-    /// On a probe's own trials (an exact device), the line the search proposed from and the line
-    /// of the capacity model (which `predict` and the plot draw) are one line.
-    #[test]
-    fn the_search_and_the_capacity_model_fit_one_line_to_the_same_trials() {
-        let spec = SimSpec::parse("base=1GiB,per-sample=3MiB,capacity=16GiB").unwrap();
-        let limit = spec.capacity / 20 * 19;
-        let out = Prober::new(&mut SimBackend::new(spec), SearchConfig::default(), limit).search();
-        let mut points: Vec<(u64, u64)> = (out.trials.iter())
-            .filter(|t| t.outcome.fits())
-            .filter_map(|t| Some((t.batch, t.outcome.peak_bytes()?)))
-            .collect();
-        points.sort();
-        points.dedup_by_key(|p| p.0);
-        let (search, _) = crate::search::line::fit_line(&points).expect("a slope");
-        let model = CapacityModel::fit(&out.trials, limit).expect("a capacity model");
-        assert!(model.refusal.is_none(), "{:?}", model.refusal);
-        let close = |x: f64, y: f64| (x - y).abs() <= 1e-6 * x.abs().max(y.abs()).max(1.0);
-        assert!(
-            close(search.k, model.per_sample_bytes),
-            "{search:?} {model:?}"
-        );
-        assert!(close(search.a, model.fixed_bytes), "{search:?} {model:?}");
-        assert!(close(search.k, 3.0 * MIB as f64) && close(search.a, GIB as f64));
-    }
-
     /// A point's search with `prior` (trials, answer) and its truth, and the trials without a prior.
     fn point(spec: &SimSpec, prior: Option<Prior>) -> (Vec<TrialRecord>, u64, u64, usize) {
         let limit = spec.capacity / 20 * 19;
@@ -1599,11 +1575,11 @@ mod sweep_tests {
 
     #[test]
     fn fits_too_close_for_a_slope_refuse_and_still_seed_the_next_point() {
-        // Review of a sweep (sim, 1 % noise, seq-len 256 → 512 → 1024): the 512 point's proof was
-        // two fits 62 apart (12559, 12621); the line through them said 4.7 MB per sample where
-        // 6 MB was true, the 1024 point's prior predicted 8318 for a truth of 6315, and that point
-        // took 16 trials. Such fits now refuse a line, and the next prior takes the largest one's
-        // peak less the nearest line's fixed part, as for a single fit.
+        // A sweep's point (sim, 1 % noise, seq-len 256 → 512 → 1024) proven by two fits 62 apart
+        // (12559, 12621): a line through them says 4.7 MB per sample where 6 MB is true, which
+        // would make the 1024 point's prior predict 8318 for a truth of 6315 (16 trials). Such fits
+        // refuse a line, and the next prior takes the largest one's peak less the nearest line's
+        // fixed part, as for a single fit.
         let trial = |b: u64, p: u64| super::tests::trial(b, Some(p), 5, 1);
         let limit = 76 * GIB;
         let exact = |per: u64, b: u64| 2 * GIB + per * b;

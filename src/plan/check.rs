@@ -21,7 +21,7 @@
 //! cache trusts without a person in the loop is stronger, [`evidence`]: the sizes fit with the
 //! confirmation's steps, and the bracket matches the stop reason.
 
-use super::{Plan, Status};
+use super::{Plan, Recommendation, Status};
 use crate::accumulate::MAX_ACCUMULATION;
 
 /// The check of every plan read ([`super::Plan::parse`]): its [`invariants`], and its
@@ -73,9 +73,15 @@ pub fn invariants(plan: &Plan) -> Result<(), String> {
             t.batch, t.steps, t.accumulation
         ));
     }
-    let Some(r) = &plan.recommendation else {
-        return Ok(());
-    };
+    match &plan.recommendation {
+        Some(r) => recommendation(r),
+        None => Ok(()),
+    }
+}
+
+/// The first invariant a plan's recommendation breaks: its sizes at least 1, its micro-batches
+/// adding up to its global batch, and its sizes in order with the search's answer.
+fn recommendation(r: &Recommendation) -> Result<(), String> {
     if r.micro_batch == 0 || r.accumulation == 0 || r.world_size == 0 || r.global_batch == 0 {
         return Err(format!(
             "its recommendation has micro-batch {}, accumulation {}, world size {}, global batch {} \
@@ -83,6 +89,14 @@ pub fn invariants(plan: &Plan) -> Result<(), String> {
             r.micro_batch, r.accumulation, r.world_size, r.global_batch
         ));
     }
+    split_adds_up(r)?;
+    sizes_in_order(r)
+}
+
+/// The recommendation's micro-batches: as many as its accumulation (at most [`MAX_ACCUMULATION`]),
+/// none empty, the largest its micro-batch, all the same size unless marked uneven, and with the
+/// world size its global batch.
+fn split_adds_up(r: &Recommendation) -> Result<(), String> {
     if r.accumulation > MAX_ACCUMULATION {
         return Err(format!(
             "its accumulation {} is above the {MAX_ACCUMULATION} batchfit plans",
@@ -122,6 +136,12 @@ pub fn invariants(plan: &Plan) -> Result<(), String> {
     if !r.uneven && r.micro_batches.iter().any(|&m| m != r.micro_batch) {
         return Err("its micro-batches differ in size but it is not marked uneven".into());
     }
+    Ok(())
+}
+
+/// The recommendation's sizes against the search's answer: the micro-batch at most the largest
+/// fit, the first failure above it, the fastest size at most the micro-batch, a finite rate.
+fn sizes_in_order(r: &Recommendation) -> Result<(), String> {
     if r.micro_batch > r.max_fitting_batch {
         return Err(format!(
             "its micro-batch {} is larger than its largest fitting size {}",

@@ -107,109 +107,127 @@ impl FromStr for InputSpec {
         let open = s
             .find('[')
             .ok_or_else(|| fail("no '[' before the dimensions".into()))?;
-        let dtype_s = s[..open].trim();
-        let dtype = InputDtype::ALL
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(dtype_s))
-            .map(|(_, d)| *d)
-            .ok_or_else(|| {
-                if dtype_s.is_empty() {
-                    fail("the dtype is missing".into())
-                } else {
-                    fail(format!("unknown dtype {dtype_s:?}"))
-                }
-            })?;
+        let dtype = parse_dtype(s[..open].trim()).map_err(fail)?;
         let rest = &s[open + 1..];
         let close = rest
             .find(']')
             .ok_or_else(|| fail("no ']' after the dimensions".into()))?;
-        let body = &rest[..close];
-        let tail = rest[close + 1..].trim();
-        if body.trim().is_empty() {
-            return Err(fail("no dimensions between the brackets".into()));
-        }
-        let mut dims = vec![];
-        let mut elements: u64 = 1;
-        for (i, d) in body.split(',').map(str::trim).enumerate() {
-            let pos = i + 1;
-            if d.eq_ignore_ascii_case("b") {
-                if dims.iter().any(|x| matches!(x, Dim::Batch(_))) {
-                    return Err(fail("B appears more than once".into()));
-                }
-                dims.push(Dim::Batch(BatchMarker::B));
-                continue;
-            }
-            if d.is_empty() {
-                return Err(fail(format!("dimension {pos} is empty")));
-            }
-            if d.starts_with('-') {
-                return Err(fail(format!("dimension {pos} ({d}) is negative")));
-            }
-            let n: u64 = d
-                .parse()
-                .map_err(|_| fail(format!("dimension {pos} ({d:?}) is not a number or B")))?;
-            if n == 0 {
-                return Err(fail(format!("dimension {pos} is 0")));
-            }
-            if n > MAX_DIM {
-                return Err(fail(format!("dimension {pos} ({n}) is too large")));
-            }
-            elements = elements
-                .checked_mul(n)
-                .filter(|e| *e <= MAX_SAMPLE_ELEMENTS)
-                .ok_or_else(|| fail("one sample has too many elements".into()))?;
-            dims.push(Dim::Fixed(n));
-        }
-        if !dims.iter().any(|x| matches!(x, Dim::Batch(_))) {
-            return Err(fail("no B (batch) dimension".into()));
-        }
-        let high = if tail.is_empty() {
-            if dtype.is_integer() {
-                return Err(fail(format!(
-                    "an integer input needs its value range: {}[…]<HIGH (values in [0, HIGH))",
-                    dtype.as_str()
-                )));
-            }
-            None
-        } else if let Some(h) = tail.strip_prefix('<') {
-            let h = h.trim();
-            if !dtype.is_integer() {
-                return Err(fail(format!(
-                    "a value range (<{h}) is only for integer dtypes, not {}",
-                    dtype.as_str()
-                )));
-            }
-            if h.is_empty() {
-                return Err(fail(
-                    "nothing after '<' (give the exclusive upper bound)".into(),
-                ));
-            }
-            if h.starts_with('-') {
-                return Err(fail(format!("the upper bound {h} is negative")));
-            }
-            let n: u64 = h
-                .parse()
-                .map_err(|_| fail(format!("the upper bound {h:?} is not a whole number")))?;
-            if n == 0 {
-                return Err(fail("the upper bound is 0: no value lies in [0, 0)".into()));
-            }
-            let cap = match dtype {
-                InputDtype::U8 => 256,
-                InputDtype::I32 => 1 << 31,
-                _ => MAX_DIM,
-            };
-            if n > cap {
-                return Err(fail(format!(
-                    "the upper bound {n} does not fit {}",
-                    dtype.as_str()
-                )));
-            }
-            Some(n)
-        } else {
-            return Err(fail(format!("unexpected {tail:?} after ']'")));
-        };
+        let dims = parse_dims(&rest[..close]).map_err(fail)?;
+        let high = parse_high(rest[close + 1..].trim(), dtype).map_err(fail)?;
         Ok(InputSpec { dtype, dims, high })
     }
+}
+
+/// The dtype before the `[`, by name, in any case.
+fn parse_dtype(name: &str) -> Result<InputDtype, String> {
+    InputDtype::ALL
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, d)| *d)
+        .ok_or_else(|| {
+            if name.is_empty() {
+                "the dtype is missing".into()
+            } else {
+                format!("unknown dtype {name:?}")
+            }
+        })
+}
+
+/// The dimensions between the brackets: positive numbers and one `B`, with one sample at most
+/// [`MAX_SAMPLE_ELEMENTS`] elements.
+fn parse_dims(body: &str) -> Result<Vec<Dim>, String> {
+    if body.trim().is_empty() {
+        return Err("no dimensions between the brackets".into());
+    }
+    let mut dims = vec![];
+    let mut elements: u64 = 1;
+    for (i, d) in body.split(',').map(str::trim).enumerate() {
+        if d.eq_ignore_ascii_case("b") {
+            if dims.iter().any(|x| matches!(x, Dim::Batch(_))) {
+                return Err("B appears more than once".into());
+            }
+            dims.push(Dim::Batch(BatchMarker::B));
+            continue;
+        }
+        let n = parse_dim(i + 1, d)?;
+        elements = elements
+            .checked_mul(n)
+            .filter(|e| *e <= MAX_SAMPLE_ELEMENTS)
+            .ok_or_else(|| "one sample has too many elements".to_string())?;
+        dims.push(Dim::Fixed(n));
+    }
+    if !dims.iter().any(|x| matches!(x, Dim::Batch(_))) {
+        return Err("no B (batch) dimension".into());
+    }
+    Ok(dims)
+}
+
+/// One fixed dimension (`pos`, counted from 1, names it): a number from 1 to [`MAX_DIM`].
+fn parse_dim(pos: usize, d: &str) -> Result<u64, String> {
+    if d.is_empty() {
+        return Err(format!("dimension {pos} is empty"));
+    }
+    if d.starts_with('-') {
+        return Err(format!("dimension {pos} ({d}) is negative"));
+    }
+    let n: u64 = d
+        .parse()
+        .map_err(|_| format!("dimension {pos} ({d:?}) is not a number or B"))?;
+    if n == 0 {
+        return Err(format!("dimension {pos} is 0"));
+    }
+    if n > MAX_DIM {
+        return Err(format!("dimension {pos} ({n}) is too large"));
+    }
+    Ok(n)
+}
+
+/// What follows the `]`: an integer input's exclusive upper bound `<HIGH` (required, and within
+/// what its dtype holds); nothing for a float input.
+fn parse_high(tail: &str, dtype: InputDtype) -> Result<Option<u64>, String> {
+    if tail.is_empty() {
+        if dtype.is_integer() {
+            return Err(format!(
+                "an integer input needs its value range: {}[…]<HIGH (values in [0, HIGH))",
+                dtype.as_str()
+            ));
+        }
+        return Ok(None);
+    }
+    let Some(h) = tail.strip_prefix('<') else {
+        return Err(format!("unexpected {tail:?} after ']'"));
+    };
+    let h = h.trim();
+    if !dtype.is_integer() {
+        return Err(format!(
+            "a value range (<{h}) is only for integer dtypes, not {}",
+            dtype.as_str()
+        ));
+    }
+    if h.is_empty() {
+        return Err("nothing after '<' (give the exclusive upper bound)".into());
+    }
+    if h.starts_with('-') {
+        return Err(format!("the upper bound {h} is negative"));
+    }
+    let n: u64 = h
+        .parse()
+        .map_err(|_| format!("the upper bound {h:?} is not a whole number"))?;
+    if n == 0 {
+        return Err("the upper bound is 0: no value lies in [0, 0)".into());
+    }
+    let cap = match dtype {
+        InputDtype::U8 => 256,
+        InputDtype::I32 => 1 << 31,
+        _ => MAX_DIM,
+    };
+    if n > cap {
+        return Err(format!(
+            "the upper bound {n} does not fit {}",
+            dtype.as_str()
+        ));
+    }
+    Ok(Some(n))
 }
 
 impl fmt::Display for InputSpec {

@@ -122,6 +122,11 @@ pub enum Verdict {
     Oom(String),
     /// Anything else, with the message to record.
     Error(String),
+    /// Not out of memory either: there was a sign of one (an out-of-memory message, the machine's
+    /// OOM killer) that the measured peak does not tie to this trial's limit. The message is the
+    /// classifier's account of that weighing, which a caller records in place of the output's last
+    /// line: it says what the output alone would hide (the peak, the limit, the line rejected).
+    OomRejected(String),
 }
 
 impl Verdict {
@@ -130,7 +135,7 @@ impl Verdict {
     }
     pub fn message(&self) -> &str {
         match self {
-            Verdict::Oom(m) | Verdict::Error(m) => m,
+            Verdict::Oom(m) | Verdict::Error(m) | Verdict::OomRejected(m) => m,
         }
     }
 }
@@ -150,7 +155,7 @@ pub fn classify(e: &Evidence) -> Verdict {
         .or_else(|| matching_line(e.message, |l| e.extra_markers.iter().any(|r| r.is_match(l))));
     if let Some(line) = line {
         return match disagreement(e, &line) {
-            Some(why) => Verdict::Error(why),
+            Some(why) => Verdict::OomRejected(why),
             None => Verdict::Oom(line),
         };
     }
@@ -164,7 +169,7 @@ pub fn classify(e: &Evidence) -> Verdict {
                 "killed by the kernel's OOM killer (SIGKILL while the machine's oom_kill counter \
                  rose, with the trial at {pct:.0}% of its memory limit)"
             )),
-            None => Verdict::Error(
+            None => Verdict::OomRejected(
                 "killed by SIGKILL while the kernel's OOM killer killed some process of the machine \
                  (/proc/vmstat oom_kill rose), but the trial's measured peak was not near its limit: \
                  not shown to be this trial running out of memory"
@@ -717,6 +722,28 @@ mod tests {
             "{far:?}"
         );
         assert!(at(gib * 98 / 100).is_oom());
+    }
+
+    /// A sign of out-of-memory that the measured peak contradicts is its own verdict, so that a
+    /// caller records the classifier's weighing without reading its words back; a job's plain
+    /// failure, even one that prints those words itself, is an ordinary error.
+    #[test]
+    fn a_sign_of_oom_the_peak_contradicts_is_a_rejected_oom_not_a_plain_error() {
+        let gib = 1u64 << 30;
+        let far = |message: &str, machine_oom_kill: bool| {
+            classify(&Evidence {
+                message,
+                output: true,
+                machine_oom_kill,
+                data_peak: Some(gib / 10),
+                data_limit: Some(gib),
+                ..Default::default()
+            })
+        };
+        assert!(matches!(far("MemoryError", false), Verdict::OomRejected(_)));
+        assert!(matches!(far("", true), Verdict::OomRejected(_)));
+        let echoed = "ValueError: this run is not shown to be this trial's";
+        assert_eq!(far(echoed, false), Verdict::Error(echoed.into()));
     }
 
     /// Exit 0 is no fit with an OOM kill in the trial's group or an allocator OOM (out of memory),

@@ -135,116 +135,136 @@ struct Model {
     partner: Option<(u64, u64)>,
 }
 
+/// The model of a measured line (`line`, through the largest fit and `partner`), with its
+/// expected error from how well it predicted the newest points.
+fn measured_model(
+    st: &SearchState,
+    points: &[(u64, u64)],
+    line: Line,
+    partner: (u64, u64),
+) -> Model {
+    let (lb, pt) = *points.last().expect("a line has points");
+    // The slope's lower point may sit in the flat part below a knee (then the slope is too
+    // small and the prediction too large) unless a smaller point lies clearly below it.
+    let knee_suspect = knee_suspect(points, partner);
+    // Relative error of the slope if both peaks are off by NOISE.
+    let slope_noise = 2.0 * NOISE * pt as f64 / (pt - partner.1) as f64;
+    let p = line.crossing(st.limit_bytes);
+    let dist = (p - lb as f64).max(0.0);
+    // A check of a line that may have had a knee below it measures the knee: it says
+    // nothing about the noise of a line that has none.
+    let checks: Vec<(f64, f64)> = checks(points)
+        .into_iter()
+        .filter(|c| knee_suspect || !c.2)
+        .map(|c| (c.0, c.1))
+        .collect();
+    // Exact: within half a sample, or so close that the miss is a small part of the
+    // tolerance's gap (on CPU the data segment moves in pages: 0.7 samples of the default MLP).
+    let exact_within = EXACT.max(st.gap(lb) as f64 / 8.0);
+    let exact = checks.last().is_some_and(|c| c.0 < exact_within);
+    // Expected error of this prediction (samples): the errors seen, each scaled down to this
+    // distance but not below the noise prior (a single lucky check proves little); before any
+    // check, the slope's noise over this distance.
+    let noise = NOISE * pt as f64 / line.k;
+    let err = if exact {
+        0.0
+    } else {
+        checks
+            .iter()
+            .map(|&(e, d)| if d > 0.0 && dist < d { e * dist / d } else { e })
+            .fold(noise.max(dist * slope_noise), f64::max)
+    };
+    Model {
+        line,
+        err,
+        exact,
+        knee_suspect,
+        flat: flat_below(points, partner, Some(line.k)),
+        noise,
+        partner: Some(partner),
+    }
+}
+
+/// With no measured slope: a prior's line through the largest fit, its slope or its fixed part
+/// with the fit, whichever crosses the limit more surely.
+fn prior_model(st: &SearchState, prior: &Prior, points: &[(u64, u64)]) -> Option<Model> {
+    let &(lb, pt) = points.last()?;
+    let (b, pk) = (lb as f64, pt as f64);
+    let free = st.limit_bytes as f64 - pk;
+    // The line whose crossing is surest: its error in samples is (free / k) · rel_k, so the
+    // one with the smaller rel_k / k, also when no headroom is left (free = 0 makes both
+    // errors 0, and a tie went to the prior's own slope however unsure: 4 extra trials).
+    let mut best: Option<(Line, f64, f64)> = None;
+    let mut consider = |k: f64, rel_k: f64| {
+        if k > 0.0 && k.is_finite() {
+            let line = Line { a: pk - k * b, k };
+            let err = (free.max(0.0) / k) * rel_k;
+            let key = rel_k / k;
+            if best.as_ref().is_none_or(|(_, _, bk)| key < *bk) {
+                best = Some((line, err, key));
+            }
+        }
+    };
+    // The prior's slope, anchored at the fit.
+    consider(prior.per_sample_bytes, prior.per_sample_error);
+    // The prior's fixed part and the fit: the slope over the whole range.
+    if pk > prior.fixed_bytes && lb > 0 {
+        let k = (pk - prior.fixed_bytes) / b;
+        consider(
+            k,
+            prior.fixed_error * prior.fixed_bytes / (pk - prior.fixed_bytes),
+        );
+    }
+    let (line, err, _) = best?;
+    let noise = NOISE * pk / line.k;
+    Some(Model {
+        line,
+        err: err.max(noise),
+        exact: false,
+        knee_suspect: false,
+        flat: false,
+        noise,
+        partner: None,
+    })
+}
+
 impl Guided {
     /// The line through the measured fits, or, with a prior and no measured slope yet, the prior's
     /// slope or fixed part through the largest fit (whichever predicts more tightly).
     fn model(&self, st: &SearchState, points: &[(u64, u64)]) -> Option<Model> {
-        let limit = st.limit_bytes;
-        if let Some((line, partner)) = fit_line(points).filter(|ln| ln.0.k > 0.0) {
-            let (lb, pt) = *points.last().expect("a line has points");
-            // The slope's lower point may sit in the flat part below a knee (then the slope is too
-            // small and the prediction too large) unless a smaller point lies clearly below it.
-            let knee_suspect = knee_suspect(points, partner);
-            // Relative error of the slope if both peaks are off by NOISE.
-            let slope_noise = 2.0 * NOISE * pt as f64 / (pt - partner.1) as f64;
-            let p = line.crossing(limit);
-            let dist = (p - lb as f64).max(0.0);
-            // A check of a line that may have had a knee below it measures the knee: it says
-            // nothing about the noise of a line that has none.
-            let checks: Vec<(f64, f64)> = checks(points)
-                .into_iter()
-                .filter(|c| knee_suspect || !c.2)
-                .map(|c| (c.0, c.1))
-                .collect();
-            // Exact: within half a sample, or so close that the miss is a small part of the
-            // tolerance's gap (on CPU the data segment moves in pages: 0.7 samples of the default MLP).
-            let exact_within = EXACT.max(st.gap(lb) as f64 / 8.0);
-            let exact = checks.last().is_some_and(|c| c.0 < exact_within);
-            // Expected error of this prediction (samples): the errors seen, each scaled down to this
-            // distance but not below the noise prior (a single lucky check proves little); before any
-            // check, the slope's noise over this distance.
-            let noise = NOISE * pt as f64 / line.k;
-            let err = if exact {
-                0.0
-            } else {
-                checks
-                    .iter()
-                    .map(|&(e, d)| if d > 0.0 && dist < d { e * dist / d } else { e })
-                    .fold(noise.max(dist * slope_noise), f64::max)
-            };
-            return Some(Model {
-                line,
-                err,
-                exact,
-                knee_suspect,
-                flat: flat_below(points, partner, Some(line.k)),
-                noise,
-                partner: Some(partner),
-            });
-        }
-        // No measured slope: a prior's line through the largest fit. After late memory was seen
-        // (exploration now runs with the confirmation's steps), the shorter trials' line is that
-        // prior: its fixed part holds, its slope misses the memory that appears later.
-        let derived = if st.steps > st.base_steps || self.late {
-            let mut short: Vec<(u64, u64)> = st
-                .trials
-                .iter()
-                .filter(|t| t.outcome.fits() && t.steps < st.confirm_steps)
-                .filter_map(|t| t.outcome.peak_bytes().map(|p| (t.batch, p)))
-                .collect();
-            short.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-            short.dedup_by_key(|p| p.0);
-            fit_line(&short)
-                .filter(|(ln, _)| ln.k > 0.0 && ln.a > 0.0)
-                .map(|(ln, _)| Prior {
-                    fixed_bytes: ln.a,
-                    per_sample_bytes: ln.k,
-                    fixed_error: 2.0 * NOISE,
-                    per_sample_error: 0.5,
-                    try_first: false,
-                })
-        } else {
-            None
-        };
-        let prior = derived.as_ref().or(st.prior)?;
-        let &(lb, pt) = points.last()?;
-        let (b, pk) = (lb as f64, pt as f64);
-        let free = limit as f64 - pk;
-        // The line whose crossing is surest: its error in samples is (free / k) · rel_k, so the
-        // one with the smaller rel_k / k, also when no headroom is left (free = 0 makes both
-        // errors 0, and a tie went to the prior's own slope however unsure: 4 extra trials).
-        let mut best: Option<(Line, f64, f64)> = None;
-        let mut consider = |k: f64, rel_k: f64| {
-            if k > 0.0 && k.is_finite() {
-                let line = Line { a: pk - k * b, k };
-                let err = (free.max(0.0) / k) * rel_k;
-                let key = rel_k / k;
-                if best.as_ref().is_none_or(|(_, _, bk)| key < *bk) {
-                    best = Some((line, err, key));
-                }
+        match fit_line(points).filter(|ln| ln.0.k > 0.0) {
+            Some((line, partner)) => Some(measured_model(st, points, line, partner)),
+            None => {
+                let derived = self.derived_prior(st);
+                prior_model(st, derived.as_ref().or(st.prior)?, points)
             }
-        };
-        // The prior's slope, anchored at the fit.
-        consider(prior.per_sample_bytes, prior.per_sample_error);
-        // The prior's fixed part and the fit: the slope over the whole range.
-        if pk > prior.fixed_bytes && lb > 0 {
-            let k = (pk - prior.fixed_bytes) / b;
-            consider(
-                k,
-                prior.fixed_error * prior.fixed_bytes / (pk - prior.fixed_bytes),
-            );
         }
-        let (line, err, _) = best?;
-        let noise = NOISE * pk / line.k;
-        Some(Model {
-            line,
-            err: err.max(noise),
-            exact: false,
-            knee_suspect: false,
-            flat: false,
-            noise,
-            partner: None,
-        })
+    }
+
+    /// After late memory was seen (exploration now runs with the confirmation's steps), the
+    /// shorter trials' line is the prior: its fixed part holds, its slope misses the memory that
+    /// appears later.
+    fn derived_prior(&self, st: &SearchState) -> Option<Prior> {
+        if st.steps <= st.base_steps && !self.late {
+            return None;
+        }
+        let mut short: Vec<(u64, u64)> = st
+            .trials
+            .iter()
+            .filter(|t| t.outcome.fits() && t.steps < st.confirm_steps)
+            .filter_map(|t| t.outcome.peak_bytes().map(|p| (t.batch, p)))
+            .collect();
+        short.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        short.dedup_by_key(|p| p.0);
+        fit_line(&short)
+            .filter(|(ln, _)| ln.k > 0.0 && ln.a > 0.0)
+            .map(|(ln, _)| Prior {
+                fixed_bytes: ln.a,
+                per_sample_bytes: ln.k,
+                fixed_error: 2.0 * NOISE,
+                per_sample_error: 0.5,
+                try_first: false,
+            })
     }
 
     /// After the prior's first size ran out of memory (and nothing fit yet): a step below it four

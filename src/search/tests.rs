@@ -781,8 +781,8 @@ fn a_gallop_that_ran_out_of_memory_closes_at_the_gap() {
     );
 }
 
-/// review of 8f01ca8: an exact proof's candidate half a size under the line rounded one size
-/// down, so an affine curve took 5 trials (1366, 1367, 1368) instead of 4.
+/// An exact proof's candidate is the line's own crossing: half a size under it would round one
+/// size down, and an affine curve would take 5 trials (1366, 1367, 1368) instead of 4.
 #[test]
 fn an_exact_proof_runs_the_line_itself() {
     let spec = SimSpec::parse("base=3317815907,per-sample=9512113,capacity=17179869184").unwrap();
@@ -804,8 +804,9 @@ fn an_exact_proof_runs_the_line_itself() {
     );
 }
 
-/// review of 8f01ca8: the measured point below the largest fit lay below a jump, the slope through
-/// it was too steep, and the flat-part branch's middle walked up one size per trial (569 trials).
+/// A measured point below the largest fit that lies below a jump makes the slope through it too
+/// steep: the flat-part branch gallops (at most 60 trials) rather than walk its middle up one size
+/// per trial (569 trials).
 #[test]
 fn a_steep_line_from_below_a_jump_gallops() {
     let spec = SimSpec::parse(

@@ -121,7 +121,7 @@ impl ModelWorkload {
                 rss_peak_bytes: None,
                 gpu: None,
             },
-            Verdict::Error(_) => TrialOutcome::Error {
+            Verdict::Error(_) | Verdict::OomRejected(_) => TrialOutcome::Error {
                 message: format!(
                     "the trial process died ({what}) without a result; stderr: {}",
                     first_line(&f.stderr)

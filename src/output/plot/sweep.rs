@@ -3,6 +3,8 @@
 
 use super::{compact, DrawResult, FIT, FONT, LIMIT, RECOMMENDED};
 use crate::plan::{Plan, Sweep};
+use plotters::chart::DualCoordChartContext;
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -17,37 +19,71 @@ pub fn extra_height(plan: &Plan) -> u32 {
 
 const TOKENS: RGBColor = RGBColor(0xFF, 0x7F, 0x0E);
 
+/// The panel's scales: each point with a proven answer as (log₂ of its value, its largest
+/// micro-batch, its tokens per micro-batch), the x range of every point, and the two y axes' tops.
+struct Scales {
+    pts: Vec<(f64, f64, f64)>,
+    x_min: f64,
+    x_max: f64,
+    pad: f64,
+    b_max: f64,
+    t_max: f64,
+}
+
+/// The parameter on a log₂ axis: sweeps usually double it.
+fn x(v: u64) -> f64 {
+    (v.max(1) as f64).log2()
+}
+
+impl Scales {
+    fn of(sw: &Sweep) -> Self {
+        let pts: Vec<(f64, f64, f64)> = sw
+            .points
+            .iter()
+            .filter_map(|p| {
+                Some((
+                    x(p.value),
+                    p.max_fitting_batch? as f64,
+                    p.tokens_per_micro_batch? as f64,
+                ))
+            })
+            .collect();
+        let x_min = sw
+            .points
+            .iter()
+            .map(|p| x(p.value))
+            .fold(f64::MAX, f64::min);
+        let x_max = sw
+            .points
+            .iter()
+            .map(|p| x(p.value))
+            .fold(f64::MIN, f64::max);
+        Scales {
+            pad: ((x_max - x_min) * 0.06).max(0.1),
+            b_max: pts.iter().map(|p| p.1).fold(1.0, f64::max) * 1.15,
+            t_max: pts.iter().map(|p| p.2).fold(1.0, f64::max) * 1.15,
+            pts,
+            x_min,
+            x_max,
+        }
+    }
+}
+
+/// The panel's chart: largest micro-batch on the left axis, tokens per micro-batch on the right.
+type SweepChart<'a, DB> = DualCoordChartContext<
+    'a,
+    DB,
+    Cartesian2d<RangedCoordf64, RangedCoordf64>,
+    Cartesian2d<RangedCoordf64, RangedCoordf64>,
+>;
+
 pub fn draw<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, sw: &Sweep) -> DrawResult
 where
     DB::ErrorType: 'static,
 {
     let area = area.margin(0, 10, 16, 16);
-    // The parameter on a log₂ axis: sweeps usually double it.
-    let x = |v: u64| (v.max(1) as f64).log2();
-    let pts: Vec<(f64, f64, f64)> = sw
-        .points
-        .iter()
-        .filter_map(|p| {
-            Some((
-                x(p.value),
-                p.max_fitting_batch? as f64,
-                p.tokens_per_micro_batch? as f64,
-            ))
-        })
-        .collect();
-    let x_min = sw
-        .points
-        .iter()
-        .map(|p| x(p.value))
-        .fold(f64::MAX, f64::min);
-    let x_max = sw
-        .points
-        .iter()
-        .map(|p| x(p.value))
-        .fold(f64::MIN, f64::max);
-    let pad = ((x_max - x_min) * 0.06).max(0.1);
-    let b_max = pts.iter().map(|p| p.1).fold(1.0, f64::max) * 1.15;
-    let t_max = pts.iter().map(|p| p.2).fold(1.0, f64::max) * 1.15;
+    let s = Scales::of(sw);
+    let xs = (s.x_min - s.pad)..(s.x_max + s.pad);
     let mut chart = ChartBuilder::on(&area)
         .caption(
             format!(
@@ -61,8 +97,42 @@ where
         .x_label_area_size(52)
         .y_label_area_size(78)
         .right_y_label_area_size(90)
-        .build_cartesian_2d((x_min - pad)..(x_max + pad), 0f64..b_max)?
-        .set_secondary_coord((x_min - pad)..(x_max + pad), 0f64..t_max);
+        .build_cartesian_2d(xs.clone(), 0f64..s.b_max)?
+        .set_secondary_coord(xs, 0f64..s.t_max);
+    draw_axes(&mut chart, sw)?;
+    // Each point's value on the axis.
+    chart.draw_series(sw.points.iter().map(|p| {
+        Text::new(
+            p.value.to_string(),
+            (x(p.value), s.b_max * 0.02),
+            (FONT, 15).into_font().color(&LIMIT),
+        )
+    }))?;
+    if s.pts.is_empty() {
+        chart.draw_series(std::iter::once(Text::new(
+            "no point has a proven answer",
+            (s.x_min, s.b_max * 0.5),
+            (FONT, 18).into_font().color(&LIMIT),
+        )))?;
+        return Ok(());
+    }
+    draw_answers(&mut chart, sw, &s.pts)?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::MiddleRight)
+        .margin(12)
+        .background_style(WHITE.mix(0.9))
+        .border_style(RGBColor(0x80, 0x80, 0x80))
+        .label_font((FONT, 15))
+        .draw()?;
+    Ok(())
+}
+
+/// The mesh and both y axes (the x axis is labelled by each point's value instead).
+fn draw_axes<DB: DrawingBackend>(chart: &mut SweepChart<'_, DB>, sw: &Sweep) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
     chart
         .configure_mesh()
         .x_desc(format!("{} (log scale)", sw.parameter))
@@ -85,22 +155,19 @@ where
         .y_labels(6)
         .y_label_formatter(&|y: &f64| compact(*y))
         .draw()?;
-    // Each point's value on the axis.
-    chart.draw_series(sw.points.iter().map(|p| {
-        Text::new(
-            p.value.to_string(),
-            (x(p.value), b_max * 0.02),
-            (FONT, 15).into_font().color(&LIMIT),
-        )
-    }))?;
-    if pts.is_empty() {
-        chart.draw_series(std::iter::once(Text::new(
-            "no point has a proven answer",
-            (x_min, b_max * 0.5),
-            (FONT, 18).into_font().color(&LIMIT),
-        )))?;
-        return Ok(());
-    }
+    Ok(())
+}
+
+/// The largest micro-batch and the tokens per micro-batch of every point with a proven answer
+/// (`pts`, as in [`Scales`]), with the plan's own point marked.
+fn draw_answers<DB: DrawingBackend>(
+    chart: &mut SweepChart<'_, DB>,
+    sw: &Sweep,
+    pts: &[(f64, f64, f64)],
+) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
     chart
         .draw_series(LineSeries::new(
             pts.iter().map(|p| (p.0, p.1)),
@@ -127,13 +194,5 @@ where
             RECOMMENDED.stroke_width(3),
         )))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::MiddleRight)
-        .margin(12)
-        .background_style(WHITE.mix(0.9))
-        .border_style(RGBColor(0x80, 0x80, 0x80))
-        .label_font((FONT, 15))
-        .draw()?;
     Ok(())
 }

@@ -307,47 +307,14 @@ impl ModelSpec {
                 input,
                 hidden,
                 classes,
-            } => {
-                if *input == 0 || *classes == 0 || hidden.contains(&0) {
-                    return Err(
-                        "MLP sizes must be positive (--mlp-input, --mlp-hidden, --mlp-classes)"
-                            .into(),
-                    );
-                }
-                if *classes < 2 {
-                    return Err("--mlp-classes must be at least 2 for cross-entropy".into());
-                }
-                let big = (1u64 << 31) - 1;
-                if *input > big || *classes > big || hidden.iter().any(|h| *h > big) {
-                    return Err("MLP sizes must be below 2^31".into());
-                }
-            }
+            } => validate_mlp(*input, hidden, *classes),
             Architecture::Gpt {
                 layers,
                 d_model,
                 heads,
                 seq_len,
                 vocab,
-            } => {
-                let all = [*layers, *d_model, *heads, *seq_len, *vocab];
-                if all.contains(&0) {
-                    return Err(
-                        "GPT sizes must be positive (--layers, --d-model, --heads, --seq-len, --vocab)"
-                            .into(),
-                    );
-                }
-                if all.iter().any(|v| *v >= 1 << 31) {
-                    return Err("GPT sizes must be below 2^31".into());
-                }
-                if d_model % heads != 0 {
-                    return Err(format!(
-                        "--d-model {d_model} must be a multiple of --heads {heads}"
-                    ));
-                }
-                if *vocab < 2 {
-                    return Err("--vocab must be at least 2 for cross-entropy".into());
-                }
-            }
+            } => validate_gpt([*layers, *d_model, *heads, *seq_len, *vocab]),
             Architecture::Resnet18 {
                 image_size,
                 classes,
@@ -355,22 +322,7 @@ impl ModelSpec {
             | Architecture::Resnet50 {
                 image_size,
                 classes,
-            } => {
-                if *classes < 2 || *classes >= 1 << 31 {
-                    return Err("ResNet classes must be between 2 and 2^31".into());
-                }
-                if *image_size >= 1 << 20 {
-                    return Err(format!("--image-size {image_size} is too large"));
-                }
-                let min = resnet::min_image_size();
-                if *image_size < min {
-                    return Err(format!(
-                        "--image-size {image_size} is too small: ResNet's last stage would be 1×1, and \
-                         BatchNorm in train mode needs more than one value per channel at batch 1 \
-                         (use at least {min})"
-                    ));
-                }
-            }
+            } => validate_resnet(*image_size, *classes),
             Architecture::Vit {
                 layers,
                 d_model,
@@ -378,47 +330,11 @@ impl ModelSpec {
                 patch,
                 image_size,
                 classes,
-            } => {
-                let all = [*layers, *d_model, *heads, *patch, *image_size, *classes];
-                if all.contains(&0) {
-                    return Err(
-                        "ViT sizes must be positive (--layers, --d-model, --heads, --patch, \
-                                --image-size)"
-                            .into(),
-                    );
-                }
-                if all.iter().any(|v| *v >= 1 << 31) || *image_size >= 1 << 20 {
-                    return Err("ViT sizes must be below 2^31 (--image-size below 2^20)".into());
-                }
-                if d_model % heads != 0 {
-                    return Err(format!(
-                        "--d-model {d_model} must be a multiple of --heads {heads}"
-                    ));
-                }
-                if image_size % patch != 0 {
-                    return Err(format!(
-                        "--image-size {image_size} must be a multiple of --patch {patch}"
-                    ));
-                }
-                if *classes < 2 {
-                    return Err("ViT classes must be at least 2".into());
-                }
-            }
+            } => validate_vit([*layers, *d_model, *heads, *patch, *image_size, *classes]),
             Architecture::Torchscript { inputs, sha256, .. } => {
-                if inputs.is_empty() {
-                    return Err("a TorchScript model needs at least one --input spec, e.g. \
-                                --input 'f32[B,3,224,224]'"
-                        .into());
-                }
-                for i in inputs {
-                    i.check().map_err(|e| e.to_string())?;
-                }
-                if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(format!("TorchScript sha256 {sha256:?} is not a SHA-256"));
-                }
+                validate_torchscript(inputs, sha256)
             }
         }
-        Ok(())
     }
 
     /// SHA-256 (hex) of the canonical JSON of this spec. Field order is fixed by the struct
@@ -436,6 +352,104 @@ impl ModelSpec {
         h.update(json.as_bytes());
         h.finalize().iter().map(|b| format!("{b:02x}")).collect()
     }
+}
+
+fn validate_mlp(input: u64, hidden: &[u64], classes: u64) -> Result<(), String> {
+    if input == 0 || classes == 0 || hidden.contains(&0) {
+        return Err("MLP sizes must be positive (--mlp-input, --mlp-hidden, --mlp-classes)".into());
+    }
+    if classes < 2 {
+        return Err("--mlp-classes must be at least 2 for cross-entropy".into());
+    }
+    let big = (1u64 << 31) - 1;
+    if input > big || classes > big || hidden.iter().any(|h| *h > big) {
+        return Err("MLP sizes must be below 2^31".into());
+    }
+    Ok(())
+}
+
+/// `sizes`: layers, d_model, heads, seq_len, vocab.
+fn validate_gpt(sizes: [u64; 5]) -> Result<(), String> {
+    let [_, d_model, heads, _, vocab] = sizes;
+    if sizes.contains(&0) {
+        return Err(
+            "GPT sizes must be positive (--layers, --d-model, --heads, --seq-len, --vocab)".into(),
+        );
+    }
+    if sizes.iter().any(|v| *v >= 1 << 31) {
+        return Err("GPT sizes must be below 2^31".into());
+    }
+    if d_model % heads != 0 {
+        return Err(format!(
+            "--d-model {d_model} must be a multiple of --heads {heads}"
+        ));
+    }
+    if vocab < 2 {
+        return Err("--vocab must be at least 2 for cross-entropy".into());
+    }
+    Ok(())
+}
+
+fn validate_resnet(image_size: u64, classes: u64) -> Result<(), String> {
+    if !(2..1 << 31).contains(&classes) {
+        return Err("ResNet classes must be between 2 and 2^31".into());
+    }
+    if image_size >= 1 << 20 {
+        return Err(format!("--image-size {image_size} is too large"));
+    }
+    let min = resnet::min_image_size();
+    if image_size < min {
+        return Err(format!(
+            "--image-size {image_size} is too small: ResNet's last stage would be 1×1, and \
+             BatchNorm in train mode needs more than one value per channel at batch 1 \
+             (use at least {min})"
+        ));
+    }
+    Ok(())
+}
+
+/// `sizes`: layers, d_model, heads, patch, image_size, classes.
+fn validate_vit(sizes: [u64; 6]) -> Result<(), String> {
+    let [_, d_model, heads, patch, image_size, classes] = sizes;
+    if sizes.contains(&0) {
+        return Err(
+            "ViT sizes must be positive (--layers, --d-model, --heads, --patch, \
+                        --image-size)"
+                .into(),
+        );
+    }
+    if sizes.iter().any(|v| *v >= 1 << 31) || image_size >= 1 << 20 {
+        return Err("ViT sizes must be below 2^31 (--image-size below 2^20)".into());
+    }
+    if d_model % heads != 0 {
+        return Err(format!(
+            "--d-model {d_model} must be a multiple of --heads {heads}"
+        ));
+    }
+    if image_size % patch != 0 {
+        return Err(format!(
+            "--image-size {image_size} must be a multiple of --patch {patch}"
+        ));
+    }
+    if classes < 2 {
+        return Err("ViT classes must be at least 2".into());
+    }
+    Ok(())
+}
+
+fn validate_torchscript(inputs: &[InputSpec], sha256: &str) -> Result<(), String> {
+    if inputs.is_empty() {
+        return Err("a TorchScript model needs at least one --input spec, e.g. \
+                    --input 'f32[B,3,224,224]'"
+            .into());
+    }
+    for i in inputs {
+        i.check().map_err(|e| e.to_string())?;
+    }
+    if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!("TorchScript sha256 {sha256:?} is not a SHA-256"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ use crate::plan::schema::ExecInfo;
 use crate::protocol::classify::{classify, classify_clean_exit, CleanExit, Evidence, Verdict};
 use crate::protocol::{
     AllocatorReport, Finished, FootprintMethod, GpuMeasure, Placement, StepTime, TreeFigure,
-    TrialDetails, TrialOutcome, TrialReport, TrialRequest, Workload, REPORT_SCHEMA,
+    TreeMeasure, TrialDetails, TrialOutcome, TrialReport, TrialRequest, Workload, REPORT_SCHEMA,
 };
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -711,223 +711,305 @@ impl Workload for ExecWorkload {
                 None,
             );
         };
-        let m = &f.measure;
-        let mut details = TrialDetails {
-            output_tail: tail(f, TAIL_LINES),
-            log: m
-                .log
-                .as_ref()
-                .map(|p| format!("{}.stdout/.stderr", p.display())),
-            report: None,
-            tree_rss_peak_bytes: m.rss_peak,
-            processes: Some(m.processes),
-            left_behind: m.left_running,
-            step_time: None,
-            gpu_peaks: vec![],
-            tree_anon_peak_bytes: m.anon_peak,
-            tree_pss_peak_bytes: m.pss_peak,
-            tree_measure: m.pss_peak.and(m.tree_figure),
-            cgroup_anon_peak_bytes: m.cgroup_anon_peak,
-            rank_reports: vec![],
-            ended_after_report: f.ended_after_report,
-            warm: false,
-            dataloader_batch: None,
-        };
         let observed = self.observed();
-        details.dataloader_batch = observe::largest(observed.as_ref());
-        // What the limit acts on: the cgroup's peak, else the largest data segment of the tree. The
-        // tree's summed RSS is no fallback: it is not what the limit acts on (a trial with no
-        // sample at all is an error below).
-        let peak = m.cgroup_peak.or(m.data_peak);
-        // a memory cgroup's limit acts on its peak: an out-of-memory far below it is not this limit's
-        let limit_peak = m.cgroup_peak.zip(m.cgroup_limit);
+        let mut details = details(f, observed.as_ref());
         // a trial batchfit ended after its complete report: the status is that of the kill, and the
-        // report (checked again below) and the measurements decide
-        if !f.status.success() && !f.ended_after_report {
-            let message = format!("{}\n{}", f.stderr, f.stdout);
-            let verdict = classify(&Evidence {
-                message: &message,
-                data_peak: m.data_peak,
-                data_limit: m.data_limit,
-                kernel_oom_kill: m.group_oom_kills.is_some_and(|n| n > 0),
-                extra_markers: &self.oom_patterns,
-                output: true,
-                limit_peak,
-                machine_oom_kill: m.machine_oom_kill,
-                ..Default::default()
-            });
-            let outcome = match verdict {
-                Verdict::Oom(message) => TrialOutcome::Oom {
-                    message,
-                    peak_bytes: peak,
-                    rss_peak_bytes: m.rss_peak,
-                    gpu: None,
-                },
-                Verdict::Error(why) => {
-                    let how = match (
-                        f.status.code(),
-                        std::os::unix::process::ExitStatusExt::signal(&f.status),
-                    ) {
-                        (Some(c), _) => format!("exit code {c}"),
-                        (_, Some(s)) => format!("signal {s}"),
-                        _ => "an unknown status".into(),
-                    };
-                    // the classifier's own sentence when it weighed evidence, else the output's end
-                    let line = if why.contains("not counted as out of memory")
-                        || why.contains("not shown to be this trial")
-                    {
-                        why
-                    } else {
-                        error_line(f)
-                    };
-                    let message = format!("the command failed ({how}): {line}");
-                    // a tree above its limit needs more than the budget, however it then ended
-                    over_budget(m, Some(&format!("then {message}")))
-                        .unwrap_or(TrialOutcome::Error { message })
-                }
-            };
-            return (outcome, Some(details));
-        }
-        let reports = match read_reports(&report_path, self.world_size) {
-            Ok(r) => r,
-            Err(message) => return (TrialOutcome::Error { message }, Some(details)),
+        // report (checked again) and the measurements decide
+        let outcome = if !f.status.success() && !f.ended_after_report {
+            self.failed_exit(f)
+        } else {
+            self.clean_exit(f, &req, &report_path, observed.as_ref(), &mut details)
         };
-        let (report, others) = match reports {
+        (outcome, Some(details))
+    }
+}
+
+/// What a trial's end means (the module doc's list): a failed exit, then a clean exit's reports
+/// and the evidence against a fit, then the fit itself.
+impl ExecWorkload {
+    /// A non-zero exit that batchfit did not cause: the classifier decides from the output and the
+    /// measurements; anything but an out-of-memory is an error that says how the command ended.
+    fn failed_exit(&self, f: &Finished) -> TrialOutcome {
+        let m = &f.measure;
+        let message = format!("{}\n{}", f.stderr, f.stdout);
+        let verdict = classify(&Evidence {
+            message: &message,
+            data_peak: m.data_peak,
+            data_limit: m.data_limit,
+            kernel_oom_kill: m.group_oom_kills.is_some_and(|n| n > 0),
+            extra_markers: &self.oom_patterns,
+            output: true,
+            // a memory cgroup's limit acts on its peak: an out-of-memory far below it is not this
+            // limit's
+            limit_peak: m.cgroup_peak.zip(m.cgroup_limit),
+            machine_oom_kill: m.machine_oom_kill,
+            ..Default::default()
+        });
+        let line = match verdict {
+            Verdict::Oom(message) => return oom(m, message),
+            // the classifier's account of the evidence it weighed says more than the output's end
+            Verdict::OomRejected(why) => why,
+            Verdict::Error(_) => error_line(f),
+        };
+        let message = format!("the command failed ({}): {line}", how_it_ended(f.status));
+        // a tree above its limit needs more than the budget, however it then ended
+        over_budget(m, Some(&format!("then {message}"))).unwrap_or(TrialOutcome::Error { message })
+    }
+
+    /// An exit 0, or one batchfit caused after the complete report: the reports, the evidence
+    /// against a fit, the limit's bound on the whole tree, then the fit. `details` gets the reports
+    /// and the step time as they are read.
+    fn clean_exit(
+        &self,
+        f: &Finished,
+        req: &TrialRequest,
+        report_path: &Path,
+        observed: Option<&observe::Observed>,
+        details: &mut TrialDetails,
+    ) -> TrialOutcome {
+        let (report, others) = match self.reports(f, req, report_path) {
+            Ok(r) => r,
+            Err(message) => return TrialOutcome::Error { message },
+        };
+        let against = self
+            .evidence_against_fit(f, req, report.as_ref(), &others)
+            .or_else(|| {
+                self.untrained(req, report.as_ref(), &others, observed)
+                    .map(|message| TrialOutcome::Error { message })
+            });
+        if let Some(against) = against {
+            details.report = report;
+            details.rank_reports = others;
+            return against;
+        }
+        details.rank_reports = others;
+        let m = &f.measure;
+        if let Some(over) = over_budget(m, None) {
+            details.report = report;
+            return over;
+        }
+        let Some(peak) = limited_peak(m).filter(|&p| p > 0) else {
+            return TrialOutcome::Error {
+                message: "the command exited 0, but no memory of its process tree was measured \
+                          (it ended before the first sample)"
+                    .into(),
+            };
+        };
+        // The limit must have bounded the whole job: memory of the tree outside its cgroup, or
+        // (under RLIMIT_DATA, which bounds each process's data segment alone) the tree's anonymous
+        // and shared memory above the limit counted with shared pages once per process, means the
+        // fit is not proven under it (counted once per page, it is over budget: above).
+        if let Some(message) = unbounded(m) {
+            details.report = report;
+            return TrialOutcome::Error { message };
+        }
+        let (outcome, step_time) = fit(m, req, report.as_ref(), peak);
+        details.step_time = Some(step_time);
+        details.report = report;
+        outcome
+    }
+
+    /// The trial's reports (rank 0's, if it wrote one, and the other ranks'), once the packages
+    /// they name are learned; an error when they cannot be read, or when batchfit ended the trial on
+    /// a report that, read again, is not complete.
+    fn reports(
+        &self,
+        f: &Finished,
+        req: &TrialRequest,
+        path: &Path,
+    ) -> Result<(Option<TrialReport>, Vec<TrialReport>), String> {
+        let (report, others) = match read_reports(path, self.world_size)? {
             Some((r, o)) => (Some(r), o),
             None => (None, vec![]),
         };
         self.learn_modules(report.as_ref());
-        if f.ended_after_report && !report.as_ref().is_some_and(|r| complete(r, &others, &req)) {
-            return (
-                TrialOutcome::Error {
-                    message: "internal error: batchfit ended the trial after its report, but the \
-                              report read then does not show every step asked for"
-                        .into(),
-                },
-                Some(details),
+        if f.ended_after_report && !report.as_ref().is_some_and(|r| complete(r, &others, req)) {
+            return Err(
+                "internal error: batchfit ended the trial after its report, but the \
+                        report read then does not show every step asked for"
+                    .into(),
             );
         }
-        // exit 0 is not a fit when the trial's own group counted an OOM kill, the allocator counted
-        // an OOM, a descendant was killed or left running
+        Ok((report, others))
+    }
+
+    /// Exit 0 is not a fit when the trial's own group counted an OOM kill, the allocator counted
+    /// an OOM, a descendant was killed or left running, or the output shows an out-of-memory the
+    /// job caught ([`classify_clean_exit`]); an error with the tree above its limit is over budget.
+    fn evidence_against_fit(
+        &self,
+        f: &Finished,
+        req: &TrialRequest,
+        report: Option<&TrialReport>,
+        others: &[TrialReport],
+    ) -> Option<TrialOutcome> {
+        let m = &f.measure;
         let allocator_ooms = report
-            .iter()
-            .chain(&others)
+            .into_iter()
+            .chain(others)
             .filter_map(|r| r.cuda.as_ref())
             .map(|c| c.ooms)
             .sum();
         let output = format!("{}\n{}", f.stderr, f.stdout);
-        if let Some(v) = classify_clean_exit(&CleanExit {
+        let verdict = classify_clean_exit(&CleanExit {
             group_oom_kills: m.group_oom_kills.unwrap_or(0),
             allocator_ooms,
             killed_descendants: &m.killed_descendants,
             left_behind: &m.left_behind,
             output: &output,
             extra_markers: &self.oom_patterns,
-            steps_done: report.as_ref().is_some_and(|r| complete(r, &others, &req)),
-        }) {
-            details.report = report;
-            details.rank_reports = others;
-            let outcome = match v {
-                Verdict::Oom(message) => TrialOutcome::Oom {
-                    message,
-                    peak_bytes: peak,
-                    rss_peak_bytes: m.rss_peak,
-                    gpu: None,
-                },
-                Verdict::Error(message) => over_budget(m, Some(&format!("and {message}")))
-                    .unwrap_or(TrialOutcome::Error { message }),
-            };
-            return (outcome, Some(details));
+            steps_done: report.is_some_and(|r| complete(r, others, req)),
+        })?;
+        Some(match verdict {
+            Verdict::Oom(message) => oom(m, message),
+            Verdict::Error(message) | Verdict::OomRejected(message) => {
+                over_budget(m, Some(&format!("and {message}")))
+                    .unwrap_or(TrialOutcome::Error { message })
+            }
+        })
+    }
+
+    /// Why the trial did not train the size it was given, if it did not: the helper's report is
+    /// the job's own word (every rank's); without one, what its DataLoaders yielded.
+    fn untrained(
+        &self,
+        req: &TrialRequest,
+        report: Option<&TrialReport>,
+        others: &[TrialReport],
+        observed: Option<&observe::Observed>,
+    ) -> Option<String> {
+        if report.is_none() {
+            return observe::short(observed, req.batch);
         }
         let takes = self
             .info
             .argv
             .iter()
             .any(|a| has_placeholder(a, "{accumulation}"));
-        // the helper's report is the job's own word; without one, what its DataLoaders yielded
-        let why = match &report {
-            Some(_) => report.iter().chain(&others).enumerate().find_map(|(k, r)| {
-                mismatch(r, &req, takes).map(|w| if k == 0 { w } else { format!("rank {k}: {w}") })
-            }),
-            None => observe::short(observed.as_ref(), req.batch),
-        };
-        if let Some(why) = why {
-            details.report = report;
-            details.rank_reports = others;
-            return (TrialOutcome::Error { message: why }, Some(details));
-        }
-        details.rank_reports = others;
-        if let Some(over) = over_budget(m, None) {
-            details.report = report;
-            return (over, Some(details));
-        }
-        let Some(peak) = peak.filter(|&p| p > 0) else {
-            return (
-                TrialOutcome::Error {
-                    message:
-                        "the command exited 0, but no memory of its process tree was measured \
-                              (it ended before the first sample)"
-                            .into(),
-                },
-                Some(details),
-            );
-        };
-        // The limit must have bounded the whole job: memory of the tree outside its cgroup, or (under
-        // RLIMIT_DATA, which bounds each process's data segment alone) the tree's anonymous and
-        // shared memory above the limit counted with shared pages once per process, means the fit
-        // is not proven under it (counted once per page, it is over budget: above).
-        if let Some(why) = unbounded(m) {
-            details.report = report;
-            return (TrialOutcome::Error { message: why }, Some(details));
-        }
-        let (step_seconds, source) = match report.as_ref().and_then(|r| {
-            let s = if r.step_seconds.len() >= 2 {
-                &r.step_seconds[1..]
-            } else {
-                &r.step_seconds[..]
-            };
-            median(s)
-        }) {
-            Some(s) => (s / f64::from(req.accumulation.max(1)), StepTime::Report),
-            None => (
-                m.seconds / f64::from(req.steps.max(1)) / f64::from(req.accumulation.max(1)),
-                StepTime::WallClock,
-            ),
-        };
-        details.step_time = Some(source);
-        let allocator = report
+        report
+            .into_iter()
+            .chain(others)
+            .enumerate()
+            .find_map(|(k, r)| {
+                mismatch(r, req, takes).map(|w| if k == 0 { w } else { format!("rank {k}: {w}") })
+            })
+    }
+}
+
+/// What a trial's record keeps whatever its outcome: the output's end and the tree's measurements
+/// (the judgment adds the reports and the step time as it reads them).
+fn details(f: &Finished, observed: Option<&observe::Observed>) -> TrialDetails {
+    let m = &f.measure;
+    TrialDetails {
+        output_tail: tail(f, TAIL_LINES),
+        log: m
+            .log
             .as_ref()
-            .and_then(|r| r.cuda.as_ref())
-            .map(|c| AllocatorReport {
-                peak_allocated_bytes: c.peak_allocated_bytes,
-                peak_reserved_bytes: c.peak_reserved_bytes,
-                reserved_bytes: c.reserved_bytes,
-                alloc_retries: c.alloc_retries,
-                ooms: c.ooms,
-            });
-        details.report = report;
-        // The allocator's view (the cuda device adds NVML's, which decides); a trial that fit only
-        // by flushing the cache bounds the search, as for batchfit's own trials.
-        let gpu = allocator.map(|a| GpuMeasure {
-            nvml_peak_bytes: 0,
-            method: FootprintMethod::NvmlDeviceDelta,
-            allocator: Some(a),
+            .map(|p| format!("{}.stdout/.stderr", p.display())),
+        report: None,
+        tree_rss_peak_bytes: m.rss_peak,
+        processes: Some(m.processes),
+        left_behind: m.left_running,
+        step_time: None,
+        gpu_peaks: vec![],
+        tree_anon_peak_bytes: m.anon_peak,
+        tree_pss_peak_bytes: m.pss_peak,
+        tree_measure: m.pss_peak.and(m.tree_figure),
+        cgroup_anon_peak_bytes: m.cgroup_anon_peak,
+        rank_reports: vec![],
+        ended_after_report: f.ended_after_report,
+        warm: false,
+        dataloader_batch: observe::largest(observed),
+    }
+}
+
+/// What the limit acts on: the cgroup's peak, else the largest data segment of the tree. The
+/// tree's summed RSS is no fallback: it is not what the limit acts on (a trial that exited 0 with
+/// no sample at all is an error).
+fn limited_peak(m: &TreeMeasure) -> Option<u64> {
+    m.cgroup_peak.or(m.data_peak)
+}
+
+/// An out-of-memory the classifier proved, with the tree's peaks.
+fn oom(m: &TreeMeasure, message: String) -> TrialOutcome {
+    TrialOutcome::Oom {
+        message,
+        peak_bytes: limited_peak(m),
+        rss_peak_bytes: m.rss_peak,
+        gpu: None,
+    }
+}
+
+/// How a failed command ended, for its error message.
+fn how_it_ended(status: std::process::ExitStatus) -> String {
+    match (
+        status.code(),
+        std::os::unix::process::ExitStatusExt::signal(&status),
+    ) {
+        (Some(c), _) => format!("exit code {c}"),
+        (_, Some(s)) => format!("signal {s}"),
+        _ => "an unknown status".into(),
+    }
+}
+
+/// A trial that fit at `peak`, with where its step time came from. The allocator's view goes with
+/// it (the cuda device adds NVML's, which decides); a trial that fit only by flushing the cache
+/// bounds the search, as for batchfit's own trials.
+fn fit(
+    m: &TreeMeasure,
+    req: &TrialRequest,
+    report: Option<&TrialReport>,
+    peak: u64,
+) -> (TrialOutcome, StepTime) {
+    let (step_seconds, source) = step_time(m, req, report);
+    let allocator = report
+        .and_then(|r| r.cuda.as_ref())
+        .map(|c| AllocatorReport {
+            peak_allocated_bytes: c.peak_allocated_bytes,
+            peak_reserved_bytes: c.peak_reserved_bytes,
+            reserved_bytes: c.reserved_bytes,
+            alloc_retries: c.alloc_retries,
+            ooms: c.ooms,
         });
-        let outcome = match allocator.map(|a| a.alloc_retries.saturating_sub(a.ooms)) {
-            Some(retries) if retries > 0 => TrialOutcome::Retries {
-                retries,
-                peak_bytes: peak,
-                step_seconds,
-                gpu,
-            },
-            _ => TrialOutcome::Fits {
-                peak_bytes: peak,
-                rss_peak_bytes: m.rss_peak,
-                step_seconds,
-                gpu,
-            },
+    let gpu = allocator.map(|a| GpuMeasure {
+        nvml_peak_bytes: 0,
+        method: FootprintMethod::NvmlDeviceDelta,
+        allocator: Some(a),
+    });
+    let outcome = match allocator.map(|a| a.alloc_retries.saturating_sub(a.ooms)) {
+        Some(retries) if retries > 0 => TrialOutcome::Retries {
+            retries,
+            peak_bytes: peak,
+            step_seconds,
+            gpu,
+        },
+        _ => TrialOutcome::Fits {
+            peak_bytes: peak,
+            rss_peak_bytes: m.rss_peak,
+            step_seconds,
+            gpu,
+        },
+    };
+    (outcome, source)
+}
+
+/// Seconds per micro-batch step: the report's median step (the first, which warms up, left out
+/// when there are more), else the wall clock over the steps asked for.
+fn step_time(m: &TreeMeasure, req: &TrialRequest, report: Option<&TrialReport>) -> (f64, StepTime) {
+    let reported = report.and_then(|r| {
+        let s = if r.step_seconds.len() >= 2 {
+            &r.step_seconds[1..]
+        } else {
+            &r.step_seconds[..]
         };
-        (outcome, Some(details))
+        median(s)
+    });
+    match reported {
+        Some(s) => (s / f64::from(req.accumulation.max(1)), StepTime::Report),
+        None => (
+            m.seconds / f64::from(req.steps.max(1)) / f64::from(req.accumulation.max(1)),
+            StepTime::WallClock,
+        ),
     }
 }
 

@@ -121,7 +121,9 @@ fn outcome(
                 rss_peak_bytes: rss,
                 gpu,
             },
-            Verdict::Error(message) => TrialOutcome::Error { message },
+            Verdict::Error(message) | Verdict::OomRejected(message) => {
+                TrialOutcome::Error { message }
+            }
         }
     };
     match result {

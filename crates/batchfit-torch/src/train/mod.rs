@@ -365,7 +365,7 @@ impl StepFailure<'_> {
         });
         match verdict {
             Verdict::Oom(message) => self.oom(message),
-            Verdict::Error(message) => {
+            Verdict::Error(message) | Verdict::OomRejected(message) => {
                 Fail(Exit::Environment, anyhow!("training failed: {message}"))
             }
         }
