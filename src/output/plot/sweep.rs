@@ -187,12 +187,52 @@ where
         pts.iter()
             .map(|p| TriangleMarker::new((p.0, p.2), 6, TOKENS.filled())),
     )?;
-    if let Some(p) = pts.iter().find(|p| p.0 == sw.plan_point as f64) {
+    if let Some(at) = plan_point_mark(sw, pts) {
         chart.draw_series(std::iter::once(Circle::new(
-            (p.0, p.1),
+            at,
             10,
             RECOMMENDED.stroke_width(3),
         )))?;
     }
     Ok(())
+}
+
+/// Where the ring around the plan's own point goes (its x on the log₂ axis, its largest
+/// micro-batch), when that point has a proven answer.
+fn plan_point_mark(sw: &Sweep, pts: &[(f64, f64, f64)]) -> Option<(f64, f64)> {
+    let at = x(sw.plan_point);
+    pts.iter().find(|p| p.0 == at).map(|p| (p.0, p.1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plan's own point is ringed where it is drawn: on the log₂ axis of the swept values, so
+    /// the point of `--seq-len 512` is at x = 9 with its largest micro-batch.
+    #[test]
+    fn the_plans_own_point_is_ringed_on_the_log_axis() {
+        let point = |value: u64, max: u64| crate::plan::SweepPoint {
+            max_fitting_batch: Some(max),
+            tokens_per_micro_batch: Some(max * value),
+            ..serde_json::from_value(serde_json::json!({
+                "value": value, "status": "complete", "stop_reason": "proven",
+                "tokens_per_sample": value, "trials": 3, "seconds": 1.0,
+                "model_fingerprint": "f", "trial_records": []
+            }))
+            .unwrap()
+        };
+        let sw = Sweep {
+            parameter: "seq-len".into(),
+            plan_point: 512,
+            points: vec![point(256, 40), point(512, 20), point(1024, 9)],
+        };
+        let pts = Scales::of(&sw).pts;
+        assert_eq!(plan_point_mark(&sw, &pts), Some((9.0, 20.0)));
+        let other = Sweep {
+            plan_point: 2048,
+            ..sw.clone()
+        };
+        assert_eq!(plan_point_mark(&other, &pts), None);
+    }
 }
