@@ -17,7 +17,9 @@ use super::cgroup::{self, Group};
 use super::process::{self, Ran, Worker, WorkerRan};
 use super::{Backend, BackendError, DeviceInfo, DeviceKind, IsolationMode, LimitMechanism};
 use crate::platform::sysmem;
-use crate::protocol::{Isolation, Placement, TrialDetails, TrialOutcome, TrialRequest, Workload};
+use crate::protocol::{
+    Isolation, Placement, Trial, TrialDetails, TrialOutcome, TrialRequest, Workload,
+};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -194,27 +196,30 @@ impl CpuBackend {
 
     /// Runs `req` in the waiting warm process: `None` when there is none at this limit, or the
     /// hand-off did not reach the command (then nothing of it is evidence).
-    fn run_warm(&mut self, req: &TrialRequest) -> Option<Result<Ran, BackendError>> {
+    fn run_warm(&mut self, req: &TrialRequest) -> Option<(Result<Ran, BackendError>, Trial)> {
         let warm = self.warm.take().filter(|w| w.limit == self.limit)?;
         // the next one imports while this trial runs
         self.prestart();
-        let cmd = self.workload.command(req, &Placement::Cpu);
-        let ran = match self.workload.warm_handoff(&cmd) {
+        let (cmd, mut trial) = self.workload.command(req, &Placement::Cpu);
+        let ran = match self.workload.warm_handoff(&mut trial, &cmd) {
             Some(line) => {
                 let workload = Arc::clone(&self.workload);
-                let evidence = move || workload.evidence_in();
+                let watched = trial.clone();
+                let evidence = move || workload.evidence_in(&watched);
                 let opts = self.options(req, warm.group.as_ref(), &evidence);
                 process::run_prestarted(warm.pre, &line, &opts, self.timeout, &mut |_| {})
             }
             None => Ok(None),
         };
         drop(warm.group);
-        let took = self.workload.warm_took();
-        self.workload.trial_ended();
+        let took = self.workload.warm_took(&trial);
         match ran {
-            Err(e) => Some(Err(e)),
-            Ok(Some(ran)) if took => Some(Ok(ran)),
-            Ok(_) => None,
+            Err(e) => Some((Err(e), trial)),
+            Ok(Some(ran)) if took => Some((Ok(ran), trial)),
+            Ok(_) => {
+                self.workload.trial_ended(&trial);
+                None
+            }
         }
     }
 
@@ -225,34 +230,40 @@ impl CpuBackend {
         // DataLoader workers peaked within 1.2 MiB over three warm runs of its answer, and cold
         // runs of it ran out of memory 6 times in 10, peaking up to 80 MiB higher.
         let warmed = if req.fresh { None } else { self.run_warm(&req) };
-        let (ran, warm) = match warmed {
+        let ((ran, trial), warm) = match warmed {
             Some(ran) => (ran, true),
             None => (self.run_cold(&req), false),
         };
-        let out = match ran? {
-            Ran::Finished(f) => {
-                let (o, d) = self.workload.outcome(&f);
+        let out = match ran {
+            Ok(Ran::Finished(f)) => {
+                let (o, d) = self.workload.outcome(&trial, &f);
                 self.details = d.map(|d| TrialDetails { warm, ..d });
-                o
+                Ok(o)
             }
-            Ran::TimedOut { seconds } => TrialOutcome::Timeout { seconds },
+            Ok(Ran::TimedOut { seconds }) => Ok(TrialOutcome::Timeout { seconds }),
+            Err(e) => Err(e),
         };
+        self.workload.trial_ended(&trial);
+        let out = out?;
         // what this trial reported may be what a warm process needs: the next one starts now
         self.prestart();
         Ok(out)
     }
 
     /// Runs `req` in a fresh process started now.
-    fn run_cold(&mut self, req: &TrialRequest) -> Result<Ran, BackendError> {
-        let group = self.group(&format!("batchfit-{}-{}", std::process::id(), self.n))?;
-        let cmd = self.workload.command(req, &Placement::Cpu);
+    fn run_cold(&mut self, req: &TrialRequest) -> (Result<Ran, BackendError>, Trial) {
+        let (cmd, trial) = self.workload.command(req, &Placement::Cpu);
+        let group = match self.group(&format!("batchfit-{}-{}", std::process::id(), self.n)) {
+            Ok(g) => g,
+            Err(e) => return (Err(e), trial),
+        };
         let workload = Arc::clone(&self.workload);
-        let evidence = move || workload.evidence_in();
+        let watched = trial.clone();
+        let evidence = move || workload.evidence_in(&watched);
         let opts = self.options(req, group.as_ref(), &evidence);
         let ran = process::run(cmd, &opts, self.timeout, &mut |_| {});
         drop(group);
-        self.workload.trial_ended();
-        ran
+        (ran, trial)
     }
 
     fn run_in_worker(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
@@ -273,7 +284,7 @@ impl CpuBackend {
             WorkerRan::Result(o) => o,
             WorkerRan::Died(f) => {
                 self.worker = None;
-                self.workload.outcome(&f).0
+                self.workload.outcome(&Trial::of(req), &f).0
             }
             WorkerRan::TimedOut { seconds } => {
                 self.worker = None;

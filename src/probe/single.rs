@@ -129,6 +129,39 @@ pub fn run(
     Ok(assemble(cfg, skeleton, &outcome, split))
 }
 
+/// The recommendation of a confirmed split: its sizes and bracket, the fastest size within the
+/// throughput tolerance, and whether the accumulation is known to reach the job (a warning in
+/// `warnings` when only accumulation 1 was proven).
+fn recommendation(
+    cfg: &ProbeConfig,
+    outcome: &SearchOutcome,
+    s: &crate::accumulate::Split,
+    warnings: &mut Vec<String>,
+) -> Recommendation {
+    let max = outcome.max_fitting.expect("split only with a fit");
+    let rec = best_fit(&outcome.trials, s.micro_batch).expect("split size confirmed");
+    let mut r = Recommendation::from_split(s, max, outcome.first_failing, rec);
+    if let Some(a) = crate::plan::throughput::advise(
+        &outcome.trials,
+        cfg.search.steps,
+        cfg.search.confirm_steps,
+        cfg.throughput_tolerance,
+        r.micro_batch,
+    ) {
+        r.fastest_micro_batch = Some(a.fastest.batch);
+        r.fastest_samples_per_second = Some(a.fastest.samples_per_second);
+    }
+    let by_construction = AccumulationProof::ByConstruction;
+    if cfg.workload.accumulation_proof() != by_construction && r.accumulation > 1 {
+        r.accumulation_proven = Some(true);
+    }
+    if let Some(w) = unproven_accumulation(cfg, &outcome.trials, &r) {
+        warnings.push(w);
+        r.accumulation_proven = Some(false);
+    }
+    r
+}
+
 /// The plan of a finished search and its split: the trials, how the search stopped, the
 /// recommendation when the split was proven.
 pub fn assemble(
@@ -161,28 +194,7 @@ pub fn assemble(
                     ending = Ending::TrialErrors;
                 }
                 Ok(s) => {
-                    let max = outcome.max_fitting.expect("split only with a fit");
-                    let rec =
-                        best_fit(&outcome.trials, s.micro_batch).expect("split size confirmed");
-                    let mut r = Recommendation::from_split(&s, max, outcome.first_failing, rec);
-                    if let Some(a) = crate::plan::throughput::advise(
-                        &outcome.trials,
-                        cfg.search.steps,
-                        cfg.search.confirm_steps,
-                        cfg.throughput_tolerance,
-                        r.micro_batch,
-                    ) {
-                        r.fastest_micro_batch = Some(a.fastest.batch);
-                        r.fastest_samples_per_second = Some(a.fastest.samples_per_second);
-                    }
-                    let by_construction = AccumulationProof::ByConstruction;
-                    if cfg.workload.accumulation_proof() != by_construction && r.accumulation > 1 {
-                        r.accumulation_proven = Some(true);
-                    }
-                    if let Some(w) = unproven_accumulation(cfg, &outcome.trials, &r) {
-                        plan.warnings.push(w);
-                        r.accumulation_proven = Some(false);
-                    }
+                    let r = recommendation(cfg, outcome, &s, &mut plan.warnings);
                     plan.recommendation = Some(r);
                     if let Some(w) = &s.warning {
                         plan.warnings.push(w.clone());

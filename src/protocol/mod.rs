@@ -530,31 +530,65 @@ pub struct TrialDetails {
     pub dataloader_batch: Option<u64>,
 }
 
+/// One trial as its workload started it: the request and what the workload gave the trial (its
+/// number, the file its report goes to, its temporary directory, the folder of its observations),
+/// handed back to the workload with the finished process. A value the device carries from the
+/// trial's start to its end, so that a workload keeps no "last trial" between the calls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trial {
+    pub request: TrialRequest,
+    /// The workload's count of its trials, from 0.
+    pub number: u32,
+    /// Where the job's report goes (`BATCHFIT_RESULT`), for a workload whose job writes one.
+    pub report: Option<std::path::PathBuf>,
+    /// The trial's own temporary directory (`TMPDIR`), removed when it ends.
+    pub temp: Option<std::path::PathBuf>,
+    /// The folder of the DataLoader watcher's observations.
+    pub observed: Option<std::path::PathBuf>,
+    /// The file a warm process creates once it runs this trial's command (`--warm`).
+    pub warm_ack: Option<std::path::PathBuf>,
+}
+
+impl Trial {
+    /// A trial that carries nothing but its request (a workload whose child reports on stdout).
+    pub fn of(request: TrialRequest) -> Self {
+        Trial {
+            request,
+            number: 0,
+            report: None,
+            temp: None,
+            observed: None,
+            warm_ack: None,
+        }
+    }
+}
+
 /// What a trial runs, as a device sees it: the command of one trial and what its end means. The
 /// device adds the memory limit, its own environment and the measurements; it never knows whether
 /// the command is batchfit's own tch child or a user's training script.
 pub trait Workload: Send + Sync {
-    /// The command of one trial in a fresh process.
-    fn command(&self, req: &TrialRequest, at: &Placement) -> std::process::Command;
+    /// The command of one trial in a fresh process, and the trial as started (given back to
+    /// [`Workload::outcome`] and [`Workload::trial_ended`]).
+    fn command(&self, req: &TrialRequest, at: &Placement) -> (std::process::Command, Trial);
     /// A long-lived worker that reads one [`TrialRequest`] (JSON) per stdin line and prints one result
     /// line per trial (`--isolation hybrid`), when this workload has one.
     fn worker_command(&self, _at: &Placement) -> Option<std::process::Command> {
         None
     }
     /// What a finished trial process means, and what to keep of it in the trial's record.
-    fn outcome(&self, finished: &Finished) -> (TrialOutcome, Option<TrialDetails>);
+    fn outcome(&self, trial: &Trial, finished: &Finished) -> (TrialOutcome, Option<TrialDetails>);
     /// Whether the device measures the trial's process tree (a user's command) rather than the
     /// trial measuring itself (batchfit's tch child).
     fn measured_by_device(&self) -> bool {
         false
     }
-    /// Called by the device when a trial process has ended, whatever its end (fit, out of memory,
-    /// error, timeout, an interruption), once its processes are gone: what the trial left is
-    /// removed here.
-    fn trial_ended(&self) {}
+    /// Called by the device when a trial has ended, whatever its end (fit, out of memory, error,
+    /// timeout, an interruption), once its processes are gone and its outcome is read: what the
+    /// trial left is removed here.
+    fn trial_ended(&self, _trial: &Trial) {}
     /// Whether the running trial's evidence is in (a complete report: every step asked for done),
     /// so that the device may end its processes without waiting for the job's teardown.
-    fn evidence_in(&self) -> bool {
+    fn evidence_in(&self, _trial: &Trial) -> bool {
         false
     }
     /// The command of a warm process (`--warm`): started ahead of the next trial under the trial's
@@ -563,14 +597,18 @@ pub trait Workload: Send + Sync {
     fn warm_command(&self) -> Option<std::process::Command> {
         None
     }
-    /// What a warm process is handed (one line on its stdin) to run the trial `trial` would run
-    /// fresh (its [`Workload::command`]); `None` when it cannot be.
-    fn warm_handoff(&self, _trial: &std::process::Command) -> Option<Vec<u8>> {
+    /// What a warm process is handed (one line on its stdin) to run `trial` as `command` would run
+    /// it fresh (its [`Workload::command`]); `None` when it cannot be.
+    fn warm_handoff(
+        &self,
+        _trial: &mut Trial,
+        _command: &std::process::Command,
+    ) -> Option<Vec<u8>> {
         None
     }
-    /// Whether the last hand-off reached the command (the warm process began running it): when it
-    /// did not, the trial's end says nothing about the command.
-    fn warm_took(&self) -> bool {
+    /// Whether `trial`'s hand-off reached the command (the warm process began running it): when
+    /// it did not, the trial's end says nothing about the command.
+    fn warm_took(&self, _trial: &Trial) -> bool {
         false
     }
 }

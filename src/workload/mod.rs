@@ -20,7 +20,9 @@ pub mod script;
 
 use crate::platform::units::format_size;
 use crate::protocol::classify::{classify, first_line, Evidence, Verdict};
-use crate::protocol::{Finished, Placement, TrialDetails, TrialOutcome, TrialRequest, Workload};
+use crate::protocol::{
+    Finished, Placement, Trial, TrialDetails, TrialOutcome, TrialRequest, Workload,
+};
 use runner::{Runner, TrialSpec};
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
@@ -51,11 +53,11 @@ impl ModelWorkload {
 }
 
 impl Workload for ModelWorkload {
-    fn command(&self, req: &TrialRequest, at: &Placement) -> Command {
+    fn command(&self, req: &TrialRequest, at: &Placement) -> (Command, Trial) {
         let mut cmd = self.runner.command();
         cmd.arg("trial")
             .arg(serde_json::to_string(&self.spec(req, at)).expect("spec serialises"));
-        cmd
+        (cmd, Trial::of(*req))
     }
 
     fn worker_command(&self, at: &Placement) -> Option<Command> {
@@ -77,7 +79,7 @@ impl Workload for ModelWorkload {
     /// The child's own result line when it exited cleanly; otherwise the evidence of its death (its
     /// stderr, the kernel's OOM killer) through the classifier. Out of memory before the child
     /// started is not a measurement of the trial: an error saying the limit is too small.
-    fn outcome(&self, f: &Finished) -> (TrialOutcome, Option<TrialDetails>) {
+    fn outcome(&self, _trial: &Trial, f: &Finished) -> (TrialOutcome, Option<TrialDetails>) {
         (self.judge(f), None)
     }
 }

@@ -190,7 +190,7 @@ impl CudaBackend {
             nvml_index: self.index,
             uuid: uuids.join(","),
         };
-        let mut cmd = workload.command(&req, &at);
+        let (mut cmd, trial) = workload.command(&req, &at);
         // The trial sees exactly these GPUs (this one as cuda:0), whatever CUDA_VISIBLE_DEVICES the
         // user had (NVML's index and CUDA's ordinal differ when it is set or CUDA orders
         // fastest-first). The fraction is of the smallest card's CUDA total: no process of the trial
@@ -218,7 +218,7 @@ impl CudaBackend {
         let mut device_peaks: Vec<Option<u64>> = vec![None; indices.len()];
         let gpus = &self.gpus;
         let tree = workload.measured_by_device();
-        let evidence = || workload.evidence_in();
+        let evidence = || workload.evidence_in(&trial);
         let opts = process::Options {
             tree,
             own_child: !tree,
@@ -241,11 +241,12 @@ impl CudaBackend {
                 }
             }
         });
-        workload.trial_ended();
-        let (out, details) = match ran? {
-            Ran::Finished(f) => workload.outcome(&f),
+        let judged = ran.map(|ran| match ran {
+            Ran::Finished(f) => workload.outcome(&trial, &f),
             Ran::TimedOut { seconds } => (TrialOutcome::Timeout { seconds }, None),
-        };
+        });
+        workload.trial_ended(&trial);
+        let (out, details) = judged?;
         // The trial's footprint is its largest on any of its GPUs.
         let pid_peak = pid_peaks.iter().flatten().copied().max();
         let delta = device_peaks

@@ -31,7 +31,8 @@ use crate::plan::schema::ExecInfo;
 use crate::protocol::classify::{classify, classify_clean_exit, CleanExit, Evidence, Verdict};
 use crate::protocol::{
     AllocatorReport, Finished, FootprintMethod, GpuMeasure, Placement, StepTime, TreeFigure,
-    TreeMeasure, TrialDetails, TrialOutcome, TrialReport, TrialRequest, Workload, REPORT_SCHEMA,
+    TreeMeasure, Trial, TrialDetails, TrialOutcome, TrialReport, TrialRequest, Workload,
+    REPORT_SCHEMA,
 };
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -76,12 +77,7 @@ pub struct ExecWorkload {
     /// The trials' temporary directories (`TMPDIR`): one per trial inside it, removed when the
     /// trial ends ([`Workload::trial_ended`]); the whole directory goes with the workload.
     temp: crate::platform::scratch::Scratch,
-    /// The running trial's temporary directory.
-    trial_temp: Mutex<Option<PathBuf>>,
     trials: AtomicU32,
-    /// The last trial started: its request and report path (trials of one workload run one at a
-    /// time).
-    last: Mutex<Option<(TrialRequest, PathBuf)>>,
     /// The plan's `--world-size`: every rank's report must say the same.
     world_size: Option<u64>,
     /// The command as a Python launch, when its trials may run warm (`--warm`).
@@ -89,8 +85,6 @@ pub struct ExecWorkload {
     /// The installed packages the job imported (the first report that named them): what a warm
     /// process imports.
     modules: Mutex<Option<Vec<String>>>,
-    /// The file the last hand-off's warm process creates once the trial is the command's.
-    ack: Mutex<Option<PathBuf>>,
     /// Trials of fewer steps than this end once their report is complete ([`Self::ending_early_below`]);
     /// the others run to the job's own end.
     ends_early_below: u32,
@@ -98,8 +92,6 @@ pub struct ExecWorkload {
     site: Option<PathBuf>,
     /// Whether the DataLoader watcher in the start-up hook is on (`--observe`).
     observing: bool,
-    /// The running trial's folder of observations (`BATCHFIT_OBSERVED`).
-    observed: Mutex<Option<PathBuf>>,
 }
 
 /// `arg` with each placeholder `{name}` replaced by `value(name)`; a doubled one, `{{name}}`, is the
@@ -159,17 +151,13 @@ impl ExecWorkload {
             threads,
             results: crate::platform::scratch::make("batchfit-reports-")?,
             temp: crate::platform::scratch::make("batchfit-tmp-")?,
-            trial_temp: Mutex::new(None),
             trials: AtomicU32::new(0),
-            last: Mutex::new(None),
             world_size: None,
             warm: None,
             modules: Mutex::new(None),
-            ack: Mutex::new(None),
             ends_early_below: 0,
             site: None,
             observing: false,
-            observed: Mutex::new(None),
         })
     }
 
@@ -195,28 +183,13 @@ impl ExecWorkload {
         env
     }
 
-    /// A fresh folder of observations for trial `n` (the last trial's removed): `None` when the
+    /// A fresh folder of observations for trial `n` (removed when the trial ends): `None` when the
     /// watcher is off or the folder cannot be made (the trial is then judged without it).
     fn fresh_observed(&self, n: u32) -> Option<PathBuf> {
         self.site.as_ref().filter(|_| self.observing)?;
-        let mut slot = self.observed.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(old) = slot.take() {
-            remove_tree(&old);
-        }
         let dir = self.temp.path().join(format!("observed-{n}"));
         std::fs::DirBuilder::new().mode(0o700).create(&dir).ok()?;
-        *slot = Some(dir.clone());
         Some(dir)
-    }
-
-    /// What the last trial's processes observed of their DataLoaders.
-    fn observed(&self) -> Option<observe::Observed> {
-        let dir = self
-            .observed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()?;
-        observe::read(&dir)
     }
 
     /// Trials of fewer than `steps` steps (the search's exploration, which never confirms an answer)
@@ -255,10 +228,6 @@ impl ExecWorkload {
         self
     }
 
-    fn last(&self) -> Option<(TrialRequest, PathBuf)> {
-        self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
     /// Keeps the packages the first report that says so says the job imported (for
     /// [`Workload::warm_command`]; none: a warm process saves only the interpreter's start).
     fn learn_modules(&self, report: Option<&TrialReport>) {
@@ -269,18 +238,6 @@ impl ExecWorkload {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert(m);
-    }
-
-    /// Removes the last trial's temporary directory, if it is still there.
-    fn remove_trial_temp(&self) {
-        let dir = self
-            .trial_temp
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(d) = dir {
-            remove_tree(&d);
-        }
     }
 }
 
@@ -300,7 +257,6 @@ fn remove_tree(dir: &Path) {
 
 impl Drop for ExecWorkload {
     fn drop(&mut self) {
-        self.remove_trial_temp();
         // (`temp` and `results` are removed by their own drop; a tree the command made unwritable
         // is made removable first)
         writable_tree(self.temp.path());
@@ -606,17 +562,14 @@ fn median(v: &[f64]) -> Option<f64> {
 }
 
 impl Workload for ExecWorkload {
-    fn command(&self, req: &TrialRequest, at: &Placement) -> Command {
+    fn command(&self, req: &TrialRequest, at: &Placement) -> (Command, Trial) {
         let n = self.trials.fetch_add(1, Ordering::SeqCst);
         let report = self.results.path().join(format!("trial-{n}.json"));
         let _ = std::fs::remove_file(&report);
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((*req, report.clone()));
         // a fresh temporary directory of its own: whatever the command leaves there (its files,
         // multiprocessing's pymp-*, a DataLoader's shared memory files) goes when the trial ends
-        self.remove_trial_temp();
         let temp = self.temp.path().join(format!("trial-{n}"));
         let _ = std::fs::DirBuilder::new().mode(0o700).create(&temp);
-        *self.trial_temp.lock().unwrap_or_else(|e| e.into_inner()) = Some(temp.clone());
         let argv = substitute(&self.info.argv, req);
         let mut cmd = Command::new(&argv[0]);
         cmd.args(&argv[1..])
@@ -637,15 +590,28 @@ impl Workload for ExecWorkload {
         }
         // the cuda device adds CUDA_VISIBLE_DEVICES and PYTORCH_CUDA_ALLOC_CONF itself
         let _ = at;
-        cmd
+        let trial = Trial {
+            request: *req,
+            number: n,
+            report: Some(report),
+            temp: Some(temp),
+            observed,
+            warm_ack: None,
+        };
+        (cmd, trial)
     }
 
     fn measured_by_device(&self) -> bool {
         true
     }
 
-    fn trial_ended(&self) {
-        self.remove_trial_temp();
+    fn trial_ended(&self, trial: &Trial) {
+        for dir in trial.temp.iter().chain(&trial.observed) {
+            remove_tree(dir);
+        }
+        if let Some(ack) = &trial.warm_ack {
+            let _ = std::fs::remove_file(ack);
+        }
     }
 
     fn warm_command(&self) -> Option<Command> {
@@ -671,54 +637,50 @@ impl Workload for ExecWorkload {
         Some(cmd)
     }
 
-    fn warm_handoff(&self, trial: &Command) -> Option<Vec<u8>> {
+    fn warm_handoff(&self, trial: &mut Trial, command: &Command) -> Option<Vec<u8>> {
         self.warm.as_ref()?;
-        static N: AtomicU32 = AtomicU32::new(0);
-        let ack = self
-            .temp
-            .path()
-            .join(format!("warm-ack-{}", N.fetch_add(1, Ordering::SeqCst)));
+        let ack = self.temp.path().join(format!("warm-ack-{}", trial.number));
         let _ = std::fs::remove_file(&ack);
-        let line = warm::handoff(trial, &ack)?;
-        *self.ack.lock().unwrap_or_else(|e| e.into_inner()) = Some(ack);
+        let line = warm::handoff(command, &ack)?;
+        trial.warm_ack = Some(ack);
         Some(line)
     }
 
-    fn warm_took(&self) -> bool {
-        let ack = self.ack.lock().unwrap_or_else(|e| e.into_inner()).take();
-        ack.is_some_and(|a| std::fs::remove_file(a).is_ok())
+    fn warm_took(&self, trial: &Trial) -> bool {
+        trial.warm_ack.as_ref().is_some_and(|a| a.exists())
     }
 
-    fn evidence_in(&self) -> bool {
-        let Some((req, path)) = self.last() else {
+    fn evidence_in(&self, trial: &Trial) -> bool {
+        let (req, Some(path)) = (&trial.request, &trial.report) else {
             return false;
         };
         if req.steps >= self.ends_early_below {
             return false;
         }
         // (a cheap look first: the check runs every few milliseconds while the trial runs)
-        std::fs::symlink_metadata(&path).is_ok()
-            && matches!(read_reports(&path, self.world_size),
-                        Ok(Some((r, others))) if complete(&r, &others, &req))
+        std::fs::symlink_metadata(path).is_ok()
+            && matches!(read_reports(path, self.world_size),
+                        Ok(Some((r, others))) if complete(&r, &others, req))
     }
 
-    fn outcome(&self, f: &Finished) -> (TrialOutcome, Option<TrialDetails>) {
-        let Some((req, report_path)) = self.last() else {
+    fn outcome(&self, trial: &Trial, f: &Finished) -> (TrialOutcome, Option<TrialDetails>) {
+        let (req, Some(report_path)) = (trial.request, &trial.report) else {
             return (
                 TrialOutcome::Error {
-                    message: "internal error: a trial ended that was never started".into(),
+                    message: "internal error: a trial of a command without its report's path"
+                        .into(),
                 },
                 None,
             );
         };
-        let observed = self.observed();
+        let observed = trial.observed.as_deref().and_then(observe::read);
         let mut details = details(f, observed.as_ref());
         // a trial batchfit ended after its complete report: the status is that of the kill, and the
         // report (checked again) and the measurements decide
         let outcome = if !f.status.success() && !f.ended_after_report {
             self.failed_exit(f)
         } else {
-            self.clean_exit(f, &req, &report_path, observed.as_ref(), &mut details)
+            self.clean_exit(f, &req, report_path, observed.as_ref(), &mut details)
         };
         (outcome, Some(details))
     }
