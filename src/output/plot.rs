@@ -1219,10 +1219,7 @@ mod tests {
     /// out of memory at 1846 (no peak measured). Three trials are added by hand: a 3-step fit at
     /// 1845, out of memory at 3000 with a measured peak, and an error at 2500.
     fn plan() -> Plan {
-        use clap::Parser;
-        let cli = crate::cli::Cli::try_parse_from([
-            "batchfit",
-            "probe",
+        let mut plan = crate::probe::sim_plan(&[
             "--backend",
             "sim",
             "--sim",
@@ -1231,13 +1228,7 @@ mod tests {
             "4096",
             "--tolerance",
             "0",
-        ])
-        .unwrap();
-        let crate::cli::Command::Probe(args) = cli.command else {
-            panic!()
-        };
-        let cfg = crate::config::validate(&args).unwrap();
-        let mut plan = crate::probe::run(&cfg, &mut |_| {}).unwrap().plan;
+        ]);
         let batches: Vec<(u64, &str)> = plan
             .trials
             .iter()
@@ -1284,21 +1275,12 @@ mod tests {
     /// without it), and the segment the plot draws.
     #[test]
     fn the_search_the_capacity_model_predict_and_the_plot_give_one_line() {
-        use clap::Parser;
-        let cli = crate::cli::Cli::try_parse_from([
-            "batchfit",
-            "probe",
+        let mut plan = crate::probe::sim_plan(&[
             "--backend",
             "sim",
             "--sim",
             "base=1GiB,per-sample=3MiB,capacity=16GiB",
-        ])
-        .unwrap();
-        let crate::cli::Command::Probe(args) = cli.command else {
-            panic!()
-        };
-        let cfg = crate::config::validate(&args).unwrap();
-        let mut plan = crate::probe::run(&cfg, &mut |_| {}).unwrap().plan;
+        ]);
         let close = |x: f64, y: f64| (x - y).abs() <= 1e-6 * x.abs().max(y.abs()).max(1.0);
 
         let mut points: Vec<(u64, u64)> = (plan.trials.iter())
@@ -1422,23 +1404,14 @@ mod tests {
         assert!(log_svg.contains("micro-batch size (samples, log scale)"));
         assert!(log_svg.contains("1845 fits, 1846 runs out of memory"));
         // the answer is the --max-batch cap: the cap is drawn and named
-        use clap::Parser;
-        let cli = crate::cli::Cli::try_parse_from([
-            "batchfit",
-            "probe",
+        let capped = crate::probe::sim_plan(&[
             "--backend",
             "sim",
             "--sim",
             "base=100MiB,per-sample=1MiB,capacity=2GiB",
             "--max-batch",
             "300",
-        ])
-        .unwrap();
-        let crate::cli::Command::Probe(args) = cli.command else {
-            panic!()
-        };
-        let cfg = crate::config::validate(&args).unwrap();
-        let capped = crate::probe::run(&cfg, &mut |_| {}).unwrap().plan;
+        ]);
         assert_eq!(capped.stop_reason, crate::plan::StopReason::MaxBatch);
         let v = View::of(&capped, Scale::Linear);
         assert_eq!(v.cap.as_ref().unwrap().0, 300.0);

@@ -189,10 +189,7 @@ mod tests {
     }
 
     fn sample_plan() -> Plan {
-        use clap::Parser;
-        let cli = crate::cli::Cli::try_parse_from([
-            "batchfit",
-            "probe",
+        crate::probe::sim_plan(&[
             "--backend",
             "sim",
             "--sim",
@@ -201,12 +198,6 @@ mod tests {
             "1018",
             "--allow-uneven",
         ])
-        .unwrap();
-        let crate::cli::Command::Probe(args) = cli.command else {
-            panic!()
-        };
-        let cfg = crate::config::validate(&args).unwrap();
-        crate::probe::run(&cfg, &mut |_| {}).unwrap().plan
     }
 
     #[test]
@@ -375,7 +366,6 @@ mod tests {
     /// A complete sim plan for `global` (8192 = 2 × 4096 exactly; 10007 --allow-uneven = 3336 × 2
     /// + 3335), probed once per test binary.
     fn sim_plan(global: &str) -> Plan {
-        use clap::Parser;
         let mut argv = vec![
             "batchfit",
             "probe",
@@ -389,12 +379,7 @@ mod tests {
         if global == "10007" {
             argv.push("--allow-uneven");
         }
-        let cli = crate::cli::Cli::try_parse_from(argv).unwrap();
-        let crate::cli::Command::Probe(args) = cli.command else {
-            panic!()
-        };
-        let cfg = crate::config::validate(&args).unwrap();
-        crate::probe::run(&cfg, &mut |_| {}).unwrap().plan
+        crate::probe::sim_plan(&argv[2..])
     }
 
     fn even_plan() -> Plan {

@@ -34,6 +34,27 @@ use crate::platform::units::format_size;
 use cache::CacheOptions;
 use setup::Devices;
 
+/// The validated configuration of `batchfit probe ARGS…`, for unit tests.
+#[cfg(test)]
+pub(crate) fn config_of(args: &[&str]) -> ProbeConfig {
+    use clap::Parser;
+    let argv = ["batchfit", "probe"].iter().chain(args);
+    let cli = crate::cli::Cli::try_parse_from(argv).expect("arguments parse");
+    let crate::cli::Command::Probe(args) = cli.command else {
+        unreachable!("a probe's arguments")
+    };
+    crate::config::validate(&args).expect("a valid probe")
+}
+
+/// The plan of `batchfit probe ARGS…` (a sim probe, in milliseconds), for the unit tests of the
+/// modules that read plans.
+#[cfg(test)]
+pub(crate) fn sim_plan(args: &[&str]) -> Plan {
+    run(&config_of(args), &mut |_| {})
+        .expect("the probe runs")
+        .plan
+}
+
 /// [`run_cached`] without the cache, with progress as plain lines.
 pub fn run(cfg: &ProbeConfig, progress: &mut dyn FnMut(&str)) -> Result<ProbeReport, ProbeError> {
     run_cached(cfg, &mut report::Lines(progress), None)

@@ -734,12 +734,9 @@ mod tests {
     /// killed mid-search must not leave a plan that claims to be complete, nor touch `--out`.
     #[test]
     fn plans_written_during_the_search_say_partial() {
-        use clap::Parser;
         let d = tempfile::tempdir().unwrap();
         let out = d.path().join("plan.json");
-        let cli = crate::cli::Cli::try_parse_from([
-            "batchfit",
-            "probe",
+        let cfg = super::super::config_of(&[
             "--backend",
             "sim",
             "--sim",
@@ -748,12 +745,7 @@ mod tests {
             "8192",
             "--out",
             out.to_str().unwrap(),
-        ])
-        .unwrap();
-        let crate::cli::Command::Probe(args) = cli.command else {
-            panic!()
-        };
-        let cfg = crate::config::validate(&args).unwrap();
+        ]);
         let partial = crate::plan::partial_path(&out);
         let mut seen = 0;
         let report = {
