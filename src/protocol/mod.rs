@@ -105,6 +105,34 @@ pub enum TrialOutcome {
 }
 
 impl TrialOutcome {
+    /// A trial that completed its steps: a fit, or, when the caching allocator had to flush its
+    /// cache and try an allocation again to get there, a fit only by retries (which bounds the
+    /// search as batchfit's own trials do). The allocator counts a retry also before each
+    /// out-of-memory it raises, including those cuDNN catches while it looks for a smaller
+    /// workspace: only the retries that succeeded count.
+    pub fn completed(
+        peak_bytes: u64,
+        rss_peak_bytes: Option<u64>,
+        step_seconds: f64,
+        gpu: Option<GpuMeasure>,
+    ) -> TrialOutcome {
+        let allocator = gpu.as_ref().and_then(|g| g.allocator);
+        match allocator.map(|a| a.alloc_retries.saturating_sub(a.ooms)) {
+            Some(retries) if retries > 0 => TrialOutcome::Retries {
+                retries,
+                peak_bytes,
+                step_seconds,
+                gpu,
+            },
+            _ => TrialOutcome::Fits {
+                peak_bytes,
+                rss_peak_bytes,
+                step_seconds,
+                gpu,
+            },
+        }
+    }
+
     pub fn fits(&self) -> bool {
         matches!(self, TrialOutcome::Fits { .. })
     }
@@ -634,4 +662,41 @@ pub struct FileStat {
     pub path: String,
     pub size: u64,
     pub mtime_ns: i128,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A completed trial is a fit unless the allocator needed retries that succeeded (a retry is
+    /// also counted before each out-of-memory it raised, which cuDNN may catch): then it fit only
+    /// by flushing the cache.
+    #[test]
+    fn a_completed_trial_fits_only_by_retries_when_retries_beyond_its_ooms_succeeded() {
+        let gpu = |alloc_retries, ooms| GpuMeasure {
+            nvml_peak_bytes: 1 << 30,
+            method: FootprintMethod::NvmlDeviceDelta,
+            allocator: Some(AllocatorReport {
+                peak_allocated_bytes: 1,
+                peak_reserved_bytes: 1,
+                reserved_bytes: 1,
+                alloc_retries,
+                ooms,
+            }),
+        };
+        let kind = |g: Option<GpuMeasure>| TrialOutcome::completed(7, None, 0.1, g);
+        assert!(matches!(
+            kind(Some(gpu(3, 1))),
+            TrialOutcome::Retries {
+                retries: 2,
+                peak_bytes: 7,
+                ..
+            }
+        ));
+        assert!(matches!(kind(Some(gpu(2, 2))), TrialOutcome::Fits { .. }));
+        assert!(matches!(
+            kind(None),
+            TrialOutcome::Fits { peak_bytes: 7, .. }
+        ));
+    }
 }

@@ -938,21 +938,10 @@ fn fit(
         method: FootprintMethod::NvmlDeviceDelta,
         allocator: Some(a),
     });
-    let outcome = match allocator.map(|a| a.alloc_retries.saturating_sub(a.ooms)) {
-        Some(retries) if retries > 0 => TrialOutcome::Retries {
-            retries,
-            peak_bytes: peak,
-            step_seconds,
-            gpu,
-        },
-        _ => TrialOutcome::Fits {
-            peak_bytes: peak,
-            rss_peak_bytes: m.rss_peak,
-            step_seconds,
-            gpu,
-        },
-    };
-    (outcome, source)
+    (
+        TrialOutcome::completed(peak, m.rss_peak, step_seconds, gpu),
+        source,
+    )
 }
 
 /// Seconds per micro-batch step: the report's median step (the first, which warms up, left out

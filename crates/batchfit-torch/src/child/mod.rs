@@ -133,24 +133,7 @@ fn outcome(
             } else {
                 median(&mut times)
             };
-            // The allocator counts a retry (cache flushed, allocation tried again) also before each
-            // OOM it raises, including those cuDNN catches while it looks for a smaller workspace:
-            // only retries that succeeded mean "fits only by flushing the cache".
-            let allocator = gpu.and_then(|g| g.allocator);
-            match allocator.map(|a| a.alloc_retries.saturating_sub(a.ooms)) {
-                Some(retries) if retries > 0 => TrialOutcome::Retries {
-                    retries,
-                    peak_bytes: peak,
-                    step_seconds,
-                    gpu,
-                },
-                _ => TrialOutcome::Fits {
-                    peak_bytes: peak,
-                    rss_peak_bytes: rss,
-                    step_seconds,
-                    gpu,
-                },
-            }
+            TrialOutcome::completed(peak, rss, step_seconds, gpu)
         }
         Ok(Err(e @ StepError::NonFinite(_))) => TrialOutcome::Error {
             message: e.to_string(),
