@@ -900,17 +900,15 @@ fn inputs_have_s(a: &ProbeArgs) -> bool {
     })
 }
 
-/// The limit a trial must fit under: `(budget − reserve) × (1 − margin)`.
-pub fn limit(budget: u64, reserve: u64, margin: f64) -> u64 {
-    (budget.saturating_sub(reserve) as f64 * (1.0 - margin)) as u64
-}
+/// The limit a trial must fit under (one definition, the plan's).
+pub use crate::plan::capacity::limit;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn limit_definition() {
+    fn the_limit_is_the_budget_less_the_reserve_less_the_margin() {
         assert_eq!(limit(1000, 0, 0.05), 950);
         assert_eq!(limit(1000, 200, 0.5), 400);
         assert_eq!(limit(1000, 0, 0.0), 1000);

@@ -1,6 +1,7 @@
 //! `--format text`: a human summary of a plan (also what `batchfit probe` prints on stderr).
 
 use super::{Exporter, OutputError};
+use crate::plan::capacity::PredictReport;
 use crate::plan::{Plan, Status};
 use crate::platform::units::format_size;
 use std::path::Path;
@@ -296,4 +297,102 @@ fn repeats_line(plan: &Plan) -> Option<String> {
         r.max_fitting_batch,
         crate::plan::schema::count(runs, "time", "times")
     ))
+}
+
+/// `batchfit predict`'s human table: the plan, its capacity model, one line per capacity, each
+/// marked as a prediction.
+pub fn predict(r: &PredictReport) -> String {
+    use crate::platform::units::format_size;
+    let m = &r.capacity_model;
+    let mib = |x: f64| format!("{:.1} MiB", x / (1024.0 * 1024.0));
+    let mut s = format!(
+        "{} on {} ({}), plan {}: budget {}{}\n",
+        r.model,
+        r.device_kind,
+        r.device_name,
+        r.plan,
+        format_size(r.plan_budget_bytes),
+        r.plan_max_fitting_batch
+            .map(|b| format!(", largest micro-batch proven {b}"))
+            .unwrap_or_default()
+    );
+    match &m.refusal {
+        Some(r) => s += &format!("capacity model: none ({r})\n"),
+        None => {
+            s += &format!(
+                "capacity model: peak ≈ {} + {:.1} KiB × batch, from {} sizes {}–{} (largest residual {})",
+                mib(m.fixed_bytes),
+                m.per_sample_bytes / 1024.0,
+                m.points.len(),
+                m.range[0],
+                m.range[1],
+                format_size(m.max_residual_bytes.round() as u64)
+            );
+            if let Some(k) = m.knee_below {
+                s += &format!("; off the line below it: {k}");
+            }
+            if let Some(j) = m.jump_above {
+                s += &format!("; {j} ran out of memory above it");
+            }
+            s += "\n";
+            for a in &m.accumulation {
+                s += &format!(
+                    "  accumulation {}: {} more at {}\n",
+                    a.accumulation,
+                    mib(a.extra_bytes),
+                    a.batch
+                );
+            }
+        }
+    }
+    let global = r
+        .predictions
+        .iter()
+        .find_map(|p| p.split.as_ref().map(|x| (x.global_batch, x.world_size)));
+    s += &format!(
+        "{:<12} {:<12} {:<38} {}\n",
+        "memory",
+        "limit",
+        "largest micro-batch (predicted)",
+        global
+            .map(|(g, w)| if w > 1 {
+                format!("global batch {g} over {w} ranks")
+            } else {
+                format!("global batch {g}")
+            })
+            .unwrap_or_default()
+    );
+    for p in &r.predictions {
+        let head = format!(
+            "{:<12} {:<12} ",
+            format_size(p.memory_bytes),
+            format_size(p.limit_bytes)
+        );
+        match (&p.refused, &p.max_micro_batch) {
+            (Some(why), _) => s += &format!("{head}refused: {why}\n"),
+            (None, Some(e)) => {
+                let est = if e.high == 0 {
+                    "none fits, predicted, not proven".to_string()
+                } else {
+                    format!(
+                        "{} ({}–{}), predicted, not proven",
+                        e.micro_batch, e.low, e.high
+                    )
+                };
+                let split = p
+                    .split
+                    .as_ref()
+                    .map(|x| format!("{} × {}", x.micro_batch, x.accumulation))
+                    .unwrap_or_default();
+                s += &format!("{head}{est:<38} {split}\n");
+            }
+            (None, None) => s += &format!("{head}no prediction\n"),
+        }
+        for n in &p.notes {
+            s += &format!("{:<25} note: {n}\n", "");
+        }
+    }
+    s += "predicted, not proven: the error bar is the line's (residuals and slope); prove a size \
+          on the machine with `batchfit probe --memory-budget SIZE` before training with it\n";
+    s
 }

@@ -215,7 +215,7 @@ pub fn predict(a: &PredictArgs) -> Result<Exit, Fail> {
         None => std::io::IsTerminal::is_terminal(&std::io::stdout()),
     };
     if text {
-        print_stdout(&report.text())?;
+        print_stdout(&batchfit::output::text::predict(&report))?;
     } else {
         print_stdout(&json)?;
     }

@@ -190,6 +190,13 @@ impl CudaBackend {
             nvml_index: self.index,
             uuid: uuids.join(","),
         };
+        // (the device's baselines first: a trial whose command was made is ended by this function)
+        let indices: Vec<u32> = self.all_gpus().iter().map(|g| g.index).collect();
+        let baselines = self
+            .all_gpus()
+            .iter()
+            .map(|g| self.baseline(g))
+            .collect::<Result<Vec<_>, _>>()?;
         let (mut cmd, trial) = workload.command(&req, &at);
         // The trial sees exactly these GPUs (this one as cuda:0), whatever CUDA_VISIBLE_DEVICES the
         // user had (NVML's index and CUDA's ordinal differ when it is set or CUDA orders
@@ -207,12 +214,6 @@ impl CudaBackend {
                 "PYTORCH_CUDA_ALLOC_CONF",
                 trial_alloc_conf(self.alloc_conf.as_deref(), self.limit, cuda_total),
             );
-        let indices: Vec<u32> = self.all_gpus().iter().map(|g| g.index).collect();
-        let baselines = self
-            .all_gpus()
-            .iter()
-            .map(|g| self.baseline(g))
-            .collect::<Result<Vec<_>, _>>()?;
         // per GPU: NVML's figure summed over the trial's process tree, and the device's used memory
         let mut pid_peaks: Vec<Option<u64>> = vec![None; indices.len()];
         let mut device_peaks: Vec<Option<u64>> = vec![None; indices.len()];
