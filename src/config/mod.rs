@@ -18,9 +18,11 @@ use thiserror::Error;
 
 mod exec;
 mod model;
+mod predict;
 mod workload;
 
 pub use exec::{ExecConfig, EXEC_FORMS, NO_BATCH_NOTE, NO_BATCH_WARNING};
+pub use predict::{validate_predict, PredictConfig};
 pub use workload::{AccumulationProof, PeakNoise, WorkloadSpec};
 
 #[derive(Debug, Error, PartialEq)]

@@ -1306,7 +1306,7 @@ mod tests {
         same("capacity model", model.per_sample_bytes, model.fixed_bytes);
 
         let predicted = |plan: &Plan| {
-            let memory = ["8GiB".to_string()];
+            let memory = [("8GiB".to_string(), 8u64 << 30)];
             let r = crate::plan::capacity::report(plan, "plan.json", &memory, None, None).unwrap();
             (
                 r.capacity_model.per_sample_bytes,

@@ -970,12 +970,6 @@ pub fn prior_miss(prior: &Prior, trials: &[TrialRecord], answer: u64) -> Option<
 /// Why `batchfit predict` cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum PredictError {
-    #[error("--memory {0:?}: {1}")]
-    Memory(String, String),
-    #[error("--reserve {0:?}: {1}")]
-    Reserve(String, String),
-    #[error("--margin {0} is outside [0, 0.9]; it is a fraction, e.g. 0.05 for 5%")]
-    Margin(f64),
     #[error("--reserve ({reserve}) must be smaller than --memory {memory}")]
     ReserveTooLarge { reserve: String, memory: String },
     #[error("the plan has no trial that fit with a measured peak, so it has no capacity model")]
@@ -998,41 +992,24 @@ pub struct PredictReport {
     pub predictions: Vec<Prediction>,
 }
 
-/// The predictions of `plan`'s capacity model for each of `memory` (sizes as `--memory-budget`
-/// takes them), with `reserve` and `margin` (default: the plan's).
+/// The predictions of `plan`'s capacity model for each of `memory` (each size as given and in
+/// bytes), with `reserve` and `margin` (default: the plan's).
 pub fn report(
     plan: &super::Plan,
     plan_path: &str,
-    memory: &[String],
-    reserve: Option<&str>,
+    memory: &[(String, u64)],
+    reserve: Option<u64>,
     margin: Option<f64>,
 ) -> Result<PredictReport, PredictError> {
-    use crate::platform::units::parse_size;
     let margin = margin.unwrap_or(plan.margin);
-    if !margin.is_finite() || !(0.0..=0.9).contains(&margin) {
-        return Err(PredictError::Margin(margin));
+    let reserve_bytes = reserve.unwrap_or(plan.reserve_bytes);
+    if let Some((given, _)) = memory.iter().find(|(_, b)| reserve_bytes >= *b) {
+        return Err(PredictError::ReserveTooLarge {
+            reserve: crate::platform::units::format_size(reserve_bytes),
+            memory: given.clone(),
+        });
     }
-    let reserve_bytes = match reserve {
-        Some(r) => parse_size(r).map_err(|e| PredictError::Reserve(r.into(), e.to_string()))?,
-        None => plan.reserve_bytes,
-    };
-    let mut sizes = vec![];
-    for m in memory {
-        let b = parse_size(m).map_err(|e| PredictError::Memory(m.clone(), e.to_string()))?;
-        if b == 0 {
-            return Err(PredictError::Memory(
-                m.clone(),
-                "must be greater than 0".into(),
-            ));
-        }
-        if reserve_bytes >= b {
-            return Err(PredictError::ReserveTooLarge {
-                reserve: crate::platform::units::format_size(reserve_bytes),
-                memory: m.clone(),
-            });
-        }
-        sizes.push(b);
-    }
+    let sizes: Vec<u64> = memory.iter().map(|(_, b)| *b).collect();
     let model = match &plan.capacity_model {
         Some(m) => m.clone(),
         None => CapacityModel::fit(&plan.trials, plan.limit_bytes).ok_or(PredictError::NoModel)?,

@@ -197,13 +197,14 @@ pub fn predict(a: &PredictArgs) -> Result<Exit, Fail> {
             ));
         }
     }
+    let asked = batchfit::config::validate_predict(a).map_err(fail(Exit::Usage))?;
     let plan = Plan::read(&a.plan).map_err(fail(Exit::Usage))?;
     let report = batchfit::plan::capacity::report(
         &plan,
         &a.plan.display().to_string(),
-        &a.memory,
-        a.reserve.as_deref(),
-        a.margin,
+        &asked.memory,
+        asked.reserve,
+        asked.margin,
     )
     .map_err(fail(Exit::Usage))?;
     let json = serde_json::to_string_pretty(&report).expect("report serialises") + "\n";
