@@ -29,6 +29,15 @@ fn run(flags: &[&str], cmd: &[String]) -> (Value, String) {
 
 /// [`run`], with the exit code.
 fn run_code(flags: &[&str], cmd: &[String]) -> (Value, String, i32) {
+    run_code_env(flags, cmd, &[])
+}
+
+/// [`run_code`] with `env` set for batchfit and its trials.
+fn run_code_env(
+    flags: &[&str],
+    cmd: &[String],
+    env: &[(&str, std::path::PathBuf)],
+) -> (Value, String, i32) {
     let d = tmp();
     let out = path(&d, "plan.json");
     let max = if flags.contains(&"--max-batch") {
@@ -37,6 +46,7 @@ fn run_code(flags: &[&str], cmd: &[String]) -> (Value, String, i32) {
         vec!["--max-batch", "16"]
     };
     let o = batchfit()
+        .envs(env.iter().map(|(k, v)| (*k, v)))
         .args(["probe", "--backend", "cpu", "--quiet"])
         .args(["--trial-timeout", "60"])
         .args(max)
@@ -1054,6 +1064,41 @@ fn a_dataloader_that_yields_fewer_samples_than_the_batch_is_no_fit() {
         );
         assert!(m.contains("--observe off"), "{m}");
         assert_eq!(t["details"]["dataloader_batch"], 64, "{t}");
+    }
+    let answer = p["recommendation"]["max_fitting_batch"].as_u64();
+    assert!(
+        p["status"] != "complete" || answer.is_some_and(|a| a <= 64),
+        "{p}\n{err}"
+    );
+}
+
+/// The same job writing the helper's report of the size it was given (`--report`): its word is
+/// the size it built its DataLoader with, and the loader, built with that batch size, yielded 64.
+/// The watcher decides: each trial above 64 is an error naming both, never a fit.
+#[test]
+fn a_report_of_the_size_does_not_make_a_dataloader_shorter_than_its_batch_a_fit() {
+    let helper = [("PYTHONPATH", repo().join("python/batchfit"))];
+    let (p, err, _) = run_code_env(
+        &dataset_flags(&[]),
+        &dataset_job(64, &["--report"]),
+        &helper,
+    );
+    let above: Vec<Value> = trials(&p)
+        .into_iter()
+        .filter(|t| t["batch"].as_u64().unwrap() > 64)
+        .collect();
+    assert!(!above.is_empty(), "{p}");
+    for t in &above {
+        assert_eq!(t["outcome"], "error", "{t}");
+        assert_eq!(t["details"]["report"]["batch"], t["batch"], "{t}");
+        let m = t["message"].as_str().unwrap();
+        assert!(
+            m.contains(&format!(
+                "was built with batch_size {} but yielded at most 64 samples per batch",
+                t["batch"]
+            )),
+            "{m}"
+        );
     }
     let answer = p["recommendation"]["max_fitting_batch"].as_u64();
     assert!(

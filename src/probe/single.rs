@@ -544,7 +544,12 @@ fn unshown_causes(trials: &[TrialRecord]) -> &'static str {
             .filter_map(|t| Some((t.batch, t.details.as_ref()?)))
     };
     let read = details().any(|(_, d)| d.report.as_ref().is_some_and(|r| r.reads_batch));
-    let yielded = details().any(|(b, d)| b > 1 && d.dataloader_batch.is_some_and(|n| n >= b));
+    // (said only when every size the watcher saw was yielded whole)
+    let mut seen = details()
+        .filter_map(|(b, d)| Some((b, d.dataloader_batch?)))
+        .filter(|p| p.0 > 1);
+    let first = seen.next();
+    let yielded = first.is_some_and(|f| std::iter::once(f).chain(seen).all(|(b, n)| n >= b));
     match (read, yielded) {
         (true, _) => READ_BUT_NOT_TRAINED,
         (false, true) => YIELDED_BUT_FLAT,
@@ -873,6 +878,11 @@ mod tests {
         let why = batch_not_shown(&trials).expect("stalled: refused though its loader yielded it");
         assert!(why.contains("DataLoader yielded the size asked"), "{why}");
         assert!(!why.contains("placeholder"), "{why}");
+        // a loader that yielded the small size whole but less at the large ones did not yield the
+        // size asked: the causes say nothing of it
+        trials[2].details.as_mut().unwrap().dataloader_batch = Some(300);
+        let why = batch_not_shown(&trials).expect("stalled");
+        assert!(!why.contains("DataLoader yielded the size asked"), "{why}");
     }
 
     /// A small model whose peak barely moves between two fits, with nothing above them out of

@@ -843,6 +843,10 @@ impl ExecWorkload {
         if report.is_none() {
             return observe::short(observed, req.batch);
         }
+        // the job's word is the size it configured; its loader says what it trained
+        if let Some(why) = observe::shorter_than_its_own_batch(observed, req.batch) {
+            return Some(why);
+        }
         let takes = self
             .info
             .argv

@@ -55,6 +55,9 @@ pub struct Observed {
     pub unknown: u64,
     /// Processes that iterated a DataLoader.
     pub processes: u32,
+    /// The largest batch size a DataLoader that batches its samples itself was built with (0: none
+    /// seen).
+    pub configured: u64,
 }
 
 #[derive(serde::Deserialize)]
@@ -63,6 +66,8 @@ struct ProcessFile {
     batches: u64,
     #[serde(default)]
     unknown: u64,
+    #[serde(default)]
+    configured: u64,
 }
 
 /// The name the watcher imports batchfit's helper under, from its own folder, to record what each
@@ -120,6 +125,7 @@ pub fn read(dir: &Path) -> Option<Observed> {
         seen.largest = seen.largest.max(p.largest);
         seen.batches = seen.batches.saturating_add(p.batches);
         seen.unknown = seen.unknown.saturating_add(p.unknown);
+        seen.configured = seen.configured.max(p.configured);
         seen.processes += 1;
     }
     (seen.batches > 0).then_some(seen)
@@ -144,6 +150,25 @@ pub fn short(seen: Option<&Observed>, batch: u64) -> Option<String> {
          clamps its batch size (min(batch, len(dataset))), or a sampler that yields fewer; if the \
          job deliberately trains another size through its DataLoader, probe with --observe off",
         o.largest, o.batches, o.processes
+    ))
+}
+
+/// Why the trial of `batch` did not train it though the job says it did (its report): a DataLoader
+/// built with a batch size of at least `batch` never yielded a batch that large, in any process —
+/// its dataset (or the process's shard of it) is shorter than the batch. The report's word is the
+/// configured size; the activations the trial measured are those of the shorter batches.
+pub fn shorter_than_its_own_batch(seen: Option<&Observed>, batch: u64) -> Option<String> {
+    let o = seen?;
+    if o.unknown > 0 || o.batches == 0 || o.configured < batch || o.largest >= batch {
+        return None;
+    }
+    Some(format!(
+        "the job's DataLoader was built with batch_size {} but yielded at most {} samples per \
+         batch ({} batch(es) in {} process(es)): its dataset, or this process's shard of it, is \
+         shorter than the batch, so the job never trained {batch} (its memory at {batch} was not \
+         measured); give it a dataset at least as long as --max-batch, or probe with --max-batch \
+         {}",
+        o.configured, o.largest, o.batches, o.processes, o.largest
     ))
 }
 
@@ -182,7 +207,8 @@ mod tests {
                 largest: 64,
                 batches: 8,
                 unknown: 0,
-                processes: 2
+                processes: 2,
+                configured: 0
             }
         );
         assert_eq!(largest(Some(&seen)), Some(64));
@@ -194,6 +220,33 @@ mod tests {
         assert!(why.contains("--observe off"), "{why}");
         assert_eq!(short(Some(&seen), 64), None);
         assert_eq!(short(Some(&seen), 32), None);
+    }
+
+    /// A loader built with the size asked that yields fewer is short of its own batch; one built
+    /// smaller (ready-made batches, or another loader), or one that yielded the size, is not.
+    #[test]
+    fn a_loader_built_with_the_batch_that_yields_less_is_shorter_than_its_batch() {
+        let d = tempfile::tempdir().unwrap();
+        write(
+            d.path(),
+            "9.json",
+            r#"{"largest": 300, "batches": 3, "configured": 925}"#,
+        );
+        let seen = read(d.path()).unwrap();
+        assert_eq!(seen.configured, 925);
+        let why = shorter_than_its_own_batch(Some(&seen), 925).unwrap();
+        assert!(
+            why.contains("built with batch_size 925 but yielded at most 300 samples per batch"),
+            "{why}"
+        );
+        assert!(why.contains("--max-batch 300"), "{why}");
+        assert_eq!(shorter_than_its_own_batch(Some(&seen), 300), None);
+        assert_eq!(shorter_than_its_own_batch(Some(&seen), 1000), None);
+        write(d.path(), "9.json", r#"{"largest": 300, "batches": 3}"#);
+        assert_eq!(
+            shorter_than_its_own_batch(read(d.path()).as_ref(), 925),
+            None
+        );
     }
 
     /// No file, files of processes that yielded nothing, or a batch whose size could not be read:

@@ -58,6 +58,7 @@ class _State:
     largest = 0
     batches = 0
     unknown = 0
+    configured = 0
     written_largest = -1
     exit_hooked = False
 
@@ -101,7 +102,15 @@ def _write():
     path = os.path.join(folder, "%d.json" % _State.pid)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump({"largest": _State.largest, "batches": _State.batches, "unknown": _State.unknown}, f)
+        json.dump(
+            {
+                "largest": _State.largest,
+                "batches": _State.batches,
+                "unknown": _State.unknown,
+                "configured": _State.configured,
+            },
+            f,
+        )
     os.replace(tmp, path)
     _State.written_largest = _State.largest
 
@@ -113,12 +122,23 @@ def _write_at_exit():
         pass
 
 
-def _seen(batch):
+def _configured(it):
+    """The batch size the iterator's DataLoader was built with when it batches samples itself
+    (`batch_size=N`, or a batch sampler's); None otherwise (a loader of ready-made batches)."""
+    if not getattr(it, "_auto_collation", False):
+        return None
+    bs = getattr(getattr(it, "_index_sampler", None), "batch_size", None)
+    return bs if isinstance(bs, int) and bs > 0 else None
+
+
+def _seen(batch, configured=None):
     pid = os.getpid()
     if _State.pid != pid:  # a forked child starts its own count
         _State.pid, _State.largest, _State.batches, _State.unknown = pid, 0, 0, 0
-        _State.written_largest, _State.exit_hooked = -1, False
+        _State.configured, _State.written_largest, _State.exit_hooked = 0, -1, False
     _State.batches += 1
+    if configured is not None and configured > _State.configured:
+        _State.configured = configured
     try:
         n = _first_dim(batch)
     except Exception:
@@ -145,7 +165,7 @@ def _wrap(module):
     def __next__(self):
         batch = real(self)
         try:
-            _seen(batch)
+            _seen(batch, _configured(self))
         except Exception:
             pass  # never into the job
         return batch
