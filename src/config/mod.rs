@@ -411,7 +411,7 @@ pub fn validate(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
 fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
     let backend = backend(a)?;
     let (workload, warnings) = match exec::exec(a, &backend)? {
-        Some((e, warnings)) => (WorkloadSpec::Exec(e), warnings),
+        Some((e, warnings)) => (WorkloadSpec::Exec(Box::new(e)), warnings),
         None => (WorkloadSpec::Model(model::model(a)?), vec![]),
     };
     device_flags(a, &backend, &workload)?;

@@ -48,6 +48,9 @@ fn architecture(a: &ProbeArgs) -> Result<Architecture, ConfigError> {
     Ok(with_knobs(a, preset))
 }
 
+/// A family of model flags: its name, its flags with their values, and whether the preset takes them.
+type Family<'a> = (&'static str, &'a [(&'static str, Option<u64>)], bool);
+
 /// The flags of model families `preset` is not of: an error naming the first one given.
 fn refuse_other_models_flags(a: &ProbeArgs, preset: &Architecture) -> Result<(), ConfigError> {
     let model = a.model.as_str();
@@ -71,7 +74,7 @@ fn refuse_other_models_flags(a: &ProbeArgs, preset: &Architecture) -> Result<(),
         )));
     }
     use Architecture::{Gpt, Resnet18, Resnet50, Vit};
-    let families: [(&str, &[(&str, Option<u64>)], bool); 4] = [
+    let families: [Family; 4] = [
         (
             "GPT and ViT",
             &[

@@ -19,7 +19,7 @@ pub enum WorkloadSpec {
     /// A tch model (the zoo or a TorchScript file) trained by the torch runner, batchfit's own code.
     Model(ModelSpec),
     /// The user's own training command, unchanged (`--exec`).
-    Exec(ExecConfig),
+    Exec(Box<ExecConfig>),
 }
 
 /// How much a trial's peak moves between fresh runs of the same size: what the guard band must

@@ -47,7 +47,7 @@ pub fn merge(opts: &MergeOptions) -> Result<Plan, MergeError> {
     let sources = opts
         .plans
         .iter()
-        .map(|p| Source::read(p))
+        .map(Source::read)
         .collect::<Result<Vec<_>, _>>()?;
     check_one_model(&sources)?;
     check_all_real_or_all_simulated(&sources)?;

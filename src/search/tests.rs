@@ -931,7 +931,7 @@ impl Backend for Flaky {
         assert!(self.seen.len() < TRIAL_CAP as usize, "it does not end");
         self.seen.push(req.batch);
         let n = self.seen.iter().filter(|&&b| b == req.batch).count();
-        let o = self.sim.run_trial(req.clone())?;
+        let o = self.sim.run_trial(req)?;
         Ok(if self.flips.contains(&(req.batch, n)) {
             TrialOutcome::Oom {
                 message: format!("flaky out of memory at {}", req.batch),
