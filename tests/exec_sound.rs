@@ -1042,16 +1042,30 @@ fn dataset_flags(more: &[&'static str]) -> Vec<&'static str> {
     v
 }
 
+/// The trials of `p` above `n` samples (at least one).
+fn trials_above(p: &Value, n: u64) -> Vec<Value> {
+    let above: Vec<Value> = (trials(p).into_iter())
+        .filter(|t| t["batch"].as_u64().unwrap() > n)
+        .collect();
+    assert!(!above.is_empty(), "{p}");
+    above
+}
+
+/// `p` is not a complete plan of more than `n` samples.
+fn never_complete_above(p: &Value, n: u64, err: &str) {
+    let answer = p["recommendation"]["max_fitting_batch"].as_u64();
+    assert!(
+        p["status"] != "complete" || answer.is_some_and(|a| a <= n),
+        "{p}\n{err}"
+    );
+}
+
 /// A DataLoader over 64 samples given a batch of up to 256 trains 64 at every size above: the
 /// watcher makes each such trial an error saying so, and the plan is never complete above 64.
 #[test]
 fn a_dataloader_that_yields_fewer_samples_than_the_batch_is_no_fit() {
     let (p, err) = run(&dataset_flags(&[]), &dataset_job(64, &[]));
-    let above: Vec<Value> = trials(&p)
-        .into_iter()
-        .filter(|t| t["batch"].as_u64().unwrap() > 64)
-        .collect();
-    assert!(!above.is_empty(), "{p}");
+    let above = trials_above(&p, 64);
     for t in &above {
         assert_eq!(t["outcome"], "error", "{t}");
         let m = t["message"].as_str().unwrap();
@@ -1065,11 +1079,7 @@ fn a_dataloader_that_yields_fewer_samples_than_the_batch_is_no_fit() {
         assert!(m.contains("--observe off"), "{m}");
         assert_eq!(t["details"]["dataloader_batch"], 64, "{t}");
     }
-    let answer = p["recommendation"]["max_fitting_batch"].as_u64();
-    assert!(
-        p["status"] != "complete" || answer.is_some_and(|a| a <= 64),
-        "{p}\n{err}"
-    );
+    never_complete_above(&p, 64, &err);
 }
 
 /// The same job writing the helper's report of the size it was given (`--report`): its word is
@@ -1083,11 +1093,7 @@ fn a_report_of_the_size_does_not_make_a_dataloader_shorter_than_its_batch_a_fit(
         &dataset_job(64, &["--report"]),
         &helper,
     );
-    let above: Vec<Value> = trials(&p)
-        .into_iter()
-        .filter(|t| t["batch"].as_u64().unwrap() > 64)
-        .collect();
-    assert!(!above.is_empty(), "{p}");
+    let above = trials_above(&p, 64);
     for t in &above {
         assert_eq!(t["outcome"], "error", "{t}");
         assert_eq!(t["details"]["report"]["batch"], t["batch"], "{t}");
@@ -1100,11 +1106,7 @@ fn a_report_of_the_size_does_not_make_a_dataloader_shorter_than_its_batch_a_fit(
             "{m}"
         );
     }
-    let answer = p["recommendation"]["max_fitting_batch"].as_u64();
-    assert!(
-        p["status"] != "complete" || answer.is_some_and(|a| a <= 64),
-        "{p}\n{err}"
-    );
+    never_complete_above(&p, 64, &err);
 }
 
 /// Enough samples for every size: the watcher sees each batch whole and refuses nothing.
