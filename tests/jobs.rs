@@ -219,17 +219,22 @@ fn verify_marks_a_merged_sim_plan_verified() {
         .stderr(predicate::str::contains("sim backend"));
 }
 
+/// `batchfit verify PLAN` in place (no --out), on a sim device whose samples are larger than those
+/// of `BIG`.
+fn verify_where_samples_are_larger(plan: &Path) -> assert_cmd::assert::Assert {
+    batchfit()
+        .args(["verify", "--quiet"])
+        .arg(plan)
+        .args(["--sim", "base=1GiB,per-sample=4MiB,capacity=16GiB"])
+        .assert()
+}
+
 #[test]
 fn verify_fails_with_exit_4_when_a_size_does_not_fit_here() {
     let d = tmp();
     let a = path(&d, "a.json");
     probe_to(BIG, &a, &["--global-batch", "4096"]);
-    // in place (no --out), on a device whose samples are larger
-    batchfit()
-        .args(["verify", "--quiet"])
-        .arg(&a)
-        .args(["--sim", "base=1GiB,per-sample=4MiB,capacity=16GiB"])
-        .assert()
+    verify_where_samples_are_larger(&a)
         .code(4)
         .stderr(predicate::str::contains("did not fit"));
     let plan = read_json(&a);
@@ -258,12 +263,7 @@ fn a_plan_whose_verification_failed_is_not_verified_again() {
     let d = tmp();
     let a = path(&d, "a.json");
     probe_to(BIG, &a, &["--global-batch", "4096"]);
-    batchfit()
-        .args(["verify", "--quiet"])
-        .arg(&a)
-        .args(["--sim", "base=1GiB,per-sample=4MiB,capacity=16GiB"])
-        .assert()
-        .code(4);
+    verify_where_samples_are_larger(&a).code(4);
     let before = std::fs::read(&a).unwrap();
     // the plan's own device, on which every size fits
     batchfit()

@@ -659,14 +659,9 @@ mod tests {
     use super::*;
 
     fn cfg(extra: &[&str]) -> ProbeConfig {
-        use clap::Parser;
-        let mut argv = vec!["batchfit", "probe", "--backend", "cpu"];
-        argv.extend(extra);
-        let cli = crate::cli::Cli::try_parse_from(argv).unwrap();
-        let crate::cli::Command::Probe(args) = cli.command else {
-            panic!()
-        };
-        crate::config::validate(&args).unwrap()
+        let mut args = vec!["--backend", "cpu"];
+        args.extend(extra);
+        crate::probe::config_of(&args)
     }
 
     /// With an explicit --memory-budget the free memory at start does not change the answer, so it

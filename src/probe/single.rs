@@ -545,11 +545,10 @@ fn unshown_causes(trials: &[TrialRecord]) -> &'static str {
     };
     let read = details().any(|(_, d)| d.report.as_ref().is_some_and(|r| r.reads_batch));
     // (said only when every size the watcher saw was yielded whole)
-    let mut seen = details()
+    let seen: Vec<(u64, u64)> = (details().filter(|(b, _)| *b > 1))
         .filter_map(|(b, d)| Some((b, d.dataloader_batch?)))
-        .filter(|p| p.0 > 1);
-    let first = seen.next();
-    let yielded = first.is_some_and(|f| std::iter::once(f).chain(seen).all(|(b, n)| n >= b));
+        .collect();
+    let yielded = !seen.is_empty() && seen.iter().all(|&(b, n)| n >= b);
     match (read, yielded) {
         (true, _) => READ_BUT_NOT_TRAINED,
         (false, true) => YIELDED_BUT_FLAT,
