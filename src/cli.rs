@@ -444,10 +444,13 @@ pub struct ProbeArgs {
         help_heading = "Your own command"
     )]
     pub cpu_limit: CpuLimitArg,
-    /// cpu, --exec: run each trial after the first in a warm process, started ahead of time under
-    /// the trial's own limit with the job's packages imported, then handed the trial (auto: for a
-    /// Python interpreter running a script or -m module; on: the same, an error for another
-    /// command; off: every trial a cold start). Each trial is still one fresh process.
+    /// cpu, --exec: run each trial after the first in a warm process with the job's packages
+    /// imported, then handed the trial: under RLIMIT_DATA forked from one fork server (every trial,
+    /// the proof too: the fork copies the whole data segment the limit counts), under a memory
+    /// cgroup started ahead of its trial in its own cgroup (exploration only). auto: for a Python
+    /// interpreter running a script or -m module; on: the same, an error for another command;
+    /// ahead: processes started ahead only, never forked; off: every trial a cold start. Each
+    /// trial is still one fresh process.
     #[arg(
         long,
         value_enum,
@@ -505,6 +508,7 @@ pub enum ObserveArg {
 pub enum WarmArg {
     Auto,
     On,
+    Ahead,
     Off,
 }
 

@@ -1,6 +1,7 @@
 //! Warm trials (`--warm`) against cold ones on a real PyTorch script (tests/support/exec/train_mlp.py,
 //! the libtorch venv's Python, CPU): the same probe under the same `RLIMIT_DATA` budget with `--warm
-//! off` and `--warm on` gives the same answer (or one the run-to-run noise of a peak away: a size at
+//! off`, `--warm ahead` (processes started ahead) and `--warm on` (forked from a fork server) gives
+//! the same answer (or one the run-to-run noise of a peak away: a size at
 //! the limit fits in one probe and runs out of memory in the other) and, at the sizes both ran, peaks within the run-to-run noise of a fresh
 //! process's heap (glibc's mmap threshold moves it by 4-13 MB; docs/soundness.md). Both wall times
 //! are printed (docs/benchmarks.md keeps the measured ones).
@@ -62,56 +63,103 @@ fn fit_peaks(p: &serde_json::Value) -> std::collections::BTreeMap<(u64, u64), u6
         .collect()
 }
 
-#[test]
-fn warm_trials_give_the_cold_answer_and_peaks() {
-    let (cold, cold_s) = probe("off");
-    let (warm, warm_s) = probe("on");
+/// The (purpose is explore, warm, forked) flags of every trial.
+fn flags(p: &serde_json::Value) -> Vec<(bool, bool, bool)> {
+    p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["purpose"] == "explore",
+                t["details"]["warm"] == true,
+                t["details"]["forked"] == true,
+            )
+        })
+        .collect()
+}
+
+/// The answer of `warm` is the cold one's (or one the run-to-run noise of a peak away: a size at the
+/// limit fits in one probe and runs out of memory in the other) and, at the sizes both ran, its fits
+/// peak within the noise of the cold ones: the data segment `RLIMIT_DATA` counts, and the tree's
+/// figure (for a forked trial, the pages it shares with the fork server count whole).
+fn agrees_with_cold(cold: &serde_json::Value, warm: &serde_json::Value, what: &str) {
     let answer = |p: &serde_json::Value| p["recommendation"]["max_fitting_batch"].as_u64().unwrap();
-    let (a_cold, a_warm) = (answer(&cold), answer(&warm));
-    eprintln!(
-        "cold: {a_cold} in {cold_s:.1} s ({} trials); warm: {a_warm} in {warm_s:.1} s ({} trials)",
-        cold["trials"].as_array().unwrap().len(),
-        warm["trials"].as_array().unwrap().len()
-    );
-    // the answers differ by at most the samples the run-to-run noise of a peak holds (a size at
-    // the limit fits in one probe and runs out in the other; the noise rule steps below a spread)
+    let (a_cold, a_warm) = (answer(cold), answer(warm));
     assert!(
         a_cold.abs_diff(a_warm) <= (NOISE / PER_SAMPLE).max(GRID),
-        "cold {a_cold}, warm {a_warm}: further apart than the {} samples of the noise",
+        "cold {a_cold}, {what} {a_warm}: further apart than the {} samples of the noise",
         NOISE / PER_SAMPLE
     );
-    // the cold probe ran no warm trial; the warm one ran every exploration trial after the first
-    // warm, and every trial that proves (a bound, the confirmation, a repeat) cold, as the job runs
-    let warm_flags = |p: &serde_json::Value| -> Vec<(bool, bool)> {
+    let tree = |p: &serde_json::Value| -> std::collections::BTreeMap<(u64, u64), u64> {
         p["trials"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|t| (t["purpose"] == "explore", t["details"]["warm"] == true))
+            .filter(|t| t["outcome"] == "fits")
+            .map(|t| {
+                let k = (t["batch"].as_u64().unwrap(), t["steps"].as_u64().unwrap());
+                (k, t["details"]["tree_pss_peak_bytes"].as_u64().unwrap())
+            })
             .collect()
     };
-    assert!(warm_flags(&cold).iter().all(|&(_, w)| !w));
-    let w = warm_flags(&warm);
-    assert!(!w[0].1, "the first trial is cold");
-    assert!(
-        w[1..].iter().all(|&(explore, warm)| explore == warm),
-        "{w:?}"
-    );
-    assert!(w[1..].iter().any(|&(_, warm)| warm), "{w:?}");
-    // at the sizes both ran, the peaks agree within the noise
-    let (pc, pw) = (fit_peaks(&cold), fit_peaks(&warm));
     let mut compared = 0;
-    for (k, c) in &pc {
-        if let Some(w) = pw.get(k) {
-            eprintln!("batch {} x {} steps: cold {c} B, warm {w} B", k.0, k.1);
-            assert!(c.abs_diff(*w) <= NOISE, "{k:?}: cold {c}, warm {w}");
-            compared += 1;
+    for (figure, pc, pw) in [
+        ("data segment", fit_peaks(cold), fit_peaks(warm)),
+        ("tree", tree(cold), tree(warm)),
+    ] {
+        for (k, c) in &pc {
+            if let Some(w) = pw.get(k) {
+                eprintln!(
+                    "{figure}: batch {} x {} steps: cold {c} B, {what} {w} B",
+                    k.0, k.1
+                );
+                assert!(
+                    c.abs_diff(*w) <= NOISE,
+                    "{figure} {k:?}: cold {c}, {what} {w}"
+                );
+                compared += 1;
+            }
         }
     }
-    assert!(
-        compared > 0,
-        "no size ran both ways: cold {pc:?}, warm {pw:?}"
+    assert!(compared > 0, "no size ran both ways");
+}
+
+/// Cold, warm processes started ahead (`--warm ahead`) and trials forked from a fork server
+/// (`--warm on`, under `RLIMIT_DATA`): the same answer and peaks. Started ahead, only exploration
+/// runs warm; forked, every trial after the first does, the proof too.
+#[test]
+fn warm_and_forked_trials_give_the_cold_answer_and_peaks() {
+    let (cold, cold_s) = probe("off");
+    let (ahead, ahead_s) = probe("ahead");
+    let (forked, forked_s) = probe("on");
+    let n = |p: &serde_json::Value| p["trials"].as_array().unwrap().len();
+    eprintln!(
+        "cold: {} trials in {cold_s:.1} s; started ahead: {} in {ahead_s:.1} s; forked: {} in \
+         {forked_s:.1} s",
+        n(&cold),
+        n(&ahead),
+        n(&forked)
     );
+    assert!(flags(&cold).iter().all(|&(_, w, _)| !w));
+    let a = flags(&ahead);
+    assert!(!a[0].1, "the first trial is cold");
+    assert!(
+        a[1..]
+            .iter()
+            .all(|&(explore, warm, forked)| explore == warm && !forked),
+        "{a:?}"
+    );
+    assert!(a[1..].iter().any(|&(_, warm, _)| warm), "{a:?}");
+    let f = flags(&forked);
+    assert!(!f[0].1, "the first trial is cold");
+    assert!(
+        f[1..].iter().all(|&(_, warm, forked)| warm && forked),
+        "{f:?}"
+    );
+    assert!(f.iter().any(|&(explore, ..)| !explore), "{f:?}");
+    agrees_with_cold(&cold, &ahead, "started ahead");
+    agrees_with_cold(&cold, &forked, "forked");
 }
 
 /// A warm trial's DataLoader is watched as a cold one's: the watcher is in the warm process before

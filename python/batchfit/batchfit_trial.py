@@ -45,8 +45,9 @@ plan is not used once one of them changed), ``"python_environment": {"site_dirs"
 "mtime_ns"}, ...]}`` (the installed packages: a cached plan is not used once one was edited, upgraded,
 installed or removed; null when it cannot be found), ``"samples": N`` (the largest micro-batch counted with ``step(samples=len(x))``) only when counted, and
 ``"extra": {...}`` only when ``report(**extra)`` was given extra keywords, and ``"modules": [...]`` (the
-top-level installed packages the job imported, e.g. ``["numpy", "torch"]``: what batchfit's warm trial
-processes import ahead of the next trial). A block or script that ends with an exception writes no
+installed modules the job imported, packages and their submodules in import order, e.g. ``["numpy",
+"torch", "torch.nn", "torch._dynamo"]``: what batchfit's warm trial processes import ahead of the next
+trial, the ones a job imports lazily in its first step included). A block or script that ends with an exception writes no
 report (the exit status says what happened).
 
 Inside ``Trial`` and the framework callbacks the report is written the moment the last optimizer step
@@ -368,18 +369,20 @@ def _python_environment():
 
 
 #: At most this many names in a report's ``modules``.
-MODULES_MAX = 100
+MODULES_MAX = 20000
 
 
 def _third_party_modules():
-    """The top-level installed packages the job imported (site-packages/dist-packages: torch, numpy,
-    lightning, ...), in import order, at most MODULES_MAX: what a warm trial process imports before the
-    next trial is handed to it. Never raises."""
+    """The installed modules the job imported (from site-packages/dist-packages: torch, torch.nn,
+    torch._dynamo, numpy, lightning, ...), packages and submodules in import order, at most
+    MODULES_MAX: what a warm trial process imports before the next trial is handed to it (a module
+    the job imports lazily, such as the optimizer's first step importing ``torch._dynamo``, costs a
+    second in every trial otherwise). Never raises."""
     out = []
     try:
         here = os.path.abspath(__file__)
         for name, module in list(sys.modules.items()):
-            if "." in name or name.startswith("_") or name in ("batchfit", "batchfit_trial", "__main__"):
+            if name.startswith("_") or name.split(".")[0] in ("batchfit", "batchfit_trial", "__main__"):
                 continue
             f = getattr(module, "__file__", None)
             if not isinstance(f, str) or os.path.abspath(f) == here:

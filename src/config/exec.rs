@@ -21,6 +21,9 @@ pub struct ExecConfig {
     pub cpu_limit: CpuLimitArg,
     /// Trials after the first may run in warm processes (`--warm`; a Python launch).
     pub warm: bool,
+    /// Warm trials may fork from a fork server where the limit is `RLIMIT_DATA` (`--warm auto` or
+    /// `on`; not `ahead`).
+    pub fork: bool,
     /// The trials' torch DataLoaders are watched (`--observe`).
     pub observe: bool,
 }
@@ -262,10 +265,11 @@ pub(super) fn exec(
     }
     warnings.extend(placeholder_typos(&a.command));
     let python = crate::workload::exec::warm::python_launch(&a.command).is_some();
-    if a.warm == WarmArg::On && !python {
+    if matches!(a.warm, WarmArg::On | WarmArg::Ahead) && !python {
         return err(format!(
-            "--warm on needs a Python interpreter running a script or a module (python train.py \
+            "--warm {} needs a Python interpreter running a script or a module (python train.py \
              …, python -m pkg …); {} is not one: use --warm auto or off",
+            if a.warm == WarmArg::On { "on" } else { "ahead" },
             a.command[0]
         ));
     }
@@ -304,6 +308,7 @@ pub(super) fn exec(
         threads,
         cpu_limit: a.cpu_limit,
         warm: python && a.warm != WarmArg::Off,
+        fork: python && matches!(a.warm, WarmArg::Auto | WarmArg::On),
         observe: a.observe == ObserveArg::On,
     };
     Ok(Some((exec, warnings)))

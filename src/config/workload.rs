@@ -129,6 +129,12 @@ impl WorkloadSpec {
         Some((m.parameter_count(), per))
     }
 
+    /// Whether warm trials may fork from a fork server (a Python command's, `--warm auto` or `on`;
+    /// the device forks only under `RLIMIT_DATA`).
+    pub fn forks_warm_trials(&self) -> bool {
+        matches!(self, WorkloadSpec::Exec(e) if e.fork)
+    }
+
     /// How the trials are limited on the cpu: a command as `--cpu-limit` asks (a memory cgroup
     /// around its tree, or `RLIMIT_DATA` on each process); the torch runner's one trial process is
     /// always under `RLIMIT_DATA`.

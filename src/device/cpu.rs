@@ -47,6 +47,11 @@ pub struct CpuBackend {
     n: u32,
     /// The next trial's warm process, when the workload has one ([`Workload::warm_command`]).
     warm: Option<Warm>,
+    /// The fork server of forked trials, under `RLIMIT_DATA` ([`process::ForkServer`]), and the
+    /// limit it was started under.
+    server: Option<(process::ForkServer, u64)>,
+    /// Whether warm trials may fork from a server where the limit allows it (`--warm` auto or on).
+    forking: bool,
 }
 
 /// A warm process started ahead of its trial, in the memory cgroup its trial will have (or under
@@ -97,7 +102,15 @@ impl CpuBackend {
             details: None,
             n: 0,
             warm: None,
+            server: None,
+            forking: true,
         })
+    }
+
+    /// Warm trials only in processes started ahead, never forked (`--warm ahead`).
+    pub fn without_fork_server(mut self) -> Self {
+        self.forking = false;
+        self
     }
 
     /// Trials in memory cgroups under `parent` instead of under `RLIMIT_DATA`.
@@ -159,16 +172,17 @@ impl CpuBackend {
                 ))
             }),
             own_child: !tree,
+            lender: None,
         }
     }
 
     /// Starts the next trial's warm process, when the workload has one and none is waiting. One that
     /// cannot be started is no error: the trial runs cold.
     fn prestart(&mut self) {
-        if self.warm.is_some() {
+        if self.serve() || self.warm.is_some() {
             return;
         }
-        let Some(cmd) = self.workload.warm_command() else {
+        let Some(cmd) = self.workload.warm_command(false) else {
             return;
         };
         // numbered across the devices of `--parallel`, as trials are
@@ -191,6 +205,55 @@ impl CpuBackend {
                 group,
                 limit: self.limit,
             });
+        }
+    }
+
+    /// Starts the fork server, when the workload has one, the limit is `RLIMIT_DATA` and none
+    /// runs: whether one runs now. One that cannot be started is no error: trials run otherwise.
+    fn serve(&mut self) -> bool {
+        if self.server.is_some() {
+            return true;
+        }
+        let may = self.forking && self.cgroup.is_none() && crate::platform::reaper::adopting();
+        let Some(cmd) = self.workload.warm_command(true).filter(|_| may) else {
+            return false;
+        };
+        let opts = process::Options {
+            data_limit: Some(self.limit),
+            tree: true,
+            ..Default::default()
+        };
+        if let Ok(server) = process::ForkServer::start(cmd, &opts) {
+            self.server = Some((server, self.limit));
+        }
+        self.server.is_some()
+    }
+
+    /// Runs `req` in a process forked from the fork server: `None` when there is none at this
+    /// limit, or it did not run the command (then nothing of it is evidence, and the server goes).
+    fn run_forked(&mut self, req: &TrialRequest) -> Option<(Result<Ran, BackendError>, Trial)> {
+        let (mut server, limit) = self.server.take().filter(|s| s.1 == self.limit)?;
+        let (cmd, mut trial) = self.workload.command(req, &Placement::Cpu);
+        let ran = match self.workload.warm_handoff(&mut trial, &cmd) {
+            Some(line) => {
+                let workload = Arc::clone(&self.workload);
+                let watched = trial.clone();
+                let evidence = move || workload.evidence_in(&watched);
+                let opts = self.options(req, None, &evidence);
+                server.run(&line, &opts, self.timeout, &mut |_| {})
+            }
+            None => Ok(None),
+        };
+        match ran {
+            Err(e) => Some((Err(e), trial)),
+            Ok(Some(ran)) if self.workload.warm_took(&trial) => {
+                self.server = Some((server, limit));
+                Some((Ok(ran), trial))
+            }
+            Ok(_) => {
+                self.workload.trial_ended(&trial);
+                None
+            }
         }
     }
 
@@ -225,19 +288,26 @@ impl CpuBackend {
 
     fn run_fresh(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
         self.n = self.trials.fetch_add(1, Ordering::SeqCst) + 1;
-        // Only exploration runs warm: a trial that proves (a bound, the answer's confirmation and
-        // its fresh repeats) runs as the job will, started cold. Measured: an Accelerate job with
-        // DataLoader workers peaked within 1.2 MiB over three warm runs of its answer, and cold
-        // runs of it ran out of memory 6 times in 10, peaking up to 80 MiB higher.
-        let warmed = if req.fresh { None } else { self.run_warm(&req) };
-        let ((ran, trial), warm) = match warmed {
-            Some(ran) => (ran, true),
-            None => (self.run_cold(&req), false),
+        // A forked trial proves as a cold one (its whole data segment counts under `RLIMIT_DATA`).
+        // A warm process started ahead only explores: a trial that proves (a bound, the answer's
+        // confirmation and its fresh repeats) runs as the job will, started cold. Measured: an
+        // Accelerate job with DataLoader workers under a memory cgroup peaked within 1.2 MiB over
+        // three warm runs of its answer, and cold runs of it ran out of memory 6 times in 10,
+        // peaking up to 80 MiB higher.
+        let forked = self.run_forked(&req);
+        let started = match forked {
+            Some(ran) => Some((ran, true)),
+            None if req.fresh => None,
+            None => self.run_warm(&req).map(|ran| (ran, false)),
+        };
+        let ((ran, trial), warm, forked) = match started {
+            Some((ran, forked)) => (ran, true, forked),
+            None => (self.run_cold(&req), false, false),
         };
         let out = match ran {
             Ok(Ran::Finished(f)) => {
                 let (o, d) = self.workload.outcome(&trial, &f);
-                self.details = d.map(|d| TrialDetails { warm, ..d });
+                self.details = d.map(|d| TrialDetails { warm, forked, ..d });
                 Ok(o)
             }
             Ok(Ran::TimedOut { seconds }) => Ok(TrialOutcome::Timeout { seconds }),
@@ -305,6 +375,7 @@ impl Backend for CpuBackend {
         self.limit = limit_bytes;
         self.worker = None;
         self.warm = None;
+        self.server = None;
     }
     fn isolation(&self, req: &TrialRequest) -> Isolation {
         if self.mode == IsolationMode::Hybrid && !req.fresh {

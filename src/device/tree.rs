@@ -120,6 +120,9 @@ pub struct Tree {
     /// Orphans adopted while this trial followed them that cannot be told to be its own or
     /// another's (`pid N (name)`): several trials ran at once with no memory cgroup.
     pub unattributed: Vec<String>,
+    /// The fork server the root was forked from ([`Tree::forked_from`]), and its part of the pages
+    /// it shares with the tree at the last round.
+    lender: Option<(u32, u64)>,
     /// The same orphans with their start times: ended with the trial (another trial that could be
     /// theirs is no fit either).
     disputed: Known,
@@ -325,6 +328,19 @@ fn proportional(pid: u32) -> Option<(u64, u64)> {
     ))
 }
 
+/// A fork server's part of the pages it shares with its forked trial: its `Pss_Anon + Pss_Shmem`
+/// less its `Private_Dirty` (pages only it maps, the originals of those a trial copied on write).
+fn lent(server: u32) -> Option<u64> {
+    let t = std::fs::read_to_string(format!("/proc/{server}/smaps_rollup")).ok()?;
+    let get = |k: &str| {
+        t.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    Some((get("Pss_Anon:") + get("Pss_Shmem:")).saturating_sub(get("Private_Dirty:")))
+}
+
 /// A process's share of the tree's figure now, from its last `smaps_rollup` reading and its
 /// `RssAnon + RssShmem` now (`rss`): the reading raised by the growth since, at most `rss`; without
 /// a reading, `rss`.
@@ -360,6 +376,7 @@ impl Tree {
             detached: Default::default(),
             unattributed: vec![],
             disputed: Known::new(),
+            lender: None,
         }
     }
 
@@ -558,6 +575,16 @@ impl Tree {
             > 1
     }
 
+    /// A tree whose root was forked from `server` (a fork server, [`crate::device::process`]): the
+    /// pages the server shares with the tree count whole in the tree's figure, as a cold run owns
+    /// the same pages alone. Each round reads the server's part of them: its `Pss_Anon +
+    /// Pss_Shmem` less its own `Private_Dirty` (the pages a trial copied on write stay the server's
+    /// alone and are not counted).
+    pub fn forked_from(mut self, server: u32) -> Tree {
+        self.lender = Some((server, 0));
+        self
+    }
+
     /// A process that joins or leaves the tree changes how its pages are shared (a fork shares
     /// the parent's, an exit leaves its share to the others): every reading is then out of date.
     /// Otherwise the readings are renewed on a schedule that keeps their cost a share of the time,
@@ -587,6 +614,9 @@ impl Tree {
             }
         }
         live.retain(|(p, ..)| !ended.contains(p));
+        if let Some((server, part)) = self.lender.as_mut() {
+            *part = lent(*server).unwrap_or(0);
+        }
         let cost = now.elapsed();
         self.next_round = Some(now + cost.div_f64(PSS_COST_SHARE));
         self.next_shared_round = Some(now + cost.div_f64(SHARED_GROWTH_COST_SHARE));
@@ -624,7 +654,7 @@ impl Tree {
                 escaped += share;
             }
         }
-        pss += shared.0;
+        pss += shared.0 + self.lender.map_or(0, |(_, part)| part);
         if shared.1.is_some_and(outside) {
             escaped += shared.0;
         }

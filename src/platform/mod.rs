@@ -3,6 +3,7 @@
 //! * [`units`]: byte sizes as users write them (`1.5GiB`) and as batchfit prints them;
 //! * [`sysmem`]: `/proc` and cgroup memory facts, `RLIMIT_DATA`, the malloc set-up of trials;
 //! * [`interrupt`]: SIGINT/SIGTERM recorded for the search loop and the trial runner;
+//! * [`fdpass`]: messages with open file descriptors (a fork server's trial output);
 //! * [`files`]: the one writer of result files (atomic, regular files only, modes kept);
 //! * [`lock`]: one writer per `--logs` directory and `--out` plan (a lock file held until exit);
 //! * [`scratch`]: temporary directories that a killed process's successor removes;
@@ -10,6 +11,7 @@
 //! * [`procfs`]: a process's children and `stat` fields;
 //! * [`shm`]: the shared memory a trial's killed processes left in `/dev/shm`.
 
+pub mod fdpass;
 pub mod files;
 pub mod interrupt;
 pub mod lock;

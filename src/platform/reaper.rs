@@ -95,6 +95,12 @@ pub fn adopt_orphans() {
     }
 }
 
+/// Whether this process adopts its descendants' orphans ([`adopt_orphans`] took effect): only then
+/// does a process that a descendant forked and orphaned become this process's own child.
+pub fn adopting() -> bool {
+    ADOPTING.load(Ordering::SeqCst)
+}
+
 /// Starts a child with `spawn` and records it as one this process started itself (a trial's
 /// root, a warm process). The record is held while the child is forked, so that [`adopted`], which
 /// takes it too, never sees a child between its fork and its record.

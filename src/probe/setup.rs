@@ -346,6 +346,9 @@ pub fn resolve(cfg: &ProbeConfig, notices: &mut Vec<String>) -> Result<Devices, 
 pub fn cpu_backend(cfg: &ProbeConfig, notices: &mut Vec<String>) -> Result<CpuBackend, ProbeError> {
     let mut b = CpuBackend::new(workload(cfg)?, cfg.trial_timeout, cfg.isolation)
         .map_err(|e| ProbeError::Environment(e.to_string()))?;
+    if !cfg.workload.forks_warm_trials() {
+        b = b.without_fork_server();
+    }
     match (cfg.workload.cpu_limit(), cgroup::parent()) {
         (CpuLimitArg::Rlimit, _) => {}
         (_, Ok(parent)) => b = b.with_cgroup(parent),

@@ -551,6 +551,11 @@ pub struct TrialDetails {
     /// handed this trial's arguments and environment (`--warm`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub warm: bool,
+    /// The warm process was forked from a fork server that had imported the job's packages, under
+    /// `RLIMIT_DATA` (its data segment, inherited whole, counted as a cold run's): such a trial
+    /// proves as a cold one does.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forked: bool,
     /// The largest batch the job's torch DataLoaders yielded (the first dimension of its first
     /// tensor), over all its processes, as the DataLoader watcher saw it (`--observe on`); absent
     /// when no DataLoader was seen or no batch's size could be read.
@@ -620,13 +625,14 @@ pub trait Workload: Send + Sync {
         false
     }
     /// The command of a warm process (`--warm`): started ahead of the next trial under the trial's
-    /// limit, it prepares (imports) and then waits for [`Workload::warm_handoff`]. `None` when the
-    /// workload has none (yet).
-    fn warm_command(&self) -> Option<std::process::Command> {
+    /// limit, it prepares (imports) and then waits for [`Workload::warm_handoff`]; when `serve`, a
+    /// fork server that prepares once and forks a process per hand-off. `None` when the workload
+    /// has none (yet).
+    fn warm_command(&self, _serve: bool) -> Option<std::process::Command> {
         None
     }
-    /// What a warm process is handed (one line on its stdin) to run `trial` as `command` would run
-    /// it fresh (its [`Workload::command`]); `None` when it cannot be.
+    /// What a warm process or a fork server is handed to run `trial` as `command` would run it
+    /// fresh (its [`Workload::command`]); `None` when it cannot be.
     fn warm_handoff(
         &self,
         _trial: &mut Trial,

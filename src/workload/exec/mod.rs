@@ -614,7 +614,7 @@ impl Workload for ExecWorkload {
         }
     }
 
-    fn warm_command(&self) -> Option<Command> {
+    fn warm_command(&self, serve: bool) -> Option<Command> {
         let launch = self.warm.as_ref()?;
         let modules = self
             .modules
@@ -628,7 +628,7 @@ impl Workload for ExecWorkload {
         for k in ["TMPDIR", "TEMP", "TMP"] {
             env.push((k.into(), temp.display().to_string()));
         }
-        let mut cmd = warm::command(launch, &modules, &env);
+        let mut cmd = warm::command(launch, &modules, &env, serve);
         // the watcher must be in place before the warm process imports torch; the hand-off then
         // gives it the trial's own folder of observations
         for (k, v) in self.observe_env(self.observing.then_some(temp.as_path())) {
@@ -885,6 +885,7 @@ fn details(f: &Finished, observed: Option<&observe::Observed>) -> TrialDetails {
         rank_reports: vec![],
         ended_after_report: f.ended_after_report,
         warm: false,
+        forked: false,
         dataloader_batch: observe::largest(observed),
     }
 }

@@ -11,7 +11,7 @@
 
 use std::process::Command;
 
-/// The warm process's program (`python -c BOOTSTRAP MODULES_JSON`).
+/// The warm process's program (`python -c BOOTSTRAP MODULES_JSON once|serve`).
 pub const BOOTSTRAP: &str = include_str!("warm_bootstrap.py");
 
 /// What a Python command runs.
@@ -77,13 +77,20 @@ pub fn python_launch(argv: &[String]) -> Option<Launch> {
 }
 
 /// The warm process of `launch` importing `modules`, in the environment `base` of every trial (what
-/// does not change between trials: `--threads`, a sweep's point, a temporary directory).
-pub fn command(launch: &Launch, modules: &[String], base: &[(String, String)]) -> Command {
+/// does not change between trials: `--threads`, a sweep's point, a temporary directory); a fork
+/// server when `serve` ([`crate::device::process::ForkServer`]).
+pub fn command(
+    launch: &Launch,
+    modules: &[String],
+    base: &[(String, String)],
+    serve: bool,
+) -> Command {
     let mut cmd = Command::new(&launch.interpreter[0]);
     cmd.args(&launch.interpreter[1..])
         .arg("-c")
         .arg(BOOTSTRAP)
-        .arg(serde_json::to_string(modules).expect("names serialise"));
+        .arg(serde_json::to_string(modules).expect("names serialise"))
+        .arg(if serve { "serve" } else { "once" });
     for (k, v) in base {
         cmd.env(k, v);
     }

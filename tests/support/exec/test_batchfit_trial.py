@@ -322,19 +322,23 @@ class TrialBlock(HelperCase):
         bt.step()
         self.assertFalse(os.path.exists(self.result))
 
-    def test_the_report_names_the_installed_packages_imported(self):
+    def test_the_report_names_the_installed_modules_imported_submodules_included_in_import_order(self):
         self.trial_env()
+        site = os.path.join(self.tmp.name, "site-packages", "fakepkg")
         fake = types.ModuleType("fakepkg")
-        fake.__file__ = os.path.join(self.tmp.name, "site-packages", "fakepkg", "__init__.py")
+        fake.__file__ = os.path.join(site, "__init__.py")
         sub = types.ModuleType("fakepkg.sub")
-        sub.__file__ = os.path.join(self.tmp.name, "site-packages", "fakepkg", "sub.py")
+        sub.__file__ = os.path.join(site, "sub.py")
+        lazy = types.ModuleType("fakepkg._lazy")  # imported late, as an optimizer's first step does
+        lazy.__file__ = os.path.join(site, "_lazy.py")
         own = types.ModuleType("ownmod")
         own.__file__ = os.path.join(self.tmp.name, "ownmod.py")
         with mock.patch.dict(sys.modules, {"fakepkg": fake, "fakepkg.sub": sub, "ownmod": own}):
+            sys.modules["fakepkg._lazy"] = lazy
             bt.report(batch=4, steps=1)
         modules = self.read()["modules"]
-        self.assertIn("fakepkg", modules)
-        self.assertNotIn("fakepkg.sub", modules)
+        self.assertEqual([m for m in modules if m.startswith("fakepkg")],
+                         ["fakepkg", "fakepkg.sub", "fakepkg._lazy"])
         self.assertNotIn("ownmod", modules)
         self.assertNotIn("json", modules)  # the standard library is not installed packages
 

@@ -7,6 +7,10 @@
 //! Two shapes: [`run`] (a fresh process per trial, the proof) and [`Worker`] (one long-lived process
 //! for exploration trials, `--isolation hybrid`). Shared by the cpu and cuda devices.
 
+mod fork;
+
+pub use fork::ForkServer;
+
 use super::tree::TrialIds;
 use super::BackendError;
 use crate::platform::interrupt;
@@ -430,7 +434,7 @@ fn open_log(path: &std::path::Path) -> Result<std::fs::File, BackendError> {
 }
 
 /// How a trial process is started and watched.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Options<'a> {
     /// `RLIMIT_DATA` of the process (inherited by every process it starts).
     pub data_limit: Option<u64>,
@@ -445,6 +449,9 @@ pub struct Options<'a> {
     /// Whether the trial's evidence is in: its processes are then ended after [`EVIDENCE_GRACE`]
     /// instead of waiting for the job's teardown.
     pub evidence: Option<EvidenceCheck<'a>>,
+    /// The fork server the trial's root was forked from: the pages they share are the trial's
+    /// ([`super::tree::Tree::forked_from`]).
+    pub lender: Option<u32>,
 }
 
 /// Spawns `cmd` in its own session (and process group), stdin as given, without core dumps, under
@@ -685,10 +692,42 @@ fn spawn_marked(
 /// after its output began.
 type LogSlot = Arc<Mutex<Option<std::fs::File>>>;
 
+/// A trial's root process: one batchfit spawned, or one a fork server forked that the kernel then
+/// gave to batchfit as its subreaper ([`fork`]).
+enum Root {
+    Spawned(Child),
+    Adopted(u32),
+}
+
+impl Root {
+    fn id(&self) -> u32 {
+        match self {
+            Root::Spawned(c) => c.id(),
+            Root::Adopted(pid) => *pid,
+        }
+    }
+
+    fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        match self {
+            Root::Spawned(c) => c.wait(),
+            Root::Adopted(pid) => reap(*pid, true)?
+                .map(|(s, _)| s)
+                .ok_or_else(|| std::io::Error::other("no exit status")),
+        }
+    }
+
+    fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        match self {
+            Root::Spawned(c) => c.try_wait(),
+            Root::Adopted(pid) => Ok(reap(*pid, false)?.map(|(s, _)| s)),
+        }
+    }
+}
+
 /// A started trial process: its root, its ids (registered: ended on every way out), its output
 /// being read.
 struct Spawned {
-    child: Child,
+    child: Root,
     trial: TrialIds,
     registered: Registered,
     out: Reader,
@@ -707,7 +746,7 @@ fn spawn_trial(
     let out = read_all(child.stdout.take().expect("piped"), 1 << 20, logs.0);
     let err = read_all(child.stderr.take().expect("piped"), 64 << 10, logs.1);
     Ok(Spawned {
-        child,
+        child: Root::Spawned(child),
         trial,
         registered,
         out,
@@ -768,7 +807,10 @@ impl Drop for Prestarted {
 pub fn prestart(cmd: Command, opts: &Options) -> Result<Prestarted, BackendError> {
     let logs: (LogSlot, LogSlot) = Default::default();
     let mut spawned = spawn_trial(cmd, opts, Stdio::piped(), logs.clone())?;
-    let stdin = spawned.child.stdin.take();
+    let stdin = match &mut spawned.child {
+        Root::Spawned(c) => c.stdin.take(),
+        Root::Adopted(_) => None,
+    };
     Ok(Prestarted {
         spawned: Some(spawned),
         stdin,
@@ -879,7 +921,11 @@ impl<'a> Watched<'a> {
     fn start(pid: u32, trial: TrialIds, opts: &'a Options<'a>) -> Self {
         let tree = opts
             .tree
-            .then(|| super::tree::Tree::new(pid).follow_marker(trial.clone()));
+            .then(|| super::tree::Tree::new(pid).follow_marker(trial.clone()))
+            .map(|t| match opts.lender {
+                Some(server) => t.forked_from(server),
+                None => t,
+            });
         let mut w = Watched {
             opts,
             trial,
@@ -906,7 +952,7 @@ impl<'a> Watched<'a> {
     /// passed (the samples ran until then: the peak covers the whole run up to the kill).
     fn wait_for_exit(
         &mut self,
-        child: &mut Child,
+        child: &mut Root,
         timeout: Duration,
         sample: &mut dyn FnMut(&[u32]),
     ) -> Result<Waited, BackendError> {

@@ -1,0 +1,144 @@
+//! Forked trials: one fork server per device imports the job's packages once (`--warm`, Python
+//! commands, under `RLIMIT_DATA` only), and each trial is a process forked from it, handed the trial's
+//! argv and environment and its own stdout and stderr ([`crate::platform::fdpass`]).
+//!
+//! Why this measures what a cold run would: `RLIMIT_DATA` acts on each process's data segment, and a
+//! fork copies the server's whole segment into the child (every inherited page counts in the child's
+//! `VmData`, shared or not), so the trial is held to the same bytes as a fresh interpreter that
+//! imported the same packages. Under a memory cgroup the pages the server faulted stay charged to the
+//! server, so a forked trial would be measured short: no fork server there (warm processes started
+//! ahead instead, each its own cgroup). Nothing in the server initializes CUDA, and a server whose
+//! imports started a thread does not serve (a fork keeps only the forking thread).
+//!
+//! The trial is batchfit's own child: the server's child starts a session, forks the trial and
+//! exits, and the kernel gives the orphan to batchfit, the subreaper ([`crate::platform::reaper`]);
+//! the trial says its pid once that happened. It is then watched, measured and ended like any trial
+//! ([`super::watch`]), and waited for by batchfit, which gets its exit status.
+
+use super::{
+    end_trial, kill_group, open_logs, read_all, spawn_trial, ticks_now, watch, BackendError,
+    Options, Ran, Registered, Root, Spawned, TrialIds,
+};
+use crate::platform::{fdpass, reaper};
+use std::os::fd::{AsFd, OwnedFd};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How long the server may take to fork a trial and say its pid before it is given up.
+const FORK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A fork server started under the limits of its trials (`RLIMIT_DATA`), its packages imported or
+/// importing; ended when dropped.
+pub struct ForkServer {
+    spawned: Option<Spawned>,
+    control: OwnedFd,
+}
+
+impl Drop for ForkServer {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+impl ForkServer {
+    /// Starts `cmd` (the warm bootstrap in its serving mode) under the limits of `opts`, with one
+    /// end of a message socket as its stdin.
+    pub fn start(cmd: Command, opts: &Options) -> Result<ForkServer, BackendError> {
+        let (control, theirs) = fdpass::seqpacket_pair()
+            .map_err(|e| BackendError::Environment(format!("cannot make a socket pair: {e}")))?;
+        let spawned = spawn_trial(cmd, opts, Stdio::from(theirs), Default::default())?;
+        Ok(ForkServer {
+            spawned: Some(spawned),
+            control,
+        })
+    }
+
+    fn end(&mut self) {
+        if let Some(mut s) = self.spawned.take() {
+            end_trial(&s.trial, None, None);
+            kill_group(s.child.id());
+            let _ = s.child.wait();
+        }
+    }
+
+    fn alive(&mut self) -> bool {
+        self.spawned
+            .as_mut()
+            .is_some_and(|s| matches!(s.child.try_wait(), Ok(None)))
+    }
+
+    /// The trial forked for `handoff`, watched as [`super::run`] watches a fresh trial. `None` when
+    /// the server is gone or did not fork it (then nothing ran: the trial is to run otherwise, and
+    /// this server is of no further use).
+    pub fn run(
+        &mut self,
+        handoff: &[u8],
+        opts: &Options,
+        timeout: Duration,
+        sample: &mut dyn FnMut(&[u32]),
+    ) -> Result<Option<Ran>, BackendError> {
+        if !self.alive() {
+            return Ok(None);
+        }
+        let (out_log, err_log) = open_logs(opts)?;
+        let pipe = |what| {
+            fdpass::pipe().map_err(|e| {
+                BackendError::Environment(format!("cannot make a pipe for {what}: {e}"))
+            })
+        };
+        let ((out, out_w), (err, err_w)) = (pipe("stdout")?, pipe("stderr")?);
+        let server = self.spawned.as_ref().expect("alive");
+        // The server carries the marker its trials inherit (a fork keeps the environment a process
+        // started with): the trial's processes are those started after it, not with it.
+        let started = super::super::tree::stat_ids(server.child.id()).map_or(0, |(_, _, s)| s);
+        let since = ticks_now().max(started.max(server.trial.since) + 2);
+        let forked = TrialIds {
+            root: server.child.id(),
+            since,
+            marker: server.trial.marker.clone(),
+        };
+        let control = self.control.as_fd();
+        // the record of batchfit's own children is held until the trial is in it: no scan for
+        // orphans takes the trial for one in between
+        let pid = reaper::start_child(
+            move || {
+                fdpass::send(control, handoff, &[out_w.as_fd(), err_w.as_fd()])?;
+                drop((out_w, err_w));
+                let said = fdpass::recv(control, FORK_TIMEOUT)?
+                    .ok_or_else(|| std::io::Error::other("the fork server forked no trial"))?;
+                std::str::from_utf8(&said)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u32>().ok())
+                    .ok_or_else(|| std::io::Error::other("the fork server said no pid"))
+            },
+            |pid| *pid,
+        );
+        let pid = match pid {
+            Ok(pid) if crate::platform::procfs::children(std::process::id()).contains(&pid) => pid,
+            _ => {
+                // whatever it forked goes (processes of the server's session and marker started
+                // since), and so does the server
+                end_trial(&forked, None, None);
+                self.end();
+                return Ok(None);
+            }
+        };
+        let trial = TrialIds {
+            root: pid,
+            ..forked
+        };
+        let spawned = Spawned {
+            child: Root::Adopted(pid),
+            registered: Registered::new(trial.clone()),
+            trial,
+            out: read_all(out, 1 << 20, Arc::new(Mutex::new(out_log))),
+            err: read_all(err, 64 << 10, Arc::new(Mutex::new(err_log))),
+        };
+        let opts = Options {
+            lender: Some(forked.root),
+            ..opts.clone()
+        };
+        watch(spawned, &opts, timeout, sample).map(Some)
+    }
+}
