@@ -1401,3 +1401,90 @@ fn the_processes_a_killed_probes_trial_left_are_ended_by_the_next_probe() {
         "left running after the next probe"
     );
 }
+
+/// Whether `pid` is gone or a zombie within 2 s.
+fn ends_within_2_s(pid: u32) -> bool {
+    let t0 = Instant::now();
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if stat.is_empty()
+            || stat
+                .rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        {
+            return true;
+        }
+        if t0.elapsed() > Duration::from_secs(2) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Under `RLIMIT_DATA` a Python job's trials after the first are forked from a fork server, and a
+/// forked trial is not batchfit's spawn (the parent-death signal a spawn gets is cleared by a fork):
+/// a batchfit killed by SIGKILL still takes the forked trial with it, and the fork server too.
+#[test]
+fn a_killed_probe_takes_its_forked_trial_and_its_fork_server_with_it() {
+    let d = tmp();
+    let marker = format!("killed-fork-{}", std::process::id());
+    let out = d.path().join("plan.json");
+    let ran = d.path().join("forked-pid");
+    let script = d.path().join("job.py");
+    std::fs::write(
+        &script,
+        format!(
+            "import os, pathlib, sys, time\n\
+             sys.path.insert(0, {helper:?})\n\
+             import batchfit_trial as bt\n\
+             b = bt.batch_size()\n\
+             if b > 1:\n\
+             \x20   pathlib.Path({ran:?}).write_text(str(os.getpid()))\n\
+             \x20   time.sleep(120)\n\
+             bt.report(batch=b, steps=bt.steps())\n",
+            helper = repo().join("python/batchfit"),
+        ),
+    )
+    .unwrap();
+    let mut a = batchfit_process(&marker)
+        .args(probe_args(&out, "300"))
+        .args(["--cpu-limit", "rlimit", "--warm", "on", "--exec", "--", PY])
+        .arg(&script)
+        .args(["--batch-size", "{batch}"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let pid: u32 = loop {
+        if let Some(p) = std::fs::read_to_string(&ran)
+            .ok()
+            .and_then(|s| s.parse().ok())
+        {
+            break p;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no second trial started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let cmdline = |p: u32| {
+        String::from_utf8_lossy(&std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default())
+            .into_owned()
+    };
+    // forked from the server: the server's command line, batchfit (the subreaper) its parent
+    assert!(cmdline(pid).contains("serve"), "{}", cmdline(pid));
+    let servers: Vec<u32> = processes_with("serve")
+        .into_iter()
+        .filter(|&p| p != pid && environ_has(p, &marker) && cmdline(p).contains("_batchfit_warm"))
+        .collect();
+    assert_eq!(servers.len(), 1, "{servers:?}");
+    a.kill().unwrap();
+    a.wait().unwrap();
+    let trial_ended = ends_within_2_s(pid);
+    let server_ended = ends_within_2_s(servers[0]);
+    let left = survivors("_batchfit_warm", &marker);
+    assert!(trial_ended && server_ended, "left running: {left:?}");
+}

@@ -35,7 +35,12 @@ pub fn pipe() -> io::Result<(std::fs::File, OwnedFd)> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: both descriptors were just created and are owned by nothing else.
-    Ok(unsafe { (std::fs::File::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    Ok(unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            OwnedFd::from_raw_fd(fds[1]),
+        )
+    })
 }
 
 /// Sends `data` as one message on `sock` with `fds` attached (the receiver gets its own copies).
