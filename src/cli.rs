@@ -444,13 +444,12 @@ pub struct ProbeArgs {
         help_heading = "Your own command"
     )]
     pub cpu_limit: CpuLimitArg,
-    /// cpu, --exec: run each trial after the first in a warm process with the job's packages
-    /// imported, then handed the trial: under RLIMIT_DATA forked from one fork server (every trial,
-    /// the proof too: the fork copies the whole data segment the limit counts), under a memory
-    /// cgroup started ahead of its trial in its own cgroup (exploration only). auto: for a Python
-    /// interpreter running a script or -m module; on: the same, an error for another command;
-    /// ahead: processes started ahead only, never forked; off: every trial a cold start. Each
-    /// trial is still one fresh process.
+    /// cpu, --exec: run exploration trials after the first in warm processes with the job's
+    /// packages imported, then handed the trial: under RLIMIT_DATA forked from one fork server,
+    /// under a memory cgroup started ahead of the trial in its own cgroup; every trial that proves
+    /// starts cold. auto: for a Python interpreter running a script or -m module; on: the same, an
+    /// error for another command; ahead: processes started ahead only, never forked; off: every
+    /// trial a cold start.
     #[arg(
         long,
         value_enum,

@@ -1246,3 +1246,120 @@ fn a_command_without_the_batch_placeholder_is_told_before_the_first_trial() {
     let first_trial = err.find("trial   1:").unwrap_or_else(|| panic!("{err}"));
     assert!(said < first_trial, "{err}");
 }
+
+/// A job that imports an installed module `name` (in the `site-packages` folder of `d`, on the
+/// probe's `PYTHONPATH`: its report names it, and the fork server imports it) after running
+/// `before` (Python), then runs hog.py under the real `RLIMIT_DATA` (no simulated capacity): a
+/// sample costs 1 MiB. The `batchfit probe --exec` of it, plan to `out`.
+fn probe_hog_after_import(
+    d: &tempfile::TempDir,
+    (name, module, before): (&str, &str, &str),
+    flags: &[&str],
+    out: &std::path::Path,
+) -> assert_cmd::assert::Assert {
+    let site = d.path().join("site-packages");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::write(site.join(format!("{name}.py")), module).unwrap();
+    let job = d.path().join("job.py");
+    std::fs::write(
+        &job,
+        format!(
+            "import runpy, sys\n{before}\nimport {name}\nsys.argv = [{hog:?}] + sys.argv[1:]\n\
+             runpy.run_path({hog:?}, run_name='__main__')\n",
+            hog = fake("hog.py"),
+        ),
+    )
+    .unwrap();
+    let hog = hog(0, &[]);
+    batchfit()
+        .env("PYTHONPATH", &site)
+        .args([
+            "probe",
+            "--backend",
+            "cpu",
+            "--memory-budget",
+            "400MiB",
+            "--quiet",
+        ])
+        .args(["--multiple-of", "8", "--cpu-limit", "rlimit"])
+        .args(flags)
+        .arg("--out")
+        .arg(out)
+        .args(["--exec", "--", &py()])
+        .arg(&job)
+        .args(
+            hog[2..]
+                .iter()
+                .filter(|a| *a != "--capacity-mib" && *a != "0"),
+        )
+        .assert()
+}
+
+/// (purpose is explore, forked) per trial of a plan.
+fn forked_flags(p: &serde_json::Value) -> Vec<(bool, bool)> {
+    p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["purpose"] == "explore", t["details"]["forked"] == true))
+        .collect()
+}
+
+/// A library sized by an environment variable that the script sets before importing it: the fork
+/// server imported it without the script's setting (8 MiB instead of 160), so a forked trial runs a
+/// job lighter than the real one. Forked trials only explore; the answer is proven cold and is the
+/// cold probe's.
+#[test]
+fn a_library_configured_by_the_script_before_its_import_is_proven_cold() {
+    let d = tmp();
+    let module = "import os\nCACHE = bytearray(int(os.environ.get('CACHELIB_MB', '8')) << 20)\n\
+                  for i in range(0, len(CACHE), 4096):\n    CACHE[i] = 1\n";
+    let answer = |warm: &str| {
+        let out = path(&d, &format!("plan-{warm}.json"));
+        let job = (
+            "cachelib",
+            module,
+            "import os; os.environ['CACHELIB_MB'] = '160'",
+        );
+        probe_hog_after_import(&d, job, &["--warm", warm], &out).success();
+        read_json(&out)
+    };
+    let (forked, cold) = (answer("on"), answer("off"));
+    let f = forked_flags(&forked);
+    assert!(f.iter().any(|&(_, forked)| forked), "{f:?}");
+    assert!(
+        f.iter().all(|&(explore, forked)| !forked || explore),
+        "{f:?}"
+    );
+    let a = |p: &serde_json::Value| p["recommendation"]["max_fitting_batch"].as_u64().unwrap();
+    assert!(
+        a(&forked).abs_diff(a(&cold)) <= 8,
+        "forked {} cold {}",
+        a(&forked),
+        a(&cold)
+    );
+}
+
+/// A module whose import starts a thread: a fork would keep only the forking thread, so the fork
+/// server refuses to serve, and the warm trials are processes started ahead instead (never a fork
+/// server started again for every trial).
+#[test]
+fn a_fork_server_whose_imports_start_a_thread_gives_way_to_warm_processes_started_ahead() {
+    let d = tmp();
+    let module = "import threading, time\n\
+                  threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n";
+    let out = path(&d, "plan.json");
+    let flags = ["--warm", "on", "--strategy", "bisect"];
+    probe_hog_after_import(&d, ("threadlib", module, ""), &flags, &out).success();
+    let p = read_json(&out);
+    let f = forked_flags(&p);
+    assert!(f.iter().all(|&(_, forked)| !forked), "{f:?}");
+    assert!(
+        p["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["details"]["warm"] == true),
+        "{p}"
+    );
+}

@@ -52,6 +52,8 @@ pub struct CpuBackend {
     server: Option<(process::ForkServer, u64)>,
     /// Whether warm trials may fork from a server where the limit allows it (`--warm` auto or on).
     forking: bool,
+    /// How long the last cold trial took: how long a trial waits at most for the fork server.
+    cold_start: Duration,
 }
 
 /// A warm process started ahead of its trial, in the memory cgroup its trial will have (or under
@@ -104,6 +106,7 @@ impl CpuBackend {
             warm: None,
             server: None,
             forking: true,
+            cold_start: Duration::ZERO,
         })
     }
 
@@ -230,9 +233,20 @@ impl CpuBackend {
     }
 
     /// Runs `req` in a process forked from the fork server: `None` when there is none at this
-    /// limit, or it did not run the command (then nothing of it is evidence, and the server goes).
+    /// limit, it is still importing, or it did not run the command (then nothing of it is
+    /// evidence). A server that exited before it was ready (its imports started a thread) or did
+    /// not run a trial is not started again: warm processes are then started ahead instead.
     fn run_forked(&mut self, req: &TrialRequest) -> Option<(Result<Ran, BackendError>, Trial)> {
         let (mut server, limit) = self.server.take().filter(|s| s.1 == self.limit)?;
+        // waiting longer than a cold start takes would gain nothing
+        if !server.ready(self.cold_start) {
+            if server.alive() {
+                self.server = Some((server, limit));
+            } else {
+                self.forking = false;
+            }
+            return None;
+        }
         let (cmd, mut trial) = self.workload.command(req, &Placement::Cpu);
         let ran = match self.workload.warm_handoff(&mut trial, &cmd) {
             Some(line) => {
@@ -252,6 +266,7 @@ impl CpuBackend {
             }
             Ok(_) => {
                 self.workload.trial_ended(&trial);
+                self.forking = false;
                 None
             }
         }
@@ -288,21 +303,29 @@ impl CpuBackend {
 
     fn run_fresh(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
         self.n = self.trials.fetch_add(1, Ordering::SeqCst) + 1;
-        // A forked trial proves as a cold one (its whole data segment counts under `RLIMIT_DATA`).
-        // A warm process started ahead only explores: a trial that proves (a bound, the answer's
-        // confirmation and its fresh repeats) runs as the job will, started cold. Measured: an
-        // Accelerate job with DataLoader workers under a memory cgroup peaked within 1.2 MiB over
-        // three warm runs of its answer, and cold runs of it ran out of memory 6 times in 10,
-        // peaking up to 80 MiB higher.
-        let forked = self.run_forked(&req);
-        let started = match forked {
-            Some(ran) => Some((ran, true)),
-            None if req.fresh => None,
-            None => self.run_warm(&req).map(|ran| (ran, false)),
+        // Only exploration runs warm, forked or started ahead: a trial that proves (a bound, the
+        // answer's confirmation and its fresh repeats) runs as the job will, started cold. A warm
+        // process's imports ran outside the job (before its code, in the server's environment and
+        // argv, their transient memory gone before the trial, their random state shared by every
+        // fork). Measured: an Accelerate job with DataLoader workers under a memory cgroup peaked
+        // within 1.2 MiB over three warm runs of its answer, and cold runs of it ran out of memory 6
+        // times in 10, peaking up to 80 MiB higher; a library sized by an environment variable the
+        // script sets before importing it held 8 MiB in forked trials and 160 MiB cold.
+        let started = if req.fresh {
+            None
+        } else if let Some(ran) = self.run_forked(&req) {
+            Some((ran, true))
+        } else {
+            self.run_warm(&req).map(|ran| (ran, false))
         };
         let ((ran, trial), warm, forked) = match started {
             Some((ran, forked)) => (ran, true, forked),
-            None => (self.run_cold(&req), false, false),
+            None => {
+                let t0 = std::time::Instant::now();
+                let ran = self.run_cold(&req);
+                self.cold_start = t0.elapsed();
+                (ran, false, false)
+            }
         };
         let out = match ran {
             Ok(Ran::Finished(f)) => {

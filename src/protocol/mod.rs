@@ -552,8 +552,8 @@ pub struct TrialDetails {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub warm: bool,
     /// The warm process was forked from a fork server that had imported the job's packages, under
-    /// `RLIMIT_DATA` (its data segment, inherited whole, counted as a cold run's): such a trial
-    /// proves as a cold one does.
+    /// `RLIMIT_DATA` (its data segment, inherited whole, counted in the trial's): exploration only,
+    /// as every warm trial.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub forked: bool,
     /// The largest batch the job's torch DataLoaders yielded (the first dimension of its first

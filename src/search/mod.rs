@@ -239,13 +239,13 @@ impl TrialRecord {
         self.outcome.peak_bytes().into_iter().chain(tree).max()
     }
 
-    /// Whether the trial ran as the job will: in a process of its own whose every byte counts, cold
-    /// or forked from a fork server under `RLIMIT_DATA` (the server's data segment, inherited
-    /// whole, counts in the trial's) — not in batchfit's worker, whose leftovers can add or hide
-    /// memory, nor in a warm process started ahead, whose imports ran before the limit saw a cold
-    /// start's peak. Only such trials confirm a size or bound one.
+    /// Whether the trial ran as the job will: in a process started for it alone, cold (not in
+    /// batchfit's worker, whose leftovers can add or hide memory, nor in a warm process, started
+    /// ahead or forked from a fork server, whose imports ran before and outside the job: in the
+    /// server's environment and argv, their transient memory before the trial, their random state
+    /// shared by every fork). Only such trials confirm a size or bound one.
     pub fn cold(&self) -> bool {
-        self.isolation != Isolation::Worker && (!self.warm() || self.forked())
+        self.isolation != Isolation::Worker && !self.warm()
     }
 
     /// Whether the trial is a fresh fit of `accumulation` (exactly) with at least `steps` steps: it
@@ -257,14 +257,10 @@ impl TrialRecord {
             && self.accumulation == accumulation.max(1)
     }
 
-    /// Whether the trial ran in a warm process (`--warm`): started ahead, or forked.
+    /// Whether the trial ran in a warm process (`--warm`: started ahead, or forked): exploration
+    /// only.
     pub fn warm(&self) -> bool {
         self.details.as_ref().is_some_and(|d| d.warm)
-    }
-
-    /// Whether the trial's warm process was forked from a fork server (`--warm`, `RLIMIT_DATA`).
-    pub fn forked(&self) -> bool {
-        self.details.as_ref().is_some_and(|d| d.forked)
     }
 }
 

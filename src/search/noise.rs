@@ -172,9 +172,8 @@ fn fresh_bound(t: &TrialRecord) -> bool {
 }
 
 /// The contradictions among `trials`, by failing size: a fit at or above a fresh failure, with at
-/// least its steps and accumulation (memory only grows with either). The fit of a warm process
-/// started ahead is none: it differs from a cold one by what it imported ahead, not by the job's
-/// noise (a forked trial's fit is one: it is held to a cold run's bytes).
+/// least its steps and accumulation (memory only grows with either). A warm process's fit is none:
+/// a warm start differs from a cold one by what it imported ahead, not by the job's noise.
 pub fn contradictions(trials: &[TrialRecord]) -> Vec<Contradiction> {
     let mut out: Vec<Contradiction> = vec![];
     for o in trials.iter().filter(|t| fresh_bound(t)) {
@@ -182,7 +181,7 @@ pub fn contradictions(trials: &[TrialRecord]) -> Vec<Contradiction> {
             .iter()
             .filter(|f| {
                 f.outcome.fits()
-                    && (!f.warm() || f.forked())
+                    && !f.warm()
                     && f.batch >= o.batch
                     && f.steps >= o.steps
                     && f.accumulation >= o.accumulation

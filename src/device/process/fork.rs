@@ -1,19 +1,23 @@
 //! Forked trials: one fork server per device imports the job's packages once (`--warm`, Python
-//! commands, under `RLIMIT_DATA` only), and each trial is a process forked from it, handed the trial's
-//! argv and environment and its own stdout and stderr ([`crate::platform::fdpass`]).
+//! commands, under `RLIMIT_DATA` only), and each exploration trial is a process forked from it,
+//! handed the trial's argv and environment and its own stdout and stderr
+//! ([`crate::platform::fdpass`]).
 //!
-//! Why this measures what a cold run would: `RLIMIT_DATA` acts on each process's data segment, and a
-//! fork copies the server's whole segment into the child (every inherited page counts in the child's
-//! `VmData`, shared or not), so the trial is held to the same bytes as a fresh interpreter that
-//! imported the same packages. Under a memory cgroup the pages the server faulted stay charged to the
-//! server, so a forked trial would be measured short: no fork server there (warm processes started
-//! ahead instead, each its own cgroup). Nothing in the server initializes CUDA, and a server whose
-//! imports started a thread does not serve (a fork keeps only the forking thread).
+//! What it measures: `RLIMIT_DATA` acts on each process's data segment, and a fork copies the
+//! server's whole segment into the child (every inherited page counts in the child's `VmData`,
+//! shared or not), so the trial is held to the bytes of its imports as a fresh interpreter is. Under
+//! a memory cgroup the pages the server faulted stay charged to the server, so a forked trial would
+//! be measured short: no fork server there (warm processes started ahead instead, each its own
+//! cgroup). What it cannot be: the job's cold start. The imports ran in the server's environment and
+//! argv, before the job's code, and every fork shares the server's random state: forked trials only
+//! explore (the device runs every trial that proves cold). Nothing in the server initializes CUDA,
+//! and a server whose imports started a thread does not serve (a fork keeps only the forking thread).
 //!
-//! The trial is batchfit's own child: the server's child starts a session, forks the trial and
-//! exits, and the kernel gives the orphan to batchfit, the subreaper ([`crate::platform::reaper`]);
-//! the trial says its pid once that happened. It is then watched, measured and ended like any trial
-//! ([`super::watch`]), and waited for by batchfit, which gets its exit status.
+//! The trial is batchfit's own child: the server's child forks the trial and exits, and the kernel
+//! gives the orphan to batchfit, the subreaper ([`crate::platform::reaper`]); the trial starts its
+//! own session, sets its parent-death signal (a fork clears it) and says its pid once that
+//! happened. It is then watched, measured and ended like any trial ([`super::watch`]), and waited
+//! for by batchfit, which gets its exit status.
 
 use super::{
     end_trial, kill_group, open_logs, read_all, spawn_trial, ticks_now, watch, BackendError,
@@ -33,6 +37,8 @@ const FORK_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct ForkServer {
     spawned: Option<Spawned>,
     control: OwnedFd,
+    /// It said its imports are done.
+    ready: bool,
 }
 
 impl Drop for ForkServer {
@@ -51,7 +57,28 @@ impl ForkServer {
         Ok(ForkServer {
             spawned: Some(spawned),
             control,
+            ready: false,
         })
+    }
+
+    /// Whether it has imported the job's modules and waits for trials, waiting `patience` at most
+    /// for it to say so (a trial that comes before runs otherwise).
+    pub fn ready(&mut self, patience: Duration) -> bool {
+        if !self.ready && self.alive() {
+            self.ready = matches!(
+                fdpass::recv(self.control.as_fd(), patience),
+                Ok(Some(m)) if m == b"ready"
+            );
+        }
+        self.ready
+    }
+
+    /// Whether its process still runs (one whose imports started a thread or initialized CUDA
+    /// exits before it is ready).
+    pub fn alive(&mut self) -> bool {
+        self.spawned
+            .as_mut()
+            .is_some_and(|s| matches!(s.child.try_wait(), Ok(None)))
     }
 
     fn end(&mut self) {
@@ -60,12 +87,6 @@ impl ForkServer {
             kill_group(s.child.id());
             let _ = s.child.wait();
         }
-    }
-
-    fn alive(&mut self) -> bool {
-        self.spawned
-            .as_mut()
-            .is_some_and(|s| matches!(s.child.try_wait(), Ok(None)))
     }
 
     /// The trial forked for `handoff`, watched as [`super::run`] watches a fresh trial. `None` when
@@ -78,7 +99,7 @@ impl ForkServer {
         timeout: Duration,
         sample: &mut dyn FnMut(&[u32]),
     ) -> Result<Option<Ran>, BackendError> {
-        if !self.alive() {
+        if !self.ready(Duration::ZERO) {
             return Ok(None);
         }
         let (out_log, err_log) = open_logs(opts)?;

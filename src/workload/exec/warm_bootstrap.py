@@ -6,7 +6,8 @@
 #
 # Two ways (sys.argv[2]):
 #   "once"  - waits for one hand-off line on stdin and becomes the trial's process;
-#   "serve" - a fork server, under RLIMIT_DATA only: stdin is a SOCK_SEQPACKET socket; each message is
+#   "serve" - a fork server, under RLIMIT_DATA only, for exploration trials: stdin is a SOCK_SEQPACKET
+#             socket; it says "ready" once its imports are done; then each message is
 #             a hand-off with the trial's stdout and stderr (SCM_RIGHTS). The server forks; the child
 #             forks the trial and exits, so the trial's parent becomes batchfit (its subreaper), which
 #             waits for it as for any trial. The trial starts its own session and sends its pid once
@@ -50,11 +51,12 @@ def _serve(json, os, sys):
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:
         # a fork keeps only the forking thread: a lock another thread held stays held in the child
-        sys.exit(f"batchfit fork server: the imports started {threads - 1} threads; trials run warm")
+        sys.exit(f"batchfit fork server: the imports started {threads - 1} threads; no trial is forked")
     control = socket.socket(fileno=os.dup(0))
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)  # the trials' stdin, as a cold trial's: nothing
     os.close(null)
+    control.send(b"ready")  # batchfit hands trials over from now on, never before
     while True:
         sys.stdout.flush()
         sys.stderr.flush()
