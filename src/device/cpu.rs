@@ -247,17 +247,10 @@ impl CpuBackend {
             }
             return None;
         }
-        let (cmd, mut trial) = self.workload.command(req, &Placement::Cpu);
-        let ran = match self.workload.warm_handoff(&mut trial, &cmd) {
-            Some(line) => {
-                let workload = Arc::clone(&self.workload);
-                let watched = trial.clone();
-                let evidence = move || workload.evidence_in(&watched);
-                let opts = self.options(req, None, &evidence);
-                server.run(&line, &opts, self.timeout, &mut |_| {})
-            }
-            None => Ok(None),
-        };
+        let timeout = self.timeout;
+        let (ran, trial) = self.hand_off(req, None, |line, opts| {
+            server.run(line, opts, timeout, &mut |_| {})
+        });
         match ran {
             Err(e) => Some((Err(e), trial)),
             Ok(Some(ran)) if self.workload.warm_took(&trial) => {
@@ -272,23 +265,39 @@ impl CpuBackend {
         }
     }
 
-    /// Runs `req` in the waiting warm process: `None` when there is none at this limit, or the
-    /// hand-off did not reach the command (then nothing of it is evidence).
-    fn run_warm(&mut self, req: &TrialRequest) -> Option<(Result<Ran, BackendError>, Trial)> {
-        let warm = self.warm.take().filter(|w| w.limit == self.limit)?;
-        // the next one imports while this trial runs
-        self.prestart();
+    /// The trial `req` handed to a warm process by `run` (given the hand-off line and how the trial
+    /// is watched, in `group` when it has one): what ran (`None`: nothing reached the command) and
+    /// the trial as started.
+    fn hand_off(
+        &self,
+        req: &TrialRequest,
+        group: Option<&Group>,
+        run: impl FnOnce(&[u8], &process::Options) -> Result<Option<Ran>, BackendError>,
+    ) -> (Result<Option<Ran>, BackendError>, Trial) {
         let (cmd, mut trial) = self.workload.command(req, &Placement::Cpu);
         let ran = match self.workload.warm_handoff(&mut trial, &cmd) {
             Some(line) => {
                 let workload = Arc::clone(&self.workload);
                 let watched = trial.clone();
                 let evidence = move || workload.evidence_in(&watched);
-                let opts = self.options(req, warm.group.as_ref(), &evidence);
-                process::run_prestarted(warm.pre, &line, &opts, self.timeout, &mut |_| {})
+                let opts = self.options(req, group, &evidence);
+                run(&line, &opts)
             }
             None => Ok(None),
         };
+        (ran, trial)
+    }
+
+    /// Runs `req` in the waiting warm process: `None` when there is none at this limit, or the
+    /// hand-off did not reach the command (then nothing of it is evidence).
+    fn run_warm(&mut self, req: &TrialRequest) -> Option<(Result<Ran, BackendError>, Trial)> {
+        let warm = self.warm.take().filter(|w| w.limit == self.limit)?;
+        // the next one imports while this trial runs
+        self.prestart();
+        let timeout = self.timeout;
+        let (ran, trial) = self.hand_off(req, warm.group.as_ref(), |line, opts| {
+            process::run_prestarted(warm.pre, line, opts, timeout, &mut |_| {})
+        });
         drop(warm.group);
         let took = self.workload.warm_took(&trial);
         match ran {
