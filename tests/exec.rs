@@ -1363,3 +1363,24 @@ fn a_fork_server_whose_imports_start_a_thread_gives_way_to_warm_processes_starte
         "{p}"
     );
 }
+
+/// A script that uses `__builtins__` as the module it is in `python script.py` runs in a warm
+/// (forked) trial as it does cold.
+#[test]
+fn a_script_that_uses_builtins_as_a_module_runs_warm_as_cold() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let job = (
+        "plainlib",
+        "X = 1\n",
+        "__builtins__.__dict__['LOG_EVERY'] = 10",
+    );
+    probe_hog_after_import(&d, job, &["--warm", "on", "--strategy", "bisect"], &out).success();
+    let p = read_json(&out);
+    let trials = p["trials"].as_array().unwrap();
+    for t in trials {
+        assert_ne!(t["outcome"], "error", "{t}");
+    }
+    let f = forked_flags(&p);
+    assert!(f.iter().any(|&(_, forked)| forked), "{f:?}");
+}

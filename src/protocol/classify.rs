@@ -403,9 +403,18 @@ fn oom_line(msg: &str, extra: &[regex_lite::Regex]) -> Option<String> {
     matching_line(msg, |l| {
         OOM_MARKERS.iter().any(|m| l.contains(m))
             || OOM_LINE_STARTS.iter().any(|s| l.starts_with(s))
-            || exception_name(l).is_some_and(|n| n == "MemoryError" || n.ends_with(".MemoryError"))
+            || exception_name(l).is_some_and(is_memory_error)
             || extra.iter().any(|r| r.is_match(l))
     })
+}
+
+/// Python's `MemoryError` by its name, qualified or not, and numpy's subclass of it
+/// (`numpy._core._exceptions._ArrayMemoryError: Unable to allocate 698. MiB for an array ...`).
+fn is_memory_error(name: &str) -> bool {
+    matches!(
+        name.rsplit('.').next(),
+        Some("MemoryError" | "_ArrayMemoryError")
+    )
 }
 
 fn matching_line(msg: &str, pred: impl Fn(&str) -> bool) -> Option<String> {
@@ -509,6 +518,7 @@ mod tests {
             "Internal torch error: <Error computing Error::what()>",
             "memory allocation of 8589934592 bytes failed",
             "Traceback (most recent call last):\n  File \"t.py\", line 3, in <module>\nMemoryError",
+            "numpy._core._exceptions._ArrayMemoryError: Unable to allocate 698. MiB for an array with shape (91488256,) and data type float64",
             "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate",
         ] {
             assert!(text(m).is_oom(), "{m}");

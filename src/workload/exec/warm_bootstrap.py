@@ -115,18 +115,23 @@ def _run(handoff, os, sys):
     safe_path = getattr(sys.flags, "safe_path", False) or sys.flags.isolated
     with open(handoff["ack"], "w"):
         pass  # the trial is the command's from here on
+    import builtins
     import runpy
 
+    # the script's __builtins__ is the builtins module, as in `python script.py` (runpy's own
+    # default is its dict, and `__builtins__.__dict__` would fail)
+    main_globals = {"__builtins__": builtins}
     try:
         if handoff.get("module"):
             if not safe_path:
                 sys.path[0] = os.getcwd()
-            runpy.run_module(handoff["module"], run_name="__main__", alter_sys=True)
+            runpy.run_module(handoff["module"], init_globals=main_globals, run_name="__main__",
+                             alter_sys=True)
         else:
             path = os.path.abspath(handoff["script"])  # __file__ as CPython sets it
             if not safe_path:
                 sys.path[0] = os.path.dirname(os.path.realpath(path))
-            runpy.run_path(path, run_name="__main__")
+            runpy.run_path(path, init_globals=main_globals, run_name="__main__")
     except Exception as e:
         # the traceback a cold run prints: from the command's own first frame (not this file's nor
         # runpy's), and exit status 1
