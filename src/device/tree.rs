@@ -332,12 +332,7 @@ fn proportional(pid: u32) -> Option<(u64, u64)> {
 /// less its `Private_Dirty` (pages only it maps, the originals of those a trial copied on write).
 fn lent(server: u32) -> Option<u64> {
     let t = std::fs::read_to_string(format!("/proc/{server}/smaps_rollup")).ok()?;
-    let get = |k: &str| {
-        t.lines()
-            .find_map(|l| l.strip_prefix(k))
-            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            .map_or(0, |kb| kb * 1024)
-    };
+    let get = |k| status_kb(&t, k);
     Some((get("Pss_Anon:") + get("Pss_Shmem:")).saturating_sub(get("Private_Dirty:")))
 }
 

@@ -20,7 +20,7 @@
 //! for by batchfit, which gets its exit status.
 
 use super::{
-    end_trial, kill_group, open_logs, read_all, spawn_trial, ticks_now, watch, BackendError,
+    end_trial, end_unused, open_logs, read_all, spawn_trial, ticks_now, watch, BackendError,
     Options, Ran, Registered, Root, Spawned, TrialIds,
 };
 use crate::platform::{fdpass, reaper};
@@ -82,10 +82,8 @@ impl ForkServer {
     }
 
     fn end(&mut self) {
-        if let Some(mut s) = self.spawned.take() {
-            end_trial(&s.trial, None, None);
-            kill_group(s.child.id());
-            let _ = s.child.wait();
+        if let Some(s) = self.spawned.take() {
+            end_unused(s);
         }
     }
 

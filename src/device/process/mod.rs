@@ -795,12 +795,18 @@ pub struct Prestarted {
 
 impl Drop for Prestarted {
     fn drop(&mut self) {
-        if let Some(mut s) = self.spawned.take() {
-            end_trial(&s.trial, None, None);
-            kill_group(s.child.id());
-            let _ = s.child.wait();
+        if let Some(s) = self.spawned.take() {
+            end_unused(s);
         }
     }
+}
+
+/// Ends a process started ahead that no trial used (a warm process, a fork server): whatever
+/// carries its marker, its group, then waits for it.
+fn end_unused(mut s: Spawned) {
+    end_trial(&s.trial, None, None);
+    kill_group(s.child.id());
+    let _ = s.child.wait();
 }
 
 /// Starts `cmd` ahead of its trial, under the limits of `opts` (its log is set at the hand-off).
