@@ -178,6 +178,12 @@ impl Default for SearchConfig {
     }
 }
 
+/// Disagreements between cold and warm trials ([`Prober::warm_disagreements`]) after which
+/// exploration runs cold: one is the job's noise at the boundary (measured on Lightning and plain
+/// scripts: a warm and a cold run at one size within 2 MiB of the limit go either way), a second is
+/// a pattern, and the cold search it starts bounds the cost of a job whose warm trials hold less.
+pub const WARM_DISAGREEMENTS: usize = 2;
+
 /// Why a trial ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -534,8 +540,10 @@ pub struct Prober<'b> {
     trials: Vec<TrialRecord>,
     on_trial: OnTrial<'b>,
     on_start: OnStart<'b>,
-    /// Cleared once a fresh process fits where the worker ran out of memory: from then on the
-    /// worker's state is known to cost memory near the limit, and exploration runs fresh.
+    /// Cleared once a fresh process fits where the worker ran out of memory (the worker's state
+    /// costs memory near the limit), or cold trials disagreed with warm ones twice
+    /// ([`Prober::warm_disagreements`]): from then on exploration runs fresh, cold, and closes
+    /// the bracket itself.
     worker_trusted: bool,
     /// Accumulation of the trials being run (see [`Prober::confirm_split`]).
     accumulation: u32,
@@ -754,11 +762,58 @@ impl<'b> Prober<'b> {
             round,
         };
         self.trials.push(rec);
+        if self.warm_disagreements() >= WARM_DISAGREEMENTS {
+            self.worker_trusted = false;
+        }
         (self.on_trial)(self.trials.last().unwrap(), &self.trials);
         if self.refuse.as_mut().is_some_and(|f| f(&self.trials)) {
             return Err(Stop::Reason(StopReason::BatchNotShown));
         }
         Ok(outcome)
+    }
+
+    /// The sizes at which a cold trial disagreed with warm ones: it ran out of memory at or below
+    /// a size a warm trial fit with at most its steps and accumulation (warm trials missed memory
+    /// of the job's: what its code does before an import, an import's transient memory), or it
+    /// fit at or above a size a warm trial ran out of memory at with at least its steps (they
+    /// held memory the job does not). At the boundary one such disagreement is the job's noise;
+    /// a second is a pattern ([`WARM_DISAGREEMENTS`]).
+    fn warm_disagreements(&self) -> usize {
+        let warm = || self.trials.iter().filter(|w| w.warm());
+        let mut sizes: Vec<u64> = (self.trials.iter())
+            .filter(|c| c.cold())
+            .filter(|c| {
+                if c.outcome.is_bound() {
+                    warm().any(|w| {
+                        w.outcome.fits()
+                            && w.batch >= c.batch
+                            && w.steps >= c.steps
+                            && w.accumulation >= c.accumulation
+                    })
+                } else {
+                    c.outcome.fits()
+                        && warm().any(|w| {
+                            w.outcome.is_bound() && w.batch <= c.batch && w.steps <= c.steps
+                        })
+                }
+            })
+            .map(|c| c.batch)
+            .collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        sizes.len()
+    }
+
+    /// Whether exploration runs warm (the last exploration trial ran in a warm process, started
+    /// ahead or forked, and no cold trial has contradicted one): a warm trial costs a fraction of
+    /// a cold one and never proves, so every proposal then explores warm, those that may close the
+    /// bracket included, and only the closed bracket's two ends run again cold
+    /// ([`Prober::prove`]).
+    fn explores_warm(&self) -> bool {
+        self.worker_trusted
+            && (self.trials.iter().rev())
+                .find(|t| t.purpose == Purpose::Explore)
+                .is_some_and(TrialRecord::warm)
     }
 
     /// Runs a trial; an `error`/`timeout` is retried once.
@@ -825,11 +880,13 @@ impl<'b> Prober<'b> {
     }
 
     /// The grid index of the largest size below `b` that fit with at least `steps` steps (the lower
-    /// end of the bracket once only fits of that length count).
+    /// end of the bracket once only fits of that length count), cold once warm trials are no
+    /// longer trusted.
     fn largest_fit_below(&self, b: u64, steps: u32, grid: &Grid) -> Option<u64> {
         self.trials
             .iter()
             .filter(|t| t.outcome.fits() && t.batch < b && t.steps >= steps)
+            .filter(|t| self.worker_trusted || t.cold())
             .map(|t| grid.index_at_or_below(t.batch))
             .max()
     }
@@ -907,6 +964,11 @@ impl<'b> Prober<'b> {
             let power_done =
                 self.cfg.strategy == StrategyKind::Power && br.lo.is_some() && br.hi.is_some();
             if self.closed(&grid, &br) || power_done {
+                if let Some(l) = self.short_warm_fit(&grid, &br) {
+                    // cheaper than a cold confirmation that late memory makes fail
+                    self.suspect_warm(&grid, &mut br, l)?;
+                    continue;
+                }
                 if let Some(stop) = self.prove(&grid, &mut br, power_done, found)? {
                     return Ok(stop);
                 }
@@ -914,7 +976,11 @@ impl<'b> Prober<'b> {
             }
             let confirm_ooms = self.confirm_ooms(&grid, &br);
             if let Some(l) = self.suspect_fit(&grid, &br, confirm_ooms) {
-                self.confirm_or_lower(&grid, &mut br, l)?;
+                if self.explores_warm() {
+                    self.suspect_warm(&grid, &mut br, l)?;
+                } else {
+                    self.confirm_or_lower(&grid, &mut br, l)?;
+                }
                 continue;
             }
             self.explore(strategy.as_mut(), grid, &mut br, confirm_ooms)?;
@@ -955,6 +1021,7 @@ impl<'b> Prober<'b> {
                 StopReason::TrialErrors
             })));
         };
+        self.prove_side_by_side(grid, br, l)?;
         if !self.fresh_failure_above(grid, br, l)? || !self.confirm_or_lower(grid, br, l)? {
             return Ok(None);
         }
@@ -982,21 +1049,32 @@ impl<'b> Prober<'b> {
     }
 
     /// Whether the out-of-memory that closes the bracket above `l` holds in a fresh process, as
-    /// the job will run (a worker's is retried fresh). `false` when the fresh trial moved the
-    /// bracket instead: it fit (the worker's leftovers caused a false out-of-memory; from now on
-    /// only fresh failures bound), or it ended in an error (a ceiling, not evidence).
+    /// the job will run, with the confirmation's steps (the answer must fit with those, so their
+    /// out-of-memory bounds it, and memory that grows after the exploration's steps shows). A
+    /// bound found in the worker or in a warm process is run again cold. `false` when the cold
+    /// trial moved the bracket instead: it fit (a confirmed fit: the lower end moves up to it, and
+    /// where the worker ran out of memory, exploration runs cold from then on), or it ended in an
+    /// error (a ceiling, not evidence).
     fn fresh_failure_above(&mut self, grid: &Grid, br: &mut Bracket, l: u64) -> Result<bool, Stop> {
         let Some(h) = br.hi.filter(|&h| self.closes(grid, l, h)) else {
             return Ok(true);
         };
         let hb = grid.batch(h);
-        let fresh = |t: &TrialRecord| t.outcome.is_bound() && t.cold();
-        if self.trials.iter().any(|t| t.batch == hb && fresh(t)) {
-            return Ok(true);
-        }
-        match self.trial_with_retry(hb, br.steps, Purpose::Proof)? {
+        let steps = self.cfg.confirm_steps.max(br.steps);
+        let o = match self.cold_failure_above(hb, steps) {
+            Some(o) => o,
+            None => self.trial_with_retry(hb, steps, Purpose::Proof)?,
+        };
+        match o {
             TrialOutcome::Fits { .. } => {
-                self.worker_trusted = false;
+                // the worker's leftovers cost memory near the limit (a warm process's count in
+                // the disagreements)
+                if (self.trials.iter()).any(|t| {
+                    t.batch == hb && t.isolation == Isolation::Worker && t.outcome.is_bound()
+                }) {
+                    self.worker_trusted = false;
+                }
+                let fresh = |t: &TrialRecord| t.outcome.is_bound() && t.cold();
                 br.lo = Some(h);
                 br.hi = (self.trials.iter())
                     .filter(|t| t.batch > hb && fresh(t))
@@ -1011,6 +1089,64 @@ impl<'b> Prober<'b> {
                 Ok(false)
             }
         }
+    }
+
+    /// The cold trials that prove the closed bracket at `l` and have not run, in the order the
+    /// proof reads them: the failure above, the confirmation, the repeats.
+    fn proof_runs(&self, grid: &Grid, br: &Bracket, l: u64) -> Vec<(u64, u32, Purpose)> {
+        let steps = self.cfg.confirm_steps.max(self.cfg.steps);
+        let b = grid.batch(l);
+        let mut runs = vec![];
+        if let Some(h) = br.hi.filter(|&h| self.closes(grid, l, h)) {
+            let hb = grid.batch(h);
+            if self.cold_failure_above(hb, steps.max(br.steps)).is_none() {
+                runs.push((hb, steps.max(br.steps), Purpose::Proof));
+            }
+        }
+        let fits = self.fresh_confirmed_fits(b, steps);
+        if fits == 0 {
+            runs.push((b, steps, Purpose::Confirm));
+        }
+        let repeats = self.fits_needed(false).saturating_sub(fits.max(1));
+        runs.extend(std::iter::repeat_n((b, steps, Purpose::Repeat), repeats));
+        runs
+    }
+
+    /// Where the device runs several trials at once, the proof's cold trials run side by side, a
+    /// round at a time, until all have run or one did not go the proof's way (a fit above, an
+    /// out-of-memory at the answer: what follows depends on it). The proof then reads their records
+    /// as it reads trials run one by one, and runs only what is still missing.
+    fn prove_side_by_side(&mut self, grid: &Grid, br: &Bracket, l: u64) -> Result<(), Stop> {
+        if self.backend.width() < 2 || self.accumulation != 1 {
+            return Ok(());
+        }
+        loop {
+            let runs = self.proof_runs(grid, br, l);
+            if runs.is_empty() {
+                return Ok(());
+            }
+            let outcomes = self.round_of(&runs)?;
+            let as_hoped = runs.iter().zip(&outcomes).all(|(r, o)| {
+                if r.2 == Purpose::Proof {
+                    o.is_bound()
+                } else {
+                    o.fits()
+                }
+            });
+            if !as_hoped || outcomes.len() < runs.len().min(self.backend.width()) {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The outcome of a cold trial at `hb` that already shows what the failure above the answer
+    /// would: a bound (any steps), or a fit with at least `steps` (a proof round ran it).
+    fn cold_failure_above(&self, hb: u64, steps: u32) -> Option<TrialOutcome> {
+        let at = |t: &&TrialRecord| t.batch == hb && t.cold() && t.accumulation == 1;
+        let cold = || self.trials.iter().filter(at);
+        (cold().find(|t| t.outcome.is_bound()))
+            .or_else(|| cold().find(|t| t.outcome.fits() && t.steps >= steps))
+            .map(|t| t.outcome.clone())
     }
 
     /// Confirms the fit at grid index `l` with the confirmation's steps: `true` when it fits. An
@@ -1039,6 +1175,34 @@ impl<'b> Prober<'b> {
         }
     }
 
+    /// With warm exploration, the closed bracket's fit when no trial at it ran the confirmation's
+    /// steps: the cold proof would confirm it with those.
+    fn short_warm_fit(&self, grid: &Grid, br: &Bracket) -> Option<u64> {
+        let l = br.lo?;
+        let (b, steps) = (grid.batch(l), self.cfg.confirm_steps.max(self.cfg.steps));
+        let long = (self.trials.iter()).any(|t| t.batch == b && t.steps >= steps);
+        (self.explores_warm() && !long).then_some(l)
+    }
+
+    /// The suspect fit at `l` run again with the confirmation's steps in a warm process, when
+    /// exploration runs warm: a fit leaves the bracket as it is (the cold proof confirms it once the
+    /// bracket closes); an out-of-memory is memory that grows after the exploration's steps, so the
+    /// bound moves down to `l` and from then on only fits of the confirmation's length count. An
+    /// error or a timeout leaves the question to a cold confirmation.
+    fn suspect_warm(&mut self, grid: &Grid, br: &mut Bracket, l: u64) -> Result<(), Stop> {
+        let b = grid.batch(l);
+        let steps = self.cfg.confirm_steps.max(self.cfg.steps);
+        let o = self.trial(b, steps, Purpose::Explore)?;
+        if o.is_bound() {
+            br.hi = Some(l);
+            br.steps = steps;
+            br.lo = self.largest_fit_below(b, steps, grid);
+        } else if !o.fits() {
+            self.confirm_or_lower(grid, br, l)?;
+        }
+        Ok(())
+    }
+
     /// Whether the smallest out-of-memory came only from trials longer than the exploration's.
     fn confirm_ooms(&self, grid: &Grid, br: &Bracket) -> bool {
         br.hi.is_some_and(|h| {
@@ -1062,8 +1226,12 @@ impl<'b> Prober<'b> {
         let failed_above = (self.trials.iter())
             .filter(|t| t.batch > b && t.steps > br.steps && t.outcome.is_bound())
             .count();
-        let shorter = br.steps < self.cfg.confirm_steps.max(self.cfg.steps);
-        ((near || failed_above >= 2) && shorter && !self.confirmed(b)).then_some(l)
+        let steps = self.cfg.confirm_steps.max(self.cfg.steps);
+        let shorter = br.steps < steps;
+        // with warm exploration, a warm fit with the confirmation's steps answers the suspicion
+        let warm_fit = self.explores_warm()
+            && (self.trials.iter()).any(|t| t.batch == b && t.steps >= steps && t.outcome.fits());
+        ((near || failed_above >= 2) && shorter && !self.confirmed(b) && !warm_fit).then_some(l)
     }
 
     /// One turn of exploration: the strategy proposes (a round of sizes where the device runs
@@ -1166,11 +1334,17 @@ impl<'b> Prober<'b> {
         let as_candidate =
             (proposal.confirm || lo_confirmed || st.fit_would_close(i)) && confirm_steps > steps;
         // A trial next to either end of the bracket may close it: run it fresh, so it is already
-        // the proof (saves the worker trial plus its fresh re-run under hybrid isolation).
-        let closing = as_candidate
-            || lo.is_some_and(|l| closes(l, i))
-            || st.fit_would_close(i)
-            || upper.is_some_and(|u| i + 1 == u);
+        // the proof (saves the worker trial plus its fresh re-run under hybrid isolation). Not
+        // with warm exploration: a warm trial never proves, and the closed bracket's two ends run
+        // again cold ([`Prober::prove`]), which costs less than one cold trial per step of the
+        // walk to it. (A warm candidate still runs the confirmation's steps, so that the warm
+        // bracket is the one the cold proof will meet.)
+        let cold = !self.explores_warm();
+        let closing = cold
+            && (as_candidate
+                || lo.is_some_and(|l| closes(l, i))
+                || st.fit_would_close(i)
+                || upper.is_some_and(|u| i + 1 == u));
         Ok(Planned {
             index: i,
             batch: b,

@@ -248,7 +248,7 @@ impl Prober<'_> {
 
     /// How many fresh fits with the confirmation's steps an answer needs: `1 + repeats`, and at
     /// least two below a noisy boundary.
-    fn fits_needed(&self, noisy: bool) -> usize {
+    pub(super) fn fits_needed(&self, noisy: bool) -> usize {
         1 + self.cfg.repeats as usize + usize::from(noisy && self.cfg.repeats == 0)
     }
 
@@ -446,7 +446,7 @@ impl Prober<'_> {
     }
 
     /// Fresh fits at `b` with the confirmation's steps.
-    fn fresh_confirmed_fits(&self, b: u64, steps: u32) -> usize {
+    pub(super) fn fresh_confirmed_fits(&self, b: u64, steps: u32) -> usize {
         self.trials
             .iter()
             .filter(|t| t.batch == b && fresh_fit(t, steps))
@@ -464,6 +464,37 @@ impl Prober<'_> {
             .max()
             .filter(|&top| top > ceiling)
             .map(|top| top - ceiling)
+    }
+
+    /// The next runs of the candidate `c` below a noisy boundary: one, or where the device runs
+    /// several trials at once, as many side by side as it still needs fits (and `left` allows);
+    /// `left` counts them. An error or a timeout is retried (once, alone).
+    fn candidate_runs(
+        &mut self,
+        c: u64,
+        steps: u32,
+        left: &mut u32,
+    ) -> Result<Vec<TrialOutcome>, Stop> {
+        let fits = self.fresh_confirmed_fits(c, steps);
+        let first = if fits > 0 {
+            Purpose::Repeat
+        } else {
+            Purpose::Confirm
+        };
+        let need = self.fits_needed(true).saturating_sub(fits);
+        let n = need.min(self.backend.width()).min(*left as usize).max(1);
+        *left -= n as u32;
+        if n == 1 {
+            return Ok(vec![self.trial_with_retry(c, steps, first)?]);
+        }
+        let runs: Vec<_> = (0..n)
+            .map(|j| (c, steps, if j == 0 { first } else { Purpose::Repeat }))
+            .collect();
+        let mut ran = self.round_of(&runs)?;
+        for o in ran.iter_mut().filter(|o| !o.fits() && !o.is_bound()) {
+            *o = self.trial(c, steps, Purpose::Retry)?;
+        }
+        Ok(ran)
     }
 
     /// Answers below the noise band of `band` (see the module's rule); `found` gets the answer and the
@@ -500,28 +531,22 @@ impl Prober<'_> {
             if left == 0 {
                 break Stop::Reason(StopReason::NoisyBoundary);
             }
-            left -= 1;
-            let purpose = if self.fresh_confirmed_fits(c, steps) > 0 {
-                Purpose::Repeat
-            } else {
-                Purpose::Confirm
-            };
-            match self.trial_with_retry(c, steps, purpose) {
+            let ran = match self.candidate_runs(c, steps, &mut left) {
+                Ok(ran) => ran,
                 Err(s) => break s,
-                Ok(TrialOutcome::Fits { .. }) => {}
-                Ok(o) if o.is_bound() => {
-                    band.lowest_bound = c;
-                    let spread = self.spread(steps).map_or(0, |s| self.samples_for(s, c));
-                    band.width = band.width.saturating_mul(2).max(spread);
-                }
-                Ok(o) => {
-                    break Stop::Fatal(format!(
-                        "the repeat trial of {c} below a noisy boundary ended in {} ({}); no size \
-                         is proven",
-                        o.kind(),
-                        o.message().unwrap_or_default()
-                    ))
-                }
+            };
+            if let Some(o) = ran.iter().find(|o| !o.fits() && !o.is_bound()) {
+                break Stop::Fatal(format!(
+                    "the repeat trial of {c} below a noisy boundary ended in {} ({}); no size is \
+                     proven",
+                    o.kind(),
+                    o.message().unwrap_or_default()
+                ));
+            }
+            if ran.iter().any(|o| o.is_bound()) {
+                band.lowest_bound = c;
+                let spread = self.spread(steps).map_or(0, |s| self.samples_for(s, c));
+                band.width = band.width.saturating_mul(2).max(spread);
             }
         };
         band.contradictions = contradictions(&self.trials);

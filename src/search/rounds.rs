@@ -145,7 +145,10 @@ impl Prober<'_> {
     }
 
     /// One round: each trial on its own device at once, recorded in order with the round's number.
-    fn round_of(&mut self, runs: &[(u64, u32, Purpose)]) -> Result<Vec<TrialOutcome>, Stop> {
+    pub(super) fn round_of(
+        &mut self,
+        runs: &[(u64, u32, Purpose)],
+    ) -> Result<Vec<TrialOutcome>, Stop> {
         self.budget_left()?;
         let room = self.cfg.max_trials.map_or(usize::MAX, |m| {
             (m as usize).saturating_sub(self.trials.len())

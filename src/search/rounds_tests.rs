@@ -182,3 +182,71 @@ proptest! {
         check_invariant(&many, &cfg);
     }
 }
+
+/// On two devices, the proof's cold trials run side by side: the answer's two repeats share a
+/// round, and nothing runs after it.
+#[test]
+fn the_proofs_trials_run_side_by_side() {
+    let spec = SimSpec::affine(250 * MIB, MIB, 1000 * MIB);
+    for strategy in [StrategyKind::Bisect, StrategyKind::Guided] {
+        let cfg = SearchConfig {
+            strategy,
+            tolerance: 0.0,
+            repeats: 2,
+            ..SearchConfig::default()
+        };
+        let (out, _) = search_on(&spec, &cfg, 2);
+        assert_eq!(out.max_fitting, Some(750));
+        let repeats: Vec<u32> = (out.trials.iter())
+            .filter(|t| t.batch == 750 && t.purpose == Purpose::Repeat)
+            .filter_map(|t| t.round)
+            .collect();
+        assert_eq!(repeats.len(), 2, "{:?}", out.trials);
+        assert_eq!(repeats[0], repeats[1], "the repeats share a round");
+        let last = out.trials.iter().filter_map(|t| t.round).max().unwrap();
+        assert_eq!(last, repeats[0], "nothing runs after the repeats");
+        check_invariant(&out, &cfg);
+    }
+}
+
+/// On two devices, the runs of a candidate below a noisy boundary go side by side too, and the
+/// answer keeps the noise rule: it fit at least twice, a band below every failure.
+#[test]
+fn runs_below_a_noisy_boundary_run_side_by_side() {
+    let mut noisy = 0;
+    for seed in 0..40 {
+        let mut spec = SimSpec::affine(0, MIB, 1000 * MIB);
+        spec.boundary_noise = 20 * MIB;
+        spec.seed = seed;
+        let cfg = SearchConfig {
+            repeats: 2,
+            tolerance: 0.0,
+            ..SearchConfig::default()
+        };
+        let (out, _) = search_on(&spec, &cfg, 2);
+        let Some(band) = out.noisy_boundary.clone() else {
+            continue;
+        };
+        let Some(b) = out.max_fitting else { continue };
+        noisy += 1;
+        let lowest = (out.trials.iter())
+            .filter(|t| t.outcome.is_bound())
+            .map(|t| t.batch)
+            .min()
+            .unwrap();
+        assert!(b + band.width <= lowest, "seed {seed}: {b}, {band:?}");
+        let at_b: Vec<_> = (out.trials.iter())
+            .filter(|t| t.batch == b && t.steps >= 5)
+            .collect();
+        assert!(at_b.iter().filter(|t| t.outcome.fits()).count() >= 2);
+        let mut rounds: Vec<u32> = at_b.iter().filter_map(|t| t.round).collect();
+        let n = rounds.len();
+        rounds.dedup();
+        assert!(
+            rounds.len() < n,
+            "seed {seed}: {b}'s runs each alone: {:?}",
+            out.trials
+        );
+    }
+    assert!(noisy >= 5, "only {noisy} noisy searches");
+}

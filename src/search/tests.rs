@@ -1485,3 +1485,92 @@ fn a_warm_fit_with_the_confirmations_steps_does_not_confirm_the_answer() {
         );
     }
 }
+
+/// With warm exploration that measures as cold processes do, the bracket closes on warm trials and
+/// only the proof runs cold: the failure above the answer, its confirmation and its repeats.
+#[test]
+fn warm_exploration_leaves_only_the_proof_to_cold_trials() {
+    let mut late = SimSpec::affine(250 * MIB, MIB, 1000 * MIB);
+    // memory that appears after the exploration's steps: 2 KiB a sample a step
+    late.late_per_sample = 2048;
+    for (spec, strategy) in [
+        (
+            SimSpec::affine(250 * MIB, MIB, 1000 * MIB),
+            StrategyKind::Guided,
+        ),
+        (
+            SimSpec::affine(250 * MIB, MIB, 1000 * MIB),
+            StrategyKind::Bisect,
+        ),
+        (late.clone(), StrategyKind::Guided),
+        (late, StrategyKind::Bisect),
+    ] {
+        let b = spec.true_max(spec.capacity, 5, 1_000_000);
+        let cfg = exact(SearchConfig {
+            strategy,
+            repeats: 2,
+            ..SearchConfig::default()
+        });
+        let mut be = WarmSim {
+            warm: SimBackend::new(spec.clone()),
+            cold: SimBackend::new(spec.clone()),
+            last_warm: false,
+        };
+        let out = Prober::new(&mut be, cfg, spec.capacity).search();
+        let seq: Vec<_> = (out.trials.iter())
+            .map(|t| (t.batch, t.steps, t.purpose, t.warm(), t.outcome.kind()))
+            .collect();
+        assert_eq!(out.max_fitting, Some(b), "{strategy:?}: {seq:?}");
+        let cold: Vec<_> = (out.trials.iter())
+            .filter(|t| t.cold())
+            .map(|t| (t.batch, t.purpose))
+            .collect();
+        assert_eq!(
+            cold,
+            [
+                (b + 1, Purpose::Proof),
+                (b, Purpose::Confirm),
+                (b, Purpose::Repeat),
+                (b, Purpose::Repeat)
+            ],
+            "{strategy:?}: {seq:?}"
+        );
+    }
+}
+
+/// Cold out-of-memories at two sizes that warm trials fit with as many steps end warm exploration
+/// (one is the job's noise, two are warm trials that miss memory of the job's): the rest of the
+/// search runs cold, and the search ends within a few trials of it.
+#[test]
+fn cold_failures_where_warm_trials_fit_turn_exploration_cold() {
+    let cold = SimSpec::affine(250 * MIB, MIB, 1000 * MIB);
+    let warm = SimSpec::affine(100 * MIB, MIB, 1000 * MIB);
+    let cfg = exact(SearchConfig {
+        repeats: 2,
+        ..SearchConfig::default()
+    });
+    let mut be = WarmSim {
+        warm: SimBackend::new(warm),
+        cold: SimBackend::new(cold.clone()),
+        last_warm: false,
+    };
+    let out = Prober::new(&mut be, cfg, cold.capacity).search();
+    let seq: Vec<_> = (out.trials.iter())
+        .map(|t| (t.batch, t.steps, t.purpose, t.warm(), t.outcome.kind()))
+        .collect();
+    assert_eq!(out.max_fitting, Some(750), "{seq:?}");
+    let t = &out.trials;
+    let disagrees = |i: usize| {
+        t[i].cold()
+            && t[i].outcome.is_bound()
+            && t[..i].iter().any(|w| {
+                w.warm() && w.outcome.fits() && w.batch >= t[i].batch && w.steps >= t[i].steps
+            })
+    };
+    let mut at: Vec<usize> = (0..t.len()).filter(|&i| disagrees(i)).collect();
+    at.dedup_by_key(|&mut i| t[i].batch);
+    assert!(at.len() >= WARM_DISAGREEMENTS, "{seq:?}");
+    let second = at[WARM_DISAGREEMENTS - 1];
+    assert!(t[second + 1..].iter().all(|t| t.cold()), "{seq:?}");
+    assert!(t.len() <= 30, "{} trials: {seq:?}", t.len());
+}
