@@ -354,7 +354,7 @@ pub struct ProbeArgs {
     #[arg(long, value_name = "all|0,2,…")]
     pub gpus: Option<String>,
     /// cpu and sim: run N trials at once, each its own process under its own limit (the search
-    /// proposes N sizes per round). On the cpu, N budgets must fit in the memory available now. On
+    /// proposes N sizes per round, and runs the proof's cold trials N at a time). On the cpu, N budgets must fit in the memory available now. On
     /// cuda, identical GPUs of --gpus run one trial each per round by themselves.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub parallel: u32,

@@ -35,6 +35,14 @@
 //! below every failure, within [`noise::NOISY_TRIALS`] more trials
 //! ([`StopReason::ProvenBelowNoise`]). Searches whose outcomes never disagree keep the proof above.
 //!
+//! **Warm exploration** ([`TrialRecord::warm`]: `--exec` trials in processes that imported the job's
+//! modules ahead) costs a fraction of a cold trial and never proves: while it runs warm, every
+//! proposal explores warm, those that may close the bracket included, and [`Prober::prove`] then runs
+//! the closed bracket's two ends cold (the failure above with `confirm_steps`, the fit's confirmation
+//! and repeats). Cold trials that disagree with warm ones at [`WARM_DISAGREEMENTS`] sizes turn the
+//! rest of the search cold. On several devices the proof's cold trials run side by side
+//! ([`rounds`]); the proof reads their records as it reads trials run one by one.
+//!
 //! A [`Prior`] (a predicted line from earlier probes, e.g. the points before this one in a
 //! `--sweep`) only helps the strategy choose sizes; it is never evidence of a fit or of a failure.
 //!
