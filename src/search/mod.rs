@@ -1064,7 +1064,9 @@ impl<'b> Prober<'b> {
     /// where the worker ran out of memory, exploration runs cold from then on), or it ended in an
     /// error (a ceiling, not evidence).
     fn fresh_failure_above(&mut self, grid: &Grid, br: &mut Bracket, l: u64) -> Result<bool, Stop> {
-        let Some(h) = br.hi.filter(|&h| self.closes(grid, l, h)) else {
+        // (a bound that does not close the bracket, as power's doubling leaves, is still the
+        // plan's first failing size: it too must hold cold)
+        let Some(h) = br.hi.filter(|&h| h > l) else {
             return Ok(true);
         };
         let hb = grid.batch(h);
@@ -1082,10 +1084,14 @@ impl<'b> Prober<'b> {
                 }) {
                     self.worker_trusted = false;
                 }
-                let fresh = |t: &TrialRecord| t.outcome.is_bound() && t.cold();
+                // the bounds above that still count: cold ones, and warm ones (a warm bound that
+                // closes the bracket runs again cold before it proves anything, so each costs at
+                // most one cold trial, where dropping them would gallop past what they showed);
+                // not the worker's, whose leftovers cost memory near the limit
+                let trusted = |t: &TrialRecord| t.outcome.is_bound() && (t.cold() || t.warm());
                 br.lo = Some(h);
                 br.hi = (self.trials.iter())
-                    .filter(|t| t.batch > hb && fresh(t))
+                    .filter(|t| t.batch > hb && trusted(t))
                     .map(|t| grid.index_at_or_below(t.batch))
                     .min();
                 Ok(false)
@@ -1105,7 +1111,7 @@ impl<'b> Prober<'b> {
         let steps = self.cfg.confirm_steps.max(self.cfg.steps);
         let b = grid.batch(l);
         let mut runs = vec![];
-        if let Some(h) = br.hi.filter(|&h| self.closes(grid, l, h)) {
+        if let Some(h) = br.hi.filter(|&h| h > l) {
             let hb = grid.batch(h);
             if self.cold_failure_above(hb, steps.max(br.steps)).is_none() {
                 runs.push((hb, steps.max(br.steps), Purpose::Proof));
@@ -1276,6 +1282,7 @@ impl<'b> Prober<'b> {
             for (p, o) in planned.iter().zip(&outcomes).filter(|(p, _)| !p.measure) {
                 apply(o, p.index, &mut br.lo, &mut br.hi, &mut br.ceiling);
             }
+            self.uncross(&grid, br);
             return Ok(());
         }
         let p = self
@@ -1289,6 +1296,18 @@ impl<'b> Prober<'b> {
             apply(&o, p.index, &mut br.lo, &mut br.hi, &mut br.ceiling);
         }
         Ok(())
+    }
+
+    /// A round planned against the bracket before it can cross it: a fit at or above a size that
+    /// ran out of memory in the same round. Cold, that is a contradiction the noise rule answers
+    /// below; warm, it is no evidence either way, so the bracket keeps the failure and the largest
+    /// fit below it, and the cold proof decides.
+    fn uncross(&self, grid: &Grid, br: &mut Bracket) {
+        if let (Some(l), Some(h)) = (br.lo, br.hi) {
+            if l >= h {
+                br.lo = self.largest_fit_below(grid.batch(h), br.steps, grid);
+            }
+        }
     }
 
     /// How a proposal runs: its size, steps and purpose; an error when the engine refuses it (a

@@ -401,8 +401,9 @@ impl Prober<'_> {
     }
 
     /// The samples that `bytes` of footprint take at `b`. The slope is measured from a fit far
-    /// below `b` (the largest at or below half of it) to `b`, each size's smallest footprint, any
-    /// steps; near `b` the job's noise would make the slope. It is at most `b`'s footprint per
+    /// below to the fit at `b`, or the largest fit below it when `b` never fit (a failure's size):
+    /// from the largest fit at or below half of that one, each size's smallest footprint, any
+    /// steps; near `b` the job's noise would make the slope. It is at most that fit's footprint per
     /// sample (all of it per-sample memory, none fixed), which is also the slope when no fit lies
     /// far below: a slope that is too steep only takes a step too short, which the caller's next
     /// look at the ceiling catches, never one past what the excess needs. At most a quarter of `b`
@@ -415,16 +416,18 @@ impl Prober<'_> {
                 .filter_map(|t| t.footprint())
                 .min()
         };
-        let far = self
-            .trials
-            .iter()
-            .filter(|t| t.batch <= b / 2 && t.outcome.fits() && t.footprint().is_some())
-            .map(|t| t.batch)
-            .max();
-        let slope = at(b).map(|fb| {
-            let whole = fb as f64 / b.max(1) as f64;
-            match far.and_then(|a| at(a).map(|fa| (a, fa))) {
-                Some((a, fa)) if fb > fa => ((fb - fa) as f64 / (b - a) as f64).min(whole),
+        let largest_fit_to = |top: u64| {
+            (self.trials.iter())
+                .filter(|t| t.batch <= top && t.outcome.fits() && t.footprint().is_some())
+                .map(|t| t.batch)
+                .max()
+        };
+        // the fit at b, or the nearest below it (b itself may never have fit: a failure's size)
+        let near = largest_fit_to(b).and_then(|c| at(c).map(|fc| (c, fc)));
+        let slope = near.map(|(c, fc)| {
+            let whole = fc as f64 / c.max(1) as f64;
+            match largest_fit_to(c / 2).and_then(|a| at(a).map(|fa| (a, fa))) {
+                Some((a, fa)) if fc > fa => ((fc - fa) as f64 / (c - a) as f64).min(whole),
                 _ => whole,
             }
         });

@@ -1410,12 +1410,65 @@ fn a_single_size_that_errs_is_named_when_it_stops_the_proof() {
     );
 }
 
-/// A device whose trials that need not be fresh run warm (started ahead, imports done): they peak
-/// `cold_extra` lower than a cold process of the same size, as a job whose cold start holds more.
+/// A device whose trials that need not be fresh run warm (started ahead, imports done) on a second
+/// curve, as a job whose cold start holds more or less than a warm process.
 struct WarmSim {
     warm: SimBackend,
     cold: SimBackend,
     last_warm: bool,
+}
+
+impl WarmSim {
+    fn new(warm: &SimSpec, cold: &SimSpec) -> Self {
+        WarmSim {
+            warm: SimBackend::new(warm.clone()),
+            cold: SimBackend::new(cold.clone()),
+            last_warm: false,
+        }
+    }
+}
+
+/// A search on `k` devices at once whose exploration runs warm on `warm` and whose fresh trials
+/// run on `cold`; the first trial of each device runs cold, as an `--exec` device's does.
+fn warm_search(warm: &SimSpec, cold: &SimSpec, cfg: &SearchConfig, k: usize) -> SearchOutcome {
+    struct ColdFirst(WarmSim);
+    impl Backend for ColdFirst {
+        fn device(&self) -> &crate::device::DeviceInfo {
+            self.0.device()
+        }
+        fn default_budget(&self) -> u64 {
+            self.0.default_budget()
+        }
+        fn set_limit(&mut self, l: u64) {
+            self.0.set_limit(l)
+        }
+        fn isolation(&self, req: &TrialRequest) -> Isolation {
+            self.0.isolation(req)
+        }
+        fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
+            let first = self.0.cold.trials_run + self.0.warm.trials_run == 0;
+            self.0.run_trial(TrialRequest {
+                fresh: req.fresh || first,
+                ..req
+            })
+        }
+        fn take_details(&mut self) -> Option<crate::protocol::TrialDetails> {
+            self.0.take_details()
+        }
+    }
+    let mut sims: Vec<ColdFirst> = (0..k)
+        .map(|_| ColdFirst(WarmSim::new(warm, cold)))
+        .collect();
+    let lanes = (sims.iter_mut().enumerate())
+        .map(|(i, s)| crate::device::lanes::Lane {
+            backend: s as &mut (dyn Backend + Send),
+            gpu: Some(i as u32),
+        })
+        .collect();
+    let mut set = crate::device::lanes::Lanes::new(lanes);
+    let out = Prober::new(&mut set, cfg.clone(), cold.capacity).search();
+    drop(set);
+    out
 }
 
 impl Backend for WarmSim {
@@ -1573,4 +1626,189 @@ fn cold_failures_where_warm_trials_fit_turn_exploration_cold() {
     let second = at[WARM_DISAGREEMENTS - 1];
     assert!(t[second + 1..].iter().all(|t| t.cold()), "{seq:?}");
     assert!(t.len() <= 30, "{} trials: {seq:?}", t.len());
+}
+
+/// Trials of one round are planned against the bracket before it: a warm fit above a warm failure
+/// of the same round is no evidence either way, and the search still proves its answer cold.
+#[test]
+fn a_round_with_a_warm_fit_above_a_warm_failure_is_still_proven_cold() {
+    let cold = SimSpec::affine(250 * MIB, MIB, 1000 * MIB);
+    let mut crossed = 0;
+    for seed in 0..40 {
+        let mut warm = cold.clone();
+        warm.boundary_noise = 8 * MIB;
+        warm.seed = seed;
+        let cfg = SearchConfig {
+            steps: 5,
+            confirm_steps: 5,
+            repeats: 0,
+            ..SearchConfig::default()
+        };
+        let out = warm_search(&warm, &cold, &cfg, 2);
+        let t = &out.trials;
+        crossed += usize::from(t.iter().any(|f| {
+            f.warm()
+                && f.outcome.fits()
+                && t.iter().any(|o| {
+                    o.warm() && o.round == f.round && o.outcome.is_bound() && o.batch <= f.batch
+                })
+        }));
+        assert!(out.stop_reason.is_complete(), "seed {seed}: {out:#?}");
+        let b = out.max_fitting.unwrap();
+        assert!(b <= 750 && 750 - b <= tolerance_gap(b, DEFAULT_TOLERANCE, 1));
+        assert!(t
+            .iter()
+            .any(|t| t.batch == b && t.cold() && t.outcome.fits()));
+    }
+    assert!(crossed >= 3, "only {crossed} searches had a crossed round");
+}
+
+/// Power's doubling leaves a bound that does not close the bracket; it is still the plan's first
+/// failing size, so it holds cold: a warm failure there (warm trials holding more) is run again.
+#[test]
+fn powers_bound_holds_cold() {
+    let cold = SimSpec::affine(0, MIB, 1100 * MIB);
+    let warm = SimSpec::affine(150 * MIB, MIB, 1100 * MIB);
+    for k in [1, 2] {
+        let cfg = SearchConfig {
+            strategy: StrategyKind::Power,
+            ..SearchConfig::default()
+        };
+        let out = warm_search(&warm, &cold, &cfg, k);
+        let f = out.first_failing.expect("a bound");
+        assert!(
+            (out.trials.iter()).any(|t| t.batch == f && t.cold() && t.outcome.is_bound()),
+            "k={k}: {f} never failed cold: {out:#?}"
+        );
+        assert_eq!(out.max_fitting, Some(1024), "k={k}");
+    }
+}
+
+/// With warm trials that hold a little more than cold ones, a cold fit above a warm failure keeps
+/// the warm failures above it as the bracket's end instead of exploring cold again from the fit up:
+/// the search runs few cold trials more than the proof's.
+#[test]
+fn a_cold_fit_above_a_warm_failure_keeps_the_warm_failures_above_it() {
+    let cold = SimSpec::affine(250 * MIB, MIB, 1000 * MIB);
+    let mut warm = cold.clone();
+    // 1.5 MiB more at the boundary with the confirmation's steps
+    warm.late_per_sample = 2048;
+    for strategy in [StrategyKind::Guided, StrategyKind::Bisect] {
+        let cfg = exact(SearchConfig {
+            strategy,
+            repeats: 2,
+            ..SearchConfig::default()
+        });
+        let out = warm_search(&warm, &cold, &cfg, 1);
+        assert_eq!(out.max_fitting, Some(750));
+        let cold_trials = out.trials.iter().filter(|t| t.cold()).count();
+        assert!(
+            cold_trials <= 9,
+            "{strategy:?}: {cold_trials} cold: {:?}",
+            seq(&out)
+        );
+        let above = (out.trials.iter())
+            .filter(|t| t.cold() && t.batch > 800)
+            .count();
+        assert_eq!(
+            above,
+            0,
+            "{strategy:?}: cold trials far above: {:?}",
+            seq(&out)
+        );
+    }
+}
+
+/// Each trial as `size{w|c}steps:purpose:outcome`.
+fn seq(out: &SearchOutcome) -> Vec<String> {
+    (out.trials.iter())
+        .map(|t| {
+            let how = if t.warm() { "w" } else { "c" };
+            let (b, st, p, o) = (t.batch, t.steps, t.purpose, t.outcome.kind());
+            format!("{b}{how}{st}:{p:?}:{o}")
+        })
+        .collect()
+}
+
+/// A noisy band is at least the guard band's samples wide, measured by the slope up to the fit
+/// nearest the lowest failure when that size itself never fit (the usual case: a fit above it).
+#[test]
+fn the_guard_band_widens_a_noisy_band_whose_lowest_failure_never_fit() {
+    let limit = 1000 * MIB;
+    let rec = |batch: u64, fit: bool| TrialRecord {
+        batch,
+        steps: 5,
+        purpose: Purpose::Proof,
+        isolation: Isolation::Process,
+        accumulation: 1,
+        outcome: if fit {
+            TrialOutcome::Fits {
+                peak_bytes: 250 * MIB + batch * MIB,
+                rss_peak_bytes: None,
+                step_seconds: 0.01,
+                gpu: None,
+            }
+        } else {
+            TrialOutcome::Oom {
+                message: "out of memory".into(),
+                peak_bytes: None,
+                rss_peak_bytes: None,
+                gpu: None,
+            }
+        },
+        seconds: 1.0,
+        gpu_index: None,
+        details: None,
+        round: None,
+    };
+    // 1 MiB a sample, a 16 MiB guard band: 16 samples; 745 failed and 746 fit
+    let history = vec![
+        rec(1, true),
+        rec(375, true),
+        rec(740, true),
+        rec(745, false),
+        rec(746, true),
+    ];
+    let mut be = SimBackend::new(SimSpec::affine(250 * MIB, MIB, limit));
+    let p = Prober::new(&mut be, SearchConfig::default(), limit)
+        .with_job_limit(limit + 16 * MIB)
+        .with_history(history);
+    let band = p.noisy_band(&Grid::new(1, 1_000_000, 1).unwrap()).unwrap();
+    assert!(band.width >= 16, "{band:?}");
+    assert!(band.band_low <= 745 - 16, "{band:?}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+    /// Whatever warm trials measure (less or more than cold ones, late memory on either side, noise
+    /// in warm runs), on one device or several: a complete answer fits cold (1 + repeats cold fits
+    /// with the confirmation's steps), is at most the cold truth, and its first failing size failed
+    /// cold, above it.
+    #[test]
+    fn warm_trials_never_prove(
+        warm_base in 100u64..400, warm_late in prop::sample::select(vec![0u64, 2048, 200 * 1024]),
+        cold_late in prop::sample::select(vec![0u64, 2048]), warm_noise in 0u64..8, seed in 0u64..1000,
+        k in 1usize..4, repeats in prop::sample::select(vec![0u32, 2]),
+        tolerance in prop::sample::select(vec![0.0, DEFAULT_TOLERANCE]),
+        strategy in prop::sample::select(vec![StrategyKind::Guided, StrategyKind::Bisect])) {
+        let mut cold = SimSpec::affine(250 * MIB, MIB, 1000 * MIB);
+        cold.late_per_sample = cold_late;
+        let mut warm = SimSpec::affine(warm_base * MIB, MIB, 1000 * MIB);
+        warm.late_per_sample = warm_late;
+        warm.boundary_noise = warm_noise * MIB;
+        warm.seed = seed;
+        let cfg = SearchConfig { strategy, repeats, tolerance, ..SearchConfig::default() };
+        let out = warm_search(&warm, &cold, &cfg, k);
+        prop_assert!(out.stop_reason.is_complete(), "{:?}: {:?}", out.stop_reason, seq(&out));
+        let b = out.max_fitting.unwrap();
+        prop_assert!(b <= cold.true_max(cold.capacity, 5, cfg.max_batch), "{:?}", seq(&out));
+        let cold_fits = (out.trials.iter())
+            .filter(|t| t.batch == b && t.cold() && t.outcome.fits() && t.steps >= 5)
+            .count();
+        prop_assert!(cold_fits > repeats as usize, "{:?}", seq(&out));
+        let f = out.first_failing.unwrap();
+        prop_assert!(f > b);
+        prop_assert!((out.trials.iter()).any(|t| t.batch == f && t.cold() && t.outcome.is_bound()));
+        prop_assert!(out.trials.len() <= 150, "{} trials: {:?}", out.trials.len(), seq(&out));
+    }
 }
