@@ -1051,8 +1051,6 @@ pub fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{Isolation, TrialOutcome};
-    use crate::search::Purpose;
 
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
@@ -1063,31 +1061,7 @@ mod tests {
         steps: u32,
         accumulation: u32,
     ) -> TrialRecord {
-        TrialRecord {
-            batch,
-            steps,
-            purpose: Purpose::Explore,
-            isolation: Isolation::None,
-            accumulation,
-            outcome: match peak {
-                Some(p) => TrialOutcome::Fits {
-                    peak_bytes: p,
-                    rss_peak_bytes: None,
-                    step_seconds: 0.1,
-                    gpu: None,
-                },
-                None => TrialOutcome::Oom {
-                    message: "oom".into(),
-                    peak_bytes: None,
-                    rss_peak_bytes: None,
-                    gpu: None,
-                },
-            },
-            seconds: 1.0,
-            gpu_index: None,
-            details: None,
-            round: None,
-        }
+        TrialRecord::for_test(batch, peak, steps, accumulation)
     }
 
     #[test]

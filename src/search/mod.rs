@@ -278,6 +278,39 @@ impl TrialRecord {
     }
 }
 
+#[cfg(test)]
+impl TrialRecord {
+    /// An exploration trial for tests, cold, one second long: a fit peaking at `peak`, or an
+    /// out-of-memory where it is `None`.
+    pub fn for_test(batch: u64, peak: Option<u64>, steps: u32, accumulation: u32) -> Self {
+        TrialRecord {
+            batch,
+            steps,
+            purpose: Purpose::Explore,
+            isolation: Isolation::None,
+            accumulation,
+            outcome: match peak {
+                Some(p) => TrialOutcome::Fits {
+                    peak_bytes: p,
+                    rss_peak_bytes: None,
+                    step_seconds: 0.1,
+                    gpu: None,
+                },
+                None => TrialOutcome::Oom {
+                    message: "oom".into(),
+                    peak_bytes: None,
+                    rss_peak_bytes: None,
+                    gpu: None,
+                },
+            },
+            seconds: 1.0,
+            gpu_index: None,
+            details: None,
+            round: None,
+        }
+    }
+}
+
 fn one() -> u32 {
     1
 }

@@ -1416,6 +1416,8 @@ struct WarmSim {
     warm: SimBackend,
     cold: SimBackend,
     last_warm: bool,
+    /// The device's first trial runs cold, as an `--exec` device's does (no warm process yet).
+    cold_first: bool,
 }
 
 impl WarmSim {
@@ -1424,6 +1426,7 @@ impl WarmSim {
             warm: SimBackend::new(warm.clone()),
             cold: SimBackend::new(cold.clone()),
             last_warm: false,
+            cold_first: false,
         }
     }
 }
@@ -1431,33 +1434,11 @@ impl WarmSim {
 /// A search on `k` devices at once whose exploration runs warm on `warm` and whose fresh trials
 /// run on `cold`; the first trial of each device runs cold, as an `--exec` device's does.
 fn warm_search(warm: &SimSpec, cold: &SimSpec, cfg: &SearchConfig, k: usize) -> SearchOutcome {
-    struct ColdFirst(WarmSim);
-    impl Backend for ColdFirst {
-        fn device(&self) -> &crate::device::DeviceInfo {
-            self.0.device()
-        }
-        fn default_budget(&self) -> u64 {
-            self.0.default_budget()
-        }
-        fn set_limit(&mut self, l: u64) {
-            self.0.set_limit(l)
-        }
-        fn isolation(&self, req: &TrialRequest) -> Isolation {
-            self.0.isolation(req)
-        }
-        fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
-            let first = self.0.cold.trials_run + self.0.warm.trials_run == 0;
-            self.0.run_trial(TrialRequest {
-                fresh: req.fresh || first,
-                ..req
-            })
-        }
-        fn take_details(&mut self) -> Option<crate::protocol::TrialDetails> {
-            self.0.take_details()
-        }
-    }
-    let mut sims: Vec<ColdFirst> = (0..k)
-        .map(|_| ColdFirst(WarmSim::new(warm, cold)))
+    let mut sims: Vec<WarmSim> = (0..k)
+        .map(|_| WarmSim {
+            cold_first: true,
+            ..WarmSim::new(warm, cold)
+        })
         .collect();
     let lanes = (sims.iter_mut().enumerate())
         .map(|(i, s)| crate::device::lanes::Lane {
@@ -1486,9 +1467,10 @@ impl Backend for WarmSim {
         Isolation::Process
     }
     fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
-        assert!(self.cold.trials_run + self.warm.trials_run < TRIAL_CAP);
-        self.last_warm = !req.fresh;
-        if req.fresh {
+        let ran = self.cold.trials_run + self.warm.trials_run;
+        assert!(ran < TRIAL_CAP);
+        self.last_warm = !req.fresh && !(self.cold_first && ran == 0);
+        if !self.last_warm {
             self.cold.run_trial(req)
         } else {
             self.warm.run_trial(req)
@@ -1517,11 +1499,7 @@ fn a_warm_fit_with_the_confirmations_steps_does_not_confirm_the_answer() {
             repeats: 0,
             ..SearchConfig::default()
         };
-        let mut be = WarmSim {
-            warm: SimBackend::new(warm.clone()),
-            cold: SimBackend::new(cold.clone()),
-            last_warm: false,
-        };
+        let mut be = WarmSim::new(&warm, &cold);
         let out = Prober::new(&mut be, cfg, cold.capacity).search();
         let b = out
             .max_fitting
@@ -1564,11 +1542,7 @@ fn warm_exploration_leaves_only_the_proof_to_cold_trials() {
             repeats: 2,
             ..SearchConfig::default()
         });
-        let mut be = WarmSim {
-            warm: SimBackend::new(spec.clone()),
-            cold: SimBackend::new(spec.clone()),
-            last_warm: false,
-        };
+        let mut be = WarmSim::new(&spec, &spec);
         let out = Prober::new(&mut be, cfg, spec.capacity).search();
         let seq: Vec<_> = (out.trials.iter())
             .map(|t| (t.batch, t.steps, t.purpose, t.warm(), t.outcome.kind()))
@@ -1602,11 +1576,7 @@ fn cold_failures_where_warm_trials_fit_turn_exploration_cold() {
         repeats: 2,
         ..SearchConfig::default()
     });
-    let mut be = WarmSim {
-        warm: SimBackend::new(warm),
-        cold: SimBackend::new(cold.clone()),
-        last_warm: false,
-    };
+    let mut be = WarmSim::new(&warm, &cold);
     let out = Prober::new(&mut be, cfg, cold.capacity).search();
     let seq: Vec<_> = (out.trials.iter())
         .map(|t| (t.batch, t.steps, t.purpose, t.warm(), t.outcome.kind()))
@@ -1735,31 +1705,8 @@ fn seq(out: &SearchOutcome) -> Vec<String> {
 #[test]
 fn the_guard_band_widens_a_noisy_band_whose_lowest_failure_never_fit() {
     let limit = 1000 * MIB;
-    let rec = |batch: u64, fit: bool| TrialRecord {
-        batch,
-        steps: 5,
-        purpose: Purpose::Proof,
-        isolation: Isolation::Process,
-        accumulation: 1,
-        outcome: if fit {
-            TrialOutcome::Fits {
-                peak_bytes: 250 * MIB + batch * MIB,
-                rss_peak_bytes: None,
-                step_seconds: 0.01,
-                gpu: None,
-            }
-        } else {
-            TrialOutcome::Oom {
-                message: "out of memory".into(),
-                peak_bytes: None,
-                rss_peak_bytes: None,
-                gpu: None,
-            }
-        },
-        seconds: 1.0,
-        gpu_index: None,
-        details: None,
-        round: None,
+    let rec = |batch: u64, fit: bool| {
+        TrialRecord::for_test(batch, fit.then_some(250 * MIB + batch * MIB), 5, 1)
     };
     // 1 MiB a sample, a 16 MiB guard band: 16 samples; 745 failed and 746 fit
     let history = vec![
