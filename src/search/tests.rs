@@ -1469,7 +1469,8 @@ impl Backend for WarmSim {
     fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
         let ran = self.cold.trials_run + self.warm.trials_run;
         assert!(ran < TRIAL_CAP);
-        self.last_warm = !req.fresh && !(self.cold_first && ran == 0);
+        let cold = req.fresh || (self.cold_first && ran == 0);
+        self.last_warm = !cold;
         if !self.last_warm {
             self.cold.run_trial(req)
         } else {
