@@ -438,14 +438,20 @@ fn the_batchfit_package_depends_on_no_torch() {
     }
 }
 
-/// The shared libraries an executable names (`DT_NEEDED`), and its RUNPATH/RPATH entries.
+/// The shared libraries an executable names (`DT_NEEDED`), and its RUNPATH/RPATH entries: those
+/// lines of its dynamic section only (the rest are addresses, whose hex digits can spell anything).
 fn dynamic_section(exe: &str) -> String {
     let out = std::process::Command::new("readelf")
         .args(["-d", exe])
         .output()
         .expect("readelf (binutils) runs");
     assert!(out.status.success(), "readelf -d {exe} failed");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let all = String::from_utf8_lossy(&out.stdout).into_owned();
+    let named = ["(NEEDED)", "(RUNPATH)", "(RPATH)"];
+    (all.lines())
+        .filter(|l| named.iter().any(|tag| l.contains(tag)))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[test]

@@ -255,11 +255,12 @@ pub const LOCAL_PROOF: &str = " (a local proof: it assumes memory does not shrin
      assumption are listed in the warnings)";
 
 /// Trials that contradict memory growing with the batch size: a size that fit above one that ran
-/// out of memory (with at least as many steps and as much accumulation, the failure in a fresh
-/// process). The proof is local; the plan says where it does not hold.
+/// out of memory (with at least as many steps and as much accumulation, both in cold processes: a
+/// warm trial's fit says what a process that imported ahead holds, not the job). The proof is local;
+/// the plan says where it does not hold.
 pub fn non_monotone(trials: &[TrialRecord]) -> Option<String> {
     let mut worst: Option<(&TrialRecord, &TrialRecord)> = None;
-    for f in trials.iter().filter(|t| t.outcome.fits()) {
+    for f in trials.iter().filter(|t| t.outcome.fits() && t.cold()) {
         for o in trials.iter().filter(|t| {
             t.outcome.is_oom()
                 && t.cold()
@@ -986,5 +987,12 @@ mod tests {
             non_monotone(&[t(168, false, 3, Isolation::Worker), t(320, true, 3, P)]),
             None
         );
+        // nor a warm fit above a cold failure (a warm process that held less than the job)
+        let mut warm = t(320, true, 3, P);
+        warm.details = Some(crate::protocol::TrialDetails {
+            warm: true,
+            ..Default::default()
+        });
+        assert_eq!(non_monotone(&[t(168, false, 3, P), warm]), None);
     }
 }

@@ -39,8 +39,8 @@
 //! modules ahead) costs a fraction of a cold trial and never proves: while it runs warm, every
 //! proposal explores warm, those that may close the bracket included, and [`Prober::prove`] then runs
 //! the closed bracket's two ends cold (the failure above with `confirm_steps`, the fit's confirmation
-//! and repeats). Cold trials that disagree with warm ones at [`WARM_DISAGREEMENTS`] sizes turn the
-//! rest of the search cold. On several devices the proof's cold trials run side by side
+//! and repeats). [`WARM_DISAGREEMENTS`] cold trials that disagree with warm ones turn the rest of
+//! the search cold. On several devices the proof's cold trials run side by side
 //! ([`rounds`]); the proof reads their records as it reads trials run one by one.
 //!
 //! A [`Prior`] (a predicted line from earlier probes, e.g. the points before this one in a
@@ -186,10 +186,11 @@ impl Default for SearchConfig {
     }
 }
 
-/// Disagreements between cold and warm trials ([`Prober::warm_disagreements`]) after which
-/// exploration runs cold: one is the job's noise at the boundary (measured on Lightning and plain
-/// scripts: a warm and a cold run at one size within 2 MiB of the limit go either way), a second is
-/// a pattern, and the cold search it starts bounds the cost of a job whose warm trials hold less.
+/// Cold trials disagreeing with warm ones ([`Prober::warm_disagreements`]) after which exploration
+/// runs cold: one is the job's noise at the boundary (measured on Lightning and plain scripts: a warm
+/// and a cold run at one size within 2 MiB of the limit go either way), a second is a pattern (a
+/// confirmation that runs out of memory twice where a warm trial of as many steps fit: a job whose
+/// warm processes hold less), and the cold search it starts bounds what such a job costs.
 pub const WARM_DISAGREEMENTS: usize = 2;
 
 /// Why a trial ran.
@@ -813,15 +814,15 @@ impl<'b> Prober<'b> {
         Ok(outcome)
     }
 
-    /// The sizes at which a cold trial disagreed with warm ones: it ran out of memory at or below
-    /// a size a warm trial fit with at most its steps and accumulation (warm trials missed memory
-    /// of the job's: what its code does before an import, an import's transient memory), or it
-    /// fit at or above a size a warm trial ran out of memory at with at least its steps (they
-    /// held memory the job does not). At the boundary one such disagreement is the job's noise;
-    /// a second is a pattern ([`WARM_DISAGREEMENTS`]).
+    /// The cold trials that disagreed with warm ones: a cold trial that ran out of memory at or
+    /// below a size a warm trial fit with at most its steps and accumulation (warm trials missed
+    /// memory of the job's: what its code does before an import, an import's transient memory),
+    /// or fit at or above a size a warm trial ran out of memory at with at least its steps (they
+    /// held memory the job does not). At the boundary one such trial is the job's noise; a second,
+    /// at that size or another, is a pattern ([`WARM_DISAGREEMENTS`]).
     fn warm_disagreements(&self) -> usize {
         let warm = || self.trials.iter().filter(|w| w.warm());
-        let mut sizes: Vec<u64> = (self.trials.iter())
+        (self.trials.iter())
             .filter(|c| c.cold())
             .filter(|c| {
                 if c.outcome.is_bound() {
@@ -838,15 +839,11 @@ impl<'b> Prober<'b> {
                         })
                 }
             })
-            .map(|c| c.batch)
-            .collect();
-        sizes.sort_unstable();
-        sizes.dedup();
-        sizes.len()
+            .count()
     }
 
     /// Whether exploration runs warm (the last exploration trial ran in a warm process, started
-    /// ahead or forked, and no cold trial has contradicted one): a warm trial costs a fraction of
+    /// ahead or forked, and cold trials have not disagreed with warm ones twice): a warm trial costs a fraction of
     /// a cold one and never proves, so every proposal then explores warm, those that may close the
     /// bracket included, and only the closed bracket's two ends run again cold
     /// ([`Prober::prove`]).

@@ -1566,9 +1566,9 @@ fn warm_exploration_leaves_only_the_proof_to_cold_trials() {
     }
 }
 
-/// Cold out-of-memories at two sizes that warm trials fit with as many steps end warm exploration
-/// (one is the job's noise, two are warm trials that miss memory of the job's): the rest of the
-/// search runs cold, and the search ends within a few trials of it.
+/// Two cold out-of-memories where warm trials fit with as many steps end warm exploration (one is
+/// the job's noise, two are warm trials that miss memory of the job's): the rest of the search runs
+/// cold, and the search ends within a few trials of it.
 #[test]
 fn cold_failures_where_warm_trials_fit_turn_exploration_cold() {
     let cold = SimSpec::affine(250 * MIB, MIB, 1000 * MIB);
@@ -1591,8 +1591,7 @@ fn cold_failures_where_warm_trials_fit_turn_exploration_cold() {
                 w.warm() && w.outcome.fits() && w.batch >= t[i].batch && w.steps >= t[i].steps
             })
     };
-    let mut at: Vec<usize> = (0..t.len()).filter(|&i| disagrees(i)).collect();
-    at.dedup_by_key(|&mut i| t[i].batch);
+    let at: Vec<usize> = (0..t.len()).filter(|&i| disagrees(i)).collect();
     assert!(at.len() >= WARM_DISAGREEMENTS, "{seq:?}");
     let second = at[WARM_DISAGREEMENTS - 1];
     assert!(t[second + 1..].iter().all(|t| t.cold()), "{seq:?}");
@@ -1759,4 +1758,35 @@ proptest! {
         prop_assert!((out.trials.iter()).any(|t| t.batch == f && t.cold() && t.outcome.is_bound()));
         prop_assert!(out.trials.len() <= 150, "{} trials: {:?}", out.trials.len(), seq(&out));
     }
+}
+
+/// A job whose warm processes hold less than its cold start (a library the script sizes before
+/// importing it): the answer's confirmation runs out of memory twice where a warm trial of as many
+/// steps fit, and the search explores cold from then on instead of climbing back to the warm
+/// boundary.
+#[test]
+fn a_confirmation_failing_twice_where_a_warm_trial_fit_turns_exploration_cold() {
+    let cold = SimSpec::affine(250 * MIB, MIB, 1000 * MIB);
+    let warm = SimSpec::affine(100 * MIB, MIB, 1000 * MIB);
+    let cfg = SearchConfig {
+        steps: 5,
+        confirm_steps: 5,
+        repeats: 2,
+        ..SearchConfig::default()
+    };
+    let out = warm_search(&warm, &cold, &cfg, 1);
+    let t = &out.trials;
+    let warm_fit = |b: u64| {
+        t.iter()
+            .any(|w| w.warm() && w.outcome.fits() && w.batch >= b)
+    };
+    let disagreeing: Vec<usize> = (0..t.len())
+        .filter(|&i| t[i].cold() && t[i].outcome.is_bound() && warm_fit(t[i].batch))
+        .collect();
+    assert!(disagreeing.len() >= 2, "{:?}", seq(&out));
+    let (first, second) = (disagreeing[0], disagreeing[1]);
+    assert_eq!(t[first].batch, t[second].batch, "{:?}", seq(&out));
+    assert!(t[second..].iter().all(|t| t.cold()), "{:?}", seq(&out));
+    let b = out.max_fitting.expect("an answer");
+    assert!(b <= 750 && 750 - b <= tolerance_gap(b, DEFAULT_TOLERANCE, 1));
 }
