@@ -227,35 +227,21 @@ pub fn summary_line(plan: &Plan) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{Isolation, TrialOutcome};
-    use crate::search::Purpose;
+    use crate::protocol::TrialOutcome;
 
     fn t(batch: u64, steps: u32, step_seconds: Option<f64>) -> TrialRecord {
-        TrialRecord {
-            batch,
-            steps,
-            purpose: Purpose::Explore,
-            isolation: Isolation::None,
-            accumulation: 1,
-            outcome: match step_seconds {
-                Some(s) => TrialOutcome::Fits {
-                    peak_bytes: 1,
-                    rss_peak_bytes: None,
-                    step_seconds: s,
-                    gpu: None,
-                },
-                None => TrialOutcome::Oom {
-                    message: "oom".into(),
-                    peak_bytes: None,
-                    rss_peak_bytes: None,
-                    gpu: None,
-                },
+        let mut t = TrialRecord::for_test(batch, step_seconds.map(|_| 1), steps, 1);
+        if let (
+            TrialOutcome::Fits {
+                step_seconds: s, ..
             },
-            seconds: 0.1,
-            gpu_index: None,
-            details: None,
-            round: None,
+            Some(secs),
+        ) = (&mut t.outcome, step_seconds)
+        {
+            *s = secs;
         }
+        t.seconds = 0.1;
+        t
     }
 
     #[test]
