@@ -843,9 +843,9 @@ impl<'b> Prober<'b> {
     }
 
     /// Whether exploration runs warm (the last exploration trial ran in a warm process, started
-    /// ahead or forked, and cold trials have not disagreed with warm ones twice): a warm trial costs a fraction of
-    /// a cold one and never proves, so every proposal then explores warm, those that may close the
-    /// bracket included, and only the closed bracket's two ends run again cold
+    /// ahead or forked, and cold trials have not disagreed with warm ones twice): a warm trial
+    /// costs a fraction of a cold one and never proves, so every proposal then explores warm, those
+    /// that may close the bracket included, and only the closed bracket's two ends run again cold
     /// ([`Prober::prove`]).
     fn explores_warm(&self) -> bool {
         self.worker_trusted
@@ -1100,15 +1100,15 @@ impl<'b> Prober<'b> {
             return Ok(true);
         };
         let hb = grid.batch(h);
-        let steps = self.cfg.confirm_steps.max(br.steps);
+        let steps = self.failure_steps(br);
         let o = match self.cold_failure_above(hb, steps) {
             Some(o) => o,
             None => self.trial_with_retry(hb, steps, Purpose::Proof)?,
         };
         match o {
             TrialOutcome::Fits { .. } => {
-                // the worker's leftovers cost memory near the limit (a warm process's count in
-                // the disagreements)
+                // the worker's leftovers cost memory near the limit (a warm process that ran out
+                // of memory here counts among the disagreements instead)
                 if (self.trials.iter()).any(|t| {
                     t.batch == hb && t.isolation == Isolation::Worker && t.outcome.is_bound()
                 }) {
@@ -1142,9 +1142,9 @@ impl<'b> Prober<'b> {
         let b = grid.batch(l);
         let mut runs = vec![];
         if let Some(h) = br.hi.filter(|&h| h > l) {
-            let hb = grid.batch(h);
-            if self.cold_failure_above(hb, steps.max(br.steps)).is_none() {
-                runs.push((hb, steps.max(br.steps), Purpose::Proof));
+            let (hb, failure_steps) = (grid.batch(h), self.failure_steps(br));
+            if self.cold_failure_above(hb, failure_steps).is_none() {
+                runs.push((hb, failure_steps, Purpose::Proof));
             }
         }
         let fits = self.fresh_confirmed_fits(b, steps);
@@ -1181,6 +1181,12 @@ impl<'b> Prober<'b> {
                 return Ok(());
             }
         }
+    }
+
+    /// The steps of the cold failure above the answer: the confirmation's (the answer must fit
+    /// with those), or the bracket's when more.
+    fn failure_steps(&self, br: &Bracket) -> u32 {
+        self.cfg.confirm_steps.max(br.steps)
     }
 
     /// The outcome of a cold trial at `hb` that already shows what the failure above the answer

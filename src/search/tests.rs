@@ -1545,9 +1545,7 @@ fn warm_exploration_leaves_only_the_proof_to_cold_trials() {
         });
         let mut be = WarmSim::new(&spec, &spec);
         let out = Prober::new(&mut be, cfg, spec.capacity).search();
-        let seq: Vec<_> = (out.trials.iter())
-            .map(|t| (t.batch, t.steps, t.purpose, t.warm(), t.outcome.kind()))
-            .collect();
+        let seq = seq(&out);
         assert_eq!(out.max_fitting, Some(b), "{strategy:?}: {seq:?}");
         let cold: Vec<_> = (out.trials.iter())
             .filter(|t| t.cold())
@@ -1579,9 +1577,7 @@ fn cold_failures_where_warm_trials_fit_turn_exploration_cold() {
     });
     let mut be = WarmSim::new(&warm, &cold);
     let out = Prober::new(&mut be, cfg, cold.capacity).search();
-    let seq: Vec<_> = (out.trials.iter())
-        .map(|t| (t.batch, t.steps, t.purpose, t.warm(), t.outcome.kind()))
-        .collect();
+    let seq = seq(&out);
     assert_eq!(out.max_fitting, Some(750), "{seq:?}");
     let t = &out.trials;
     let disagrees = |i: usize| {
