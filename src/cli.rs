@@ -144,6 +144,28 @@ pub enum StrategyArg {
     Power,
 }
 
+/// `--parallel auto|N`: how many trials run at once on the cpu or sim device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParallelArg {
+    /// The proof's cold trials side by side where the cores and the memory hold them; exploration
+    /// one trial at a time.
+    Auto,
+    /// N trials at once, exploration rounds included (1: one at a time).
+    Trials(u32),
+}
+
+impl std::str::FromStr for ParallelArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(ParallelArg::Auto),
+            n => n.parse().map(ParallelArg::Trials).map_err(|_| {
+                format!("give `auto` or the number of trials to run at once (1 or more), not {n:?}")
+            }),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum IsolationArg {
     /// Every trial in a fresh process.
@@ -354,10 +376,13 @@ pub struct ProbeArgs {
     #[arg(long, value_name = "all|0,2,…")]
     pub gpus: Option<String>,
     /// cpu and sim: run N trials at once, each its own process under its own limit (the search
-    /// proposes N sizes per round, and runs the proof's cold trials N at a time). On the cpu, N budgets must fit in the memory available now. On
-    /// cuda, identical GPUs of --gpus run one trial each per round by themselves.
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    pub parallel: u32,
+    /// proposes N sizes per round, and runs the proof's cold trials N at a time); on the cpu, N
+    /// budgets must fit in the memory available now. `auto` (default): on the cpu, the proof's cold
+    /// trials run side by side, up to one per core and per budget the memory available holds,
+    /// exploration one trial at a time; elsewhere one at a time. On cuda, identical GPUs of --gpus
+    /// run one trial each per round by themselves.
+    #[arg(long, value_name = "auto|N", default_value = "auto")]
+    pub parallel: ParallelArg,
     /// cuda: count a trial that completes only after the caching allocator flushed its cache and
     /// retried (outcome `retries`: slow, and close to an OOM) as a fit.
     #[arg(long)]

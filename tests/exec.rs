@@ -142,14 +142,19 @@ fn placeholders_and_environment_reach_the_command() {
         .success();
     assert_eq!(read_json(&out)["recommendation"]["max_fitting_batch"], 7);
     let lines = std::fs::read_to_string(&seen).unwrap();
-    for (i, l) in lines.lines().enumerate() {
+    let mut numbers = vec![];
+    for l in lines.lines() {
         let w: Vec<&str> = l.split(' ').collect();
         assert_eq!(w[0], w[3], "argv and BATCHFIT_BATCH agree: {l}");
         assert_eq!(w[1], w[4], "{l}");
         assert_eq!(w[2], w[5], "{l}");
-        assert_eq!(w[6], i.to_string(), "BATCHFIT_TRIAL counts trials: {l}");
+        numbers.push(w[6].parse::<usize>().unwrap());
         assert_eq!(w[7], "result", "{l}");
     }
+    // (trials side by side take their numbers in either order)
+    numbers.sort_unstable();
+    let all: Vec<usize> = (0..numbers.len()).collect();
+    assert_eq!(numbers, all, "BATCHFIT_TRIAL counts trials:\n{lines}");
 }
 
 /// PyTorch's CUDA out-of-memory traceback is an out-of-memory where the measurements agree with

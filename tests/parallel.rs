@@ -67,7 +67,7 @@ fn parallel_two_on_the_sim_gives_the_sequential_answer_in_fewer_rounds() {
 fn parallel_two_on_the_cpu_runs_each_trial_under_its_own_limit() {
     let d = tmp();
     let probe = |extra: &[&str]| {
-        let out = path(&d, &format!("plan{}.json", extra.len()));
+        let out = path(&d, &format!("plan{}.json", extra.join("")));
         let mut c = batchfit();
         c.args([
             "probe",
@@ -113,7 +113,8 @@ fn parallel_two_on_the_cpu_runs_each_trial_under_its_own_limit() {
         read_json(&out)
     };
     let two = probe(&["--parallel", "2"]);
-    let one = probe(&[]);
+    let one = probe(&["--parallel", "1"]);
+    assert!(one["search"].get("parallel").is_none(), "{}", one["search"]);
     assert_eq!(two["recommendation"]["max_fitting_batch"], 192);
     assert_eq!(
         two["recommendation"]["max_fitting_batch"],
@@ -136,6 +137,72 @@ fn parallel_two_on_the_cpu_runs_each_trial_under_its_own_limit() {
         if t["outcome"] == "fits" {
             assert_eq!(t["details"]["report"]["batch"], t["batch"], "{t}");
         }
+    }
+}
+
+/// `--parallel auto` (the default) on the cpu: exploration one size at a time, the proof's cold
+/// trials side by side, as many as the cores and the memory hold (at most the proof's runs: the
+/// failure above, the confirmation, two repeats); the answer of one trial at a time.
+#[test]
+fn parallel_auto_on_the_cpu_explores_alone_and_runs_the_proof_side_by_side() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    batchfit()
+        .args(["probe", "--backend", "cpu", "--memory-budget", "1GiB"])
+        .args(["--quiet", "--trial-timeout", "60", "--tolerance", "0"])
+        .args(["--cpu-limit", "rlimit", "--out"])
+        .arg(&out)
+        .arg("--exec")
+        .arg("--")
+        .arg(venv_python())
+        .arg(repo().join("tests/support/exec/hog.py"))
+        .args([
+            "--batch",
+            "{batch}",
+            "--steps",
+            "{steps}",
+            "--base-mib",
+            "8",
+        ])
+        .args(["--mib-per-sample", "1", "--capacity-mib", "200", "--report"])
+        .arg("--helper")
+        .arg(repo().join("python/batchfit"))
+        .assert()
+        .success();
+    let plan = read_json(&out);
+    assert_eq!(plan["recommendation"]["max_fitting_batch"], 192);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let available_kib: usize = (meminfo.lines())
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    let width = cores.min(available_kib >> 20).min(4);
+    let trials = plan["trials"].as_array().unwrap();
+    let beside = |t: &Value| trials.iter().filter(|u| u["round"] == t["round"]).count();
+    if width == 1 {
+        assert!(
+            plan["search"].get("parallel").is_none(),
+            "{}",
+            plan["search"]
+        );
+        assert!(trials.iter().all(|t| t.get("round").is_none()));
+        return;
+    }
+    assert_eq!(
+        plan["search"]["parallel"], width as u64,
+        "{}",
+        plan["search"]
+    );
+    for t in trials.iter().filter(|t| t["purpose"] == "explore") {
+        assert_eq!(beside(t), 1, "exploration alone: {t}");
+    }
+    let proof = trials
+        .iter()
+        .find(|t| beside(t) > 1)
+        .expect("a round of the proof");
+    for t in trials.iter().filter(|u| u["round"] == proof["round"]) {
+        assert_ne!(t["purpose"], "explore", "{t}");
     }
 }
 
@@ -165,6 +232,10 @@ fn parallel_beyond_the_memory_available_is_refused() {
 fn parallel_zero_or_with_a_shared_worker_is_a_usage_error() {
     for (flags, msg) in [
         (vec!["--parallel", "0"], "--parallel 0"),
+        (
+            vec!["--parallel", "many"],
+            "give `auto` or the number of trials",
+        ),
         (
             vec!["--parallel", "2", "--isolation", "hybrid"],
             "--isolation hybrid",

@@ -2,7 +2,7 @@
 //! Every check that can fail on user input lives here, so a bad flag never costs a trial.
 
 use crate::accumulate;
-use crate::cli::{BackendArg, IsolationArg, ProbeArgs, StrategyArg};
+use crate::cli::{BackendArg, IsolationArg, ParallelArg, ProbeArgs, StrategyArg};
 use crate::device::sim::SimSpec;
 use crate::device::IsolationMode;
 use crate::output::Format;
@@ -54,8 +54,8 @@ pub struct ProbeConfig {
     pub world_size_given: bool,
     /// `--gpus` as given (checked for syntax here, against NVML when the backend starts).
     pub gpus: Option<String>,
-    /// `--parallel N`: trials at once on the cpu or sim device (1: one at a time).
-    pub parallel: u32,
+    /// `--parallel auto|N`: trials at once on the cpu or sim device.
+    pub parallel: Parallel,
     /// `--compare-alloc-conf`.
     pub compare_alloc_conf: bool,
     /// `PYTORCH_CUDA_ALLOC_CONF` for cuda trials (from the environment; recorded in the plan).
@@ -348,28 +348,53 @@ fn size(flag: &str, v: &str) -> Result<u64, ConfigError> {
 /// durations near the top of the range overflow clocks.
 pub const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
 
+/// How many trials run at once on the cpu or sim device (`--parallel`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parallel {
+    /// On the cpu, the proof's cold trials side by side, up to one per core and per budget the
+    /// memory holds ([`crate::probe::setup::cpu_backends`]), exploration one trial at a time: a
+    /// size explored beside the strategy's own is worth less than the time it takes from it where
+    /// both share the cores, but the proof's trials are all needed, and each starts its interpreter
+    /// and imports alone. Elsewhere one trial at a time.
+    Auto,
+    /// `--parallel N`: N trials at once, exploration rounds included.
+    Trials(u32),
+}
+
+impl Parallel {
+    /// The trials at once that were asked for: N, or 1 for `auto` until the cpu device sizes it.
+    pub fn asked(self) -> u32 {
+        match self {
+            Parallel::Auto => 1,
+            Parallel::Trials(n) => n,
+        }
+    }
+}
+
 /// Why `--parallel N` cannot run as given, if it cannot: N is 0, the trials share one worker
 /// (`--isolation hybrid`), or the device is a GPU (identical GPUs of `--gpus` run in rounds by
 /// themselves).
 fn parallel_refused(a: &ProbeArgs, backend: &BackendChoice) -> Option<String> {
-    if a.parallel == 0 {
-        return Some("--parallel 0: give the number of trials to run at once (1 or more)".into());
-    }
-    if a.parallel == 1 {
-        return None;
-    }
+    let n = match a.parallel {
+        ParallelArg::Auto | ParallelArg::Trials(1) => return None,
+        ParallelArg::Trials(0) => {
+            return Some(
+                "--parallel 0: give the number of trials to run at once (1 or more), or auto"
+                    .into(),
+            )
+        }
+        ParallelArg::Trials(n) => n,
+    };
     if a.isolation == IsolationArg::Hybrid {
         return Some(format!(
-            "--parallel {} runs each trial in its own process, and --isolation hybrid runs \
-             exploration in one worker; drop one of them",
-            a.parallel
+            "--parallel {n} runs each trial in its own process, and --isolation hybrid runs \
+             exploration in one worker; drop one of them"
         ));
     }
     if *backend == BackendChoice::Cuda || a.gpus.is_some() {
         return Some(format!(
-            "--parallel {} is for the cpu and sim backends: on cuda, give --gpus (identical GPUs \
-             run one trial each per round by themselves)",
-            a.parallel
+            "--parallel {n} is for the cpu and sim backends: on cuda, give --gpus (identical GPUs \
+             run one trial each per round by themselves)"
         ));
     }
     None
@@ -441,7 +466,10 @@ fn validate_one(a: &ProbeArgs) -> Result<ProbeConfig, ConfigError> {
         world_size: sizes.world_size,
         world_size_given: a.world_size.is_some(),
         gpus: a.gpus.clone(),
-        parallel: a.parallel,
+        parallel: match a.parallel {
+            ParallelArg::Auto => Parallel::Auto,
+            ParallelArg::Trials(n) => Parallel::Trials(n),
+        },
         compare_alloc_conf: a.compare_alloc_conf,
         alloc_conf: std::env::var("PYTORCH_CUDA_ALLOC_CONF")
             .ok()

@@ -125,9 +125,11 @@ impl CpuBackend {
     }
 
     /// Numbers its trials together with `other`'s (`--parallel`: devices of one probe running
-    /// trials at once), so that no two trials share a cgroup's or a log's name.
+    /// trials at once), so that no two trials share a cgroup's or a log's name, and runs `other`'s
+    /// workload, so that no two share a `BATCHFIT_TRIAL`, a report's file or a temporary folder.
     pub fn numbered_with(mut self, other: &CpuBackend) -> Self {
         self.trials = other.trials.clone();
+        self.workload = Arc::clone(&other.workload);
         self
     }
 
@@ -347,8 +349,12 @@ impl CpuBackend {
         };
         self.workload.trial_ended(&trial);
         let out = out?;
-        // what this trial reported may be what a warm process needs: the next one starts now
-        self.prestart();
+        // what this trial reported may be what a warm process needs: the next one starts now,
+        // unless this trial had to run cold (a device that runs only the proof's trials, side by
+        // side with the one that explores, would start one for nothing)
+        if !req.fresh {
+            self.prestart();
+        }
         Ok(out)
     }
 

@@ -16,13 +16,24 @@ pub struct Lane<'a> {
 /// Identical devices running one trial each per round.
 pub struct Lanes<'a> {
     lanes: Vec<Lane<'a>>,
+    /// Exploration runs one size at a time ([`Backend::explore_width`]).
+    explore_alone: bool,
 }
 
 impl<'a> Lanes<'a> {
     /// `lanes` must not be empty; the first runs the single trials.
     pub fn new(lanes: Vec<Lane<'a>>) -> Self {
         assert!(!lanes.is_empty(), "a set of devices holds at least one");
-        Lanes { lanes }
+        Lanes {
+            lanes,
+            explore_alone: false,
+        }
+    }
+    /// Devices that share the cores running their trials (`--parallel auto` on the cpu): only the
+    /// proof's trials run side by side, exploration one size at a time.
+    pub fn exploring_alone(mut self) -> Self {
+        self.explore_alone = true;
+        self
     }
     fn first(&self) -> &(dyn Backend + Send) {
         &*self.lanes[0].backend
@@ -55,6 +66,13 @@ impl Backend for Lanes<'_> {
     }
     fn width(&self) -> usize {
         self.lanes.len()
+    }
+    fn explore_width(&self) -> usize {
+        if self.explore_alone {
+            1
+        } else {
+            self.width()
+        }
     }
     fn run_round(&mut self, reqs: &[TrialRequest]) -> Vec<RoundTrial> {
         assert!(

@@ -135,6 +135,12 @@ pub trait Backend {
     fn width(&self) -> usize {
         1
     }
+    /// How many sizes the exploration runs at once: the width, or 1 where the devices share the
+    /// cores that run their trials ([`lanes::Lanes::exploring_alone`]; the proof's trials still
+    /// run side by side).
+    fn explore_width(&self) -> usize {
+        self.width()
+    }
     /// Runs `reqs` (at most [`Backend::width`] of them) at once, each on its own device, and
     /// returns their results in the order of `reqs`. One device runs them one after another.
     fn run_round(&mut self, reqs: &[TrialRequest]) -> Vec<RoundTrial> {

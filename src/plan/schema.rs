@@ -920,7 +920,8 @@ pub struct SearchSettings {
     /// the outcomes never disagreed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub noisy_boundary: Option<crate::search::noise::NoisyBoundary>,
-    /// Trials run at once in each round of the search (identical GPUs, `--parallel N`); each
+    /// Trials run at once in each round of the search (identical GPUs, `--parallel N`, or the
+    /// proof's trials under `--parallel auto` on the cpu, exploration then alone); each
     /// trial's `round` says which round it ran in. Absent: one trial at a time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel: Option<u32>,

@@ -25,7 +25,7 @@ pub mod verify;
 
 pub use report::{progress_line, Ending, ProbeError, ProbeReport, Progress};
 
-use crate::config::ProbeConfig;
+use crate::config::{Parallel, ProbeConfig};
 use crate::device::lanes::{Lane, Lanes};
 use crate::device::sim::SimBackend;
 use crate::device::Backend;
@@ -101,7 +101,7 @@ pub fn run_cached(
     let cache = cache.filter(|_| cfg.fault.is_none());
     match devices {
         Devices::Sim(spec) => {
-            let mut sims: Vec<SimBackend> = (0..cfg.parallel.max(1))
+            let mut sims: Vec<SimBackend> = (0..cfg.parallel.asked().max(1))
                 .map(|_| SimBackend::new(spec.clone()))
                 .collect();
             let mut set = side_by_side(&mut sims);
@@ -113,12 +113,15 @@ pub fn run_cached(
                 progress.line(&n);
             }
             let mut set = side_by_side(&mut cpus);
+            if cfg.parallel == Parallel::Auto {
+                set = set.exploring_alone();
+            }
             one_device(cfg, &mut set, None, None, progress, cache)
         }
-        Devices::Cuda(_) if cfg.parallel > 1 => Err(ProbeError::Usage(format!(
+        Devices::Cuda(_) if cfg.parallel.asked() > 1 => Err(ProbeError::Usage(format!(
             "--parallel {} is for the cpu and sim backends, and --backend auto chose cuda: give \
              --gpus (identical GPUs run one trial each per round by themselves), or --backend cpu",
-            cfg.parallel
+            cfg.parallel.asked()
         ))),
         Devices::Cuda(gpus) => {
             let (c, note) = setup::cuda_effective(cfg, &gpus)?;

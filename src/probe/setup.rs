@@ -5,7 +5,7 @@
 use super::report::ProbeError;
 use crate::accumulate;
 use crate::cli::CpuLimitArg;
-use crate::config::{self, BackendChoice, PeakNoise, ProbeConfig, WorkloadSpec};
+use crate::config::{self, BackendChoice, Parallel, PeakNoise, ProbeConfig, WorkloadSpec};
 use crate::device::cgroup;
 use crate::device::cpu::CpuBackend;
 use crate::device::cuda::{fake, CudaBackend, Executor};
@@ -368,20 +368,27 @@ pub fn cpu_backend(cfg: &ProbeConfig, notices: &mut Vec<String>) -> Result<CpuBa
     })
 }
 
-/// `--parallel N` on the cpu: `N` cpu devices, each running its own trials under its own limit
+/// `--parallel` on the cpu: `N` cpu devices, each running its own trials under its own limit
 /// (its own cgroup or `RLIMIT_DATA`), numbered together so that their trials' cgroups and logs
-/// never share a name. Refused (a usage error) when `N` budgets do not fit in the memory
-/// available now: trials at once each take up to the budget.
+/// never share a name. `--parallel N` is refused (a usage error) when `N` budgets do not fit in
+/// the memory available now: trials at once each take up to the budget. `auto` takes as many as
+/// [`auto_width`] allows.
 pub fn cpu_backends(
     cfg: &ProbeConfig,
     notices: &mut Vec<String>,
 ) -> Result<Vec<CpuBackend>, ProbeError> {
     let first = cpu_backend(cfg, notices)?;
-    let n = cfg.parallel.max(1);
-    if n > 1 {
-        let budget = cfg.budget.unwrap_or_else(|| first.default_budget());
-        let available = sysmem::available_bytes()
-            .map_err(|e| ProbeError::Environment(format!("cannot read /proc/meminfo: {e}")))?;
+    let budget = cfg.budget.unwrap_or_else(|| first.default_budget());
+    let available = || {
+        sysmem::available_bytes()
+            .map_err(|e| ProbeError::Environment(format!("cannot read /proc/meminfo: {e}")))
+    };
+    let n = match cfg.parallel {
+        Parallel::Auto => auto_width(cfg, budget, available()?),
+        Parallel::Trials(n) => n.max(1),
+    };
+    if cfg.parallel != Parallel::Auto && n > 1 {
+        let available = available()?;
         if budget.saturating_mul(u64::from(n)) > available {
             return Err(ProbeError::Usage(format!(
                 "--parallel {n} runs {n} trials at once, each up to the budget of {} ({}): {} in \
@@ -408,6 +415,19 @@ pub fn cpu_backends(
     }
     all.insert(0, first);
     Ok(all)
+}
+
+/// `--parallel auto` on the cpu: the proof's cold trials at once (the failure above, the
+/// confirmation and its repeats), at most one per core and per budget the memory available now
+/// holds; 1 where trials share a worker (`--isolation hybrid`).
+pub fn auto_width(cfg: &ProbeConfig, budget: u64, available: u64) -> u32 {
+    if cfg.isolation == IsolationMode::Hybrid {
+        return 1;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let budgets = available / budget.max(1);
+    let proof = 2 + u64::from(cfg.search.repeats);
+    cores.min(budgets).min(proof).max(1) as u32
 }
 
 /// The cuda config with the world size defaulting to the number of GPUs and, for DDP (world size > 1)

@@ -1156,12 +1156,12 @@ impl<'b> Prober<'b> {
         runs
     }
 
-    /// Where the device runs several trials at once, the proof's cold trials run side by side, a
+    /// Where the device runs several trials at once ([`Prober::proof_width`]), the proof's cold trials run side by side, a
     /// round at a time, until all have run or one did not go the proof's way (a fit above, an
     /// out-of-memory at the answer: what follows depends on it). The proof then reads their records
     /// as it reads trials run one by one, and runs only what is still missing.
     fn prove_side_by_side(&mut self, grid: &Grid, br: &Bracket, l: u64) -> Result<(), Stop> {
-        if self.backend.width() < 2 || self.accumulation != 1 {
+        if self.proof_width() < 2 || self.accumulation != 1 {
             return Ok(());
         }
         loop {
@@ -1180,6 +1180,27 @@ impl<'b> Prober<'b> {
             if !as_hoped || outcomes.len() < runs.len().min(self.backend.width()) {
                 return Ok(());
             }
+        }
+    }
+
+    /// How many of the proof's cold trials run at once: the device's width, or 1 once a trial
+    /// that ran beside another ended in an error or a timeout. Some jobs cannot run twice at once
+    /// (a fixed port, a fixed file); alone, they run as the job will.
+    pub(super) fn proof_width(&self) -> usize {
+        let beside = |t: &TrialRecord| {
+            t.round
+                .is_some_and(|r| self.trials.iter().filter(|u| u.round == Some(r)).count() > 1)
+        };
+        let failed = |t: &TrialRecord| {
+            matches!(
+                t.outcome,
+                TrialOutcome::Error { .. } | TrialOutcome::Timeout { .. }
+            )
+        };
+        if self.trials.iter().any(|t| failed(t) && beside(t)) {
+            1
+        } else {
+            self.backend.width()
         }
     }
 
@@ -1308,8 +1329,8 @@ impl<'b> Prober<'b> {
             confirm_ooms,
             prior: self.cfg.prior.as_ref(),
         };
-        if self.backend.width() > 1 {
-            let proposals = strategy.propose_round(&state, self.backend.width());
+        if self.backend.explore_width() > 1 {
+            let proposals = strategy.propose_round(&state, self.backend.explore_width());
             let planned = (proposals.iter())
                 .map(|p| self.plan_trial(&state, *p))
                 .collect::<Result<Vec<_>, _>>()

@@ -470,7 +470,8 @@ impl Prober<'_> {
     }
 
     /// The next runs of the candidate `c` below a noisy boundary: one, or where the device runs
-    /// several trials at once, as many side by side as it still needs fits (and `left` allows);
+    /// several trials at once ([`Prober::proof_width`]), as many side by side as it still needs fits
+    /// (and `left` allows);
     /// `left` counts them. An error or a timeout is retried (once, alone).
     fn candidate_runs(
         &mut self,
@@ -485,7 +486,7 @@ impl Prober<'_> {
             Purpose::Confirm
         };
         let need = self.fits_needed(true).saturating_sub(fits);
-        let n = need.min(self.backend.width()).min(*left as usize).max(1);
+        let n = need.min(self.proof_width()).min(*left as usize).max(1);
         *left -= n as u32;
         if n == 1 {
             return Ok(vec![self.trial_with_retry(c, steps, first)?]);

@@ -2,8 +2,8 @@ use super::super::tests::check_invariant;
 use crate::device::lanes::Lane;
 use crate::device::lanes::Lanes;
 use crate::device::sim::{SimBackend, SimSpec};
-use crate::device::Backend;
-use crate::protocol::TrialOutcome;
+use crate::device::{Backend, BackendError, DeviceInfo, RoundTrial};
+use crate::protocol::{Isolation, TrialOutcome, TrialRequest};
 use crate::search::{
     bisect, tolerance_gap, Grid, Prober, Purpose, SearchConfig, SearchOutcome, SearchState,
     Strategy, StrategyKind,
@@ -15,6 +15,16 @@ const MIB: u64 = 1 << 20;
 /// A search over `k` copies of the sim device `spec` (one trial per copy per round), with the
 /// number of trials each copy ran.
 fn search_on(spec: &SimSpec, cfg: &SearchConfig, k: usize) -> (SearchOutcome, Vec<u64>) {
+    search_over(spec, cfg, k, false)
+}
+
+/// [`search_on`], the devices sharing their cores when `alone` ([`Lanes::exploring_alone`]).
+fn search_over(
+    spec: &SimSpec,
+    cfg: &SearchConfig,
+    k: usize,
+    alone: bool,
+) -> (SearchOutcome, Vec<u64>) {
     let mut sims: Vec<SimBackend> = (0..k).map(|_| SimBackend::new(spec.clone())).collect();
     let lanes = sims
         .iter_mut()
@@ -25,6 +35,9 @@ fn search_on(spec: &SimSpec, cfg: &SearchConfig, k: usize) -> (SearchOutcome, Ve
         })
         .collect();
     let mut set = Lanes::new(lanes);
+    if alone {
+        set = set.exploring_alone();
+    }
     let out = Prober::new(&mut set, cfg.clone(), spec.capacity).search();
     drop(set);
     (out, sims.iter().map(|s| s.trials_run).collect())
@@ -247,6 +260,117 @@ fn runs_below_a_noisy_boundary_run_side_by_side() {
             "seed {seed}: {b}'s runs each alone: {:?}",
             out.trials
         );
+    }
+    assert!(noisy >= 5, "only {noisy} noisy searches");
+}
+
+/// Devices that share their cores explore one size at a time, and run only the proof's trials side
+/// by side: the answer of one device, in fewer rounds than its trials.
+#[test]
+fn devices_sharing_cores_explore_alone_and_prove_side_by_side() {
+    let spec = SimSpec::affine(250 * MIB, MIB, 1000 * MIB);
+    for strategy in [StrategyKind::Bisect, StrategyKind::Guided] {
+        let cfg = SearchConfig {
+            strategy,
+            tolerance: 0.0,
+            repeats: 2,
+            ..SearchConfig::default()
+        };
+        let (one, _) = search_on(&spec, &cfg, 1);
+        let (out, per_lane) = search_over(&spec, &cfg, 3, true);
+        assert_eq!(out.max_fitting, one.max_fitting, "{strategy:?}");
+        let round = |r: Option<u32>| out.trials.iter().filter(move |t| t.round == r);
+        for t in out.trials.iter().filter(|t| t.purpose == Purpose::Explore) {
+            assert_eq!(round(t.round).count(), 1, "{strategy:?}: {:?}", out.trials);
+        }
+        assert!(
+            (out.trials.iter()).any(|t| round(t.round).count() > 1),
+            "{strategy:?}: no proof trials side by side: {:?}",
+            out.trials
+        );
+        assert!(per_lane[1] > 0, "{per_lane:?}");
+        assert!(rounds(&out) < out.trials.len());
+        check_invariant(&out, &cfg);
+    }
+}
+
+/// Two devices whose trials fail when they run beside another (a job that binds a fixed port): the
+/// first of a round runs, the others end in an error.
+struct Crowded(SimBackend);
+
+impl Backend for Crowded {
+    fn device(&self) -> &DeviceInfo {
+        self.0.device()
+    }
+    fn default_budget(&self) -> u64 {
+        self.0.default_budget()
+    }
+    fn set_limit(&mut self, limit_bytes: u64) {
+        self.0.set_limit(limit_bytes)
+    }
+    fn run_trial(&mut self, req: TrialRequest) -> Result<TrialOutcome, BackendError> {
+        self.0.run_trial(req)
+    }
+    fn isolation(&self, req: &TrialRequest) -> Isolation {
+        self.0.isolation(req)
+    }
+    fn width(&self) -> usize {
+        2
+    }
+    fn explore_width(&self) -> usize {
+        1
+    }
+    fn run_round(&mut self, reqs: &[TrialRequest]) -> Vec<RoundTrial> {
+        let mut out = vec![crate::device::run_one(&mut self.0, reqs[0], None)];
+        for _ in &reqs[1..] {
+            out.push(RoundTrial {
+                outcome: Ok(TrialOutcome::Error {
+                    message: "address already in use".into(),
+                }),
+                isolation: Isolation::Process,
+                details: None,
+                seconds: 0.0,
+                gpu: None,
+            });
+        }
+        out
+    }
+}
+
+/// A job that fails beside another runs the rest of its proof alone, below a noisy boundary too:
+/// after the first round side by side, every trial is alone in its round; nothing that failed is
+/// evidence.
+#[test]
+fn a_trial_that_fails_beside_another_turns_the_proof_one_at_a_time() {
+    let mut noisy = 0;
+    for seed in 0..40 {
+        let mut spec = SimSpec::affine(0, MIB, 1000 * MIB);
+        spec.boundary_noise = 20 * MIB;
+        spec.seed = seed;
+        let cfg = SearchConfig {
+            tolerance: 0.0,
+            repeats: 2,
+            ..SearchConfig::default()
+        };
+        let mut crowded = Crowded(SimBackend::new(spec.clone()));
+        let out = Prober::new(&mut crowded, cfg.clone(), spec.capacity).search();
+        noisy += usize::from(out.noisy_boundary.is_some());
+        let beside = |r: Option<u32>| out.trials.iter().filter(|t| t.round == r).count();
+        let shared: Vec<_> = (out.trials.iter())
+            .filter(|t| beside(t.round) > 1)
+            .map(|t| t.round)
+            .collect();
+        assert!(
+            shared.iter().all(|&r| r == shared[0]),
+            "seed {seed}: one round side by side, then alone: {:?}",
+            out.trials
+        );
+        if let Some(b) = out.max_fitting {
+            let fits = (out.trials.iter())
+                .filter(|t| t.batch == b && t.steps >= 5 && t.outcome.fits())
+                .count();
+            assert!(fits >= 3, "seed {seed}: {b} fit {fits} times");
+        }
     }
     assert!(noisy >= 5, "only {noisy} noisy searches");
 }
