@@ -60,11 +60,11 @@ pub fn over_the_limit(plan: &Plan, first: &TrialRecord) -> Option<String> {
                 .map(|t| format!(" while its processes had touched {}", format_size(t)))
                 .unwrap_or_default();
             format!(
-                "{head}: a data segment reached {}{held}. RLIMIT_DATA counts the address space a \
-                 process reserves, not only what it touches (an interpreter importing torch \
-                 reserves about 676 MiB): --cpu-limit cgroup limits the memory the whole tree \
-                 touches, or a --memory-budget above {} gives the data segment more room",
-                format_size(seg),
+                "{head}: {}{held}. RLIMIT_DATA counts the address space a process reserves, not \
+                 only what it touches (an interpreter importing torch reserves about 676 MiB): \
+                 --cpu-limit cgroup limits the memory the whole tree touches, or a \
+                 --memory-budget above {} gives the data segment more room",
+                segment_reached(seg, limit),
                 format_size(budget_for(plan, seg.max(limit)))
             )
         }
@@ -82,4 +82,36 @@ pub fn over_the_limit(plan: &Plan, first: &TrialRecord) -> Option<String> {
         _ => return None,
     };
     Some(text)
+}
+
+/// What the largest data segment measured, `seg`, says of an out-of-memory under `RLIMIT_DATA`:
+/// below the limit, the allocation that failed was one that would have taken the segment past it
+/// (one large block is refused whole, so the segment never reached the limit).
+fn segment_reached(seg: u64, limit: u64) -> String {
+    if seg < limit {
+        format!(
+            "an allocation failed that would have taken a data segment of {} past the limit",
+            format_size(seg)
+        )
+    } else {
+        format!("a data segment reached {}", format_size(seg))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::segment_reached;
+
+    /// A segment measured below the limit is never said to have reached it.
+    #[test]
+    fn a_refused_large_allocation_is_not_said_to_reach_the_limit() {
+        let mib = 1u64 << 20;
+        let below = segment_reached(200 * mib, 269 * mib);
+        assert!(!below.contains("reached"), "{below}");
+        assert!(below.contains("an allocation failed") && below.contains("200.00 MiB"));
+        assert_eq!(
+            segment_reached(269 * mib, 269 * mib),
+            "a data segment reached 269.00 MiB"
+        );
+    }
 }
