@@ -499,7 +499,11 @@ impl Tree {
             return;
         }
         let (pss, escaped) = self.shares(&pass.live, inside.as_deref(), shared_growth);
-        self.pss_peak = self.pss_peak.max(pss);
+        // at least one process's own resident memory: a page it shares with a process outside the
+        // tree (a `/dev/shm` file that another job, or a trial beside this one, maps too) counts
+        // only its share in `Pss`, and the job alone holds it whole
+        let single = pass.live.iter().map(|&(_, a, _)| a).max().unwrap_or(0);
+        self.pss_peak = self.pss_peak.max(pss.max(single));
         self.escaped_peak = self.escaped_peak.max(escaped);
     }
 
@@ -823,6 +827,54 @@ mod tests {
         // the old sum: the 96 MiB once per process
         assert!(summed > 4.0 * 96.0, "summed {summed:.0} MiB");
     }
+
+    /// A region the trial maps together with a process outside its tree (a `/dev/shm` file that
+    /// a trial beside it attached to) counts whole, as it does when the trial runs alone: the
+    /// process outside takes half of each page's `Pss`.
+    #[test]
+    fn a_region_shared_with_a_process_outside_the_tree_counts_whole() {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let file = dir.path().join("region");
+        let hold = |secs: &str| {
+            std::process::Command::new("/usr/bin/python3")
+                .args(["-c", SHARED_REGION, file.to_str().unwrap(), "128", secs])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        };
+        let mut outside = hold("4");
+        while std::fs::metadata(&file).map_or(0, |m| m.len()) < 128 << 20 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let mut c = hold("1.5");
+        let tree = sampled_until_exit(&mut c);
+        outside.kill().unwrap();
+        outside.wait().unwrap();
+        let mib = tree.pss_peak >> 20;
+        assert!(
+            mib >= 128,
+            "the tree's figure peaked at {mib} MiB for a 128 MiB region"
+        );
+    }
+
+    /// `python3 -c SHARED_REGION FILE MIB SECONDS`: maps FILE (made MIB MiB long and filled when
+    /// shorter), touches every page and holds it for SECONDS.
+    const SHARED_REGION: &str = "import mmap, os, sys, time
+path, mib, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+n = mib << 20
+fresh = os.fstat(fd).st_size < n
+if fresh:
+    os.ftruncate(fd, n)
+m = mmap.mmap(fd, n)
+for i in range(0, n, 4096):
+    if fresh:
+        m[i] = 1
+    else:
+        m[i]
+time.sleep(secs)
+";
 
     #[test]
     fn between_readings_a_process_counts_its_growth() {

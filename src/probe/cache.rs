@@ -348,7 +348,8 @@ pub fn key(skeleton: &Plan, cfg: &ProbeConfig) -> String {
         budget_bytes: skeleton.budget_bytes,
         reserve_bytes: skeleton.reserve_bytes,
         margin: skeleton.margin,
-        search: &skeleton.search,
+        // (how many trials ran at once says nothing of the answer)
+        search: &skeleton.search.flags(),
         threads: skeleton.runtime.threads,
         seed: skeleton.runtime.seed,
         global: cfg.global,
@@ -677,6 +678,20 @@ mod tests {
         assert_eq!(key(&plan, &explicit), key(&less_free, &explicit));
         let default = cfg(&[]);
         assert_ne!(key(&plan, &default), key(&less_free, &default));
+    }
+
+    /// How many trials ran at once (the cores and the memory free decide it under `--parallel
+    /// auto`) does not change the answer, so it is not in the key: a plan probed side by side
+    /// answers a probe run one trial at a time, and the other way round.
+    #[test]
+    fn trials_at_once_are_not_in_the_key() {
+        let plan =
+            Plan::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/plan-v1-cpu.json"))
+                .unwrap();
+        let mut two = plan.clone();
+        two.search.parallel = Some(2);
+        let c = cfg(&["--memory-budget", "2GiB"]);
+        assert_eq!(key(&plan, &c), key(&two, &c));
     }
 
     /// A plan probed with `--observe off` (whose trials above a short DataLoader fit) is not the

@@ -226,6 +226,7 @@ pub fn assemble(
     if plan.search.noisy_boundary.is_none() {
         plan.warnings.extend(non_monotone(&plan.trials));
     }
+    plan.warnings.extend(failed_beside_another(&plan.trials));
     plan.warnings.extend(fewer_steps_than_the_job(&plan));
     plan.warnings
         .extend(bounded_by_reserved_address_space(&plan));
@@ -281,6 +282,31 @@ pub fn non_monotone(trials: &[TrialRecord]) -> Option<String> {
             f.batch, o.batch
         )
     })
+}
+
+/// A trial that ended in an error or a timeout while another ran beside it (the proof's trials
+/// side by side): the job may not bear two runs at once (a fixed port, a fixed file), and the rest
+/// of the proof ran one trial at a time ([`crate::search::Prober`]'s proof width).
+pub fn failed_beside_another(trials: &[TrialRecord]) -> Option<String> {
+    let beside = |t: &TrialRecord| {
+        t.round
+            .is_some_and(|r| trials.iter().filter(|u| u.round == Some(r)).count() > 1)
+    };
+    let failed = trials
+        .iter()
+        .find(|t| matches!(t.outcome.kind(), "error" | "timeout") && beside(t))?;
+    let what = if failed.outcome.kind() == "error" {
+        "an error"
+    } else {
+        "a timeout"
+    };
+    Some(format!(
+        "micro-batch {} ended in {what} while another trial ran beside it ({}); the rest of the \
+         proof ran one trial at a time. If the job cannot run twice at once (a fixed port, a fixed \
+         file), give --parallel 1",
+        failed.batch,
+        failed.outcome.message().unwrap_or("no message")
+    ))
 }
 
 /// A user's command that fit at the `--max-batch` cap never ran out of memory, which a job that
@@ -965,6 +991,26 @@ mod tests {
             .map(|&b| fit_at(b, 300 * mib))
             .collect();
         assert!(!settled_at_the_limit(&flat, limit));
+    }
+
+    #[test]
+    fn a_trial_that_failed_beside_another_is_named() {
+        use Isolation::Process as P;
+        let mut alone = t(300, true, 5, P);
+        alone.round = Some(1);
+        let mut beside = t(310, false, 5, P);
+        beside.round = Some(2);
+        beside.outcome = TrialOutcome::Error {
+            message: "OSError: [Errno 98] Address already in use".into(),
+        };
+        let mut partner = t(300, true, 5, P);
+        partner.round = Some(2);
+        let mut failed_alone = beside.clone();
+        failed_alone.round = Some(3);
+        assert_eq!(failed_beside_another(&[alone.clone(), failed_alone]), None);
+        let w = failed_beside_another(&[alone, beside, partner]).unwrap();
+        assert!(w.contains("micro-batch 310 ended in an error") && w.contains("Errno 98"));
+        assert!(w.contains("--parallel 1"), "{w}");
     }
 
     #[test]

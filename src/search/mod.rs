@@ -1060,6 +1060,11 @@ impl<'b> Prober<'b> {
             })));
         };
         self.prove_side_by_side(grid, br, l)?;
+        if self.noisy_band(grid).is_some() {
+            // the rounds' outcomes disagree (two repeats that ran out of memory where the
+            // confirmation fit): the loop answers below them before anything else runs
+            return Ok(None);
+        }
         if !self.fresh_failure_above(grid, br, l)? || !self.confirm_or_lower(grid, br, l)? {
             return Ok(None);
         }

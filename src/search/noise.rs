@@ -292,12 +292,15 @@ impl Prober<'_> {
         accumulation: u32,
         purpose: Purpose,
     ) -> Result<Confirmation, Stop> {
+        let acc = accumulation.max(1);
+        let steps = self.cfg.confirm_steps.max(self.cfg.steps);
+        if let Some(failed) = self.split_side_by_side(b, acc, steps, purpose)? {
+            return Ok(failed);
+        }
         let first = self.confirm_split(b, accumulation, purpose)?;
         if first != Confirmation::Fits {
             return Ok(first);
         }
-        let acc = accumulation.max(1);
-        let steps = self.cfg.confirm_steps.max(self.cfg.steps);
         while self.split_fits(b, acc, steps).len() < self.fits_needed(false) {
             match self.repeat_split(b, acc)? {
                 Confirmation::Fits => {}
@@ -307,6 +310,35 @@ impl Prober<'_> {
         Ok(self
             .split_above_noise(b, acc, steps)
             .unwrap_or(Confirmation::Fits))
+    }
+
+    /// Where the device runs several trials at once ([`Prober::proof_width`]), the split's fresh
+    /// runs it still needs, side by side in one round: the first out-of-memory among them, if any
+    /// (as a run one at a time would have stopped there). An error is no evidence: what is still
+    /// missing then runs one at a time.
+    fn split_side_by_side(
+        &mut self,
+        b: u64,
+        acc: u32,
+        steps: u32,
+        purpose: Purpose,
+    ) -> Result<Option<Confirmation>, Stop> {
+        let need = self
+            .fits_needed(false)
+            .saturating_sub(self.split_fits(b, acc, steps).len());
+        let n = need.min(self.proof_width());
+        if n < 2 {
+            return Ok(None);
+        }
+        let runs: Vec<_> = (0..n)
+            .map(|j| (b, steps, if j == 0 { purpose } else { Purpose::Repeat }))
+            .collect();
+        self.accumulation = acc;
+        let ran = self.round_of(&runs);
+        self.accumulation = 1;
+        Ok((ran?.iter())
+            .find(|o| o.is_bound())
+            .map(|o| Confirmation::of(o, b)))
     }
 
     /// The footprints of the fresh fits of `b` at exactly `acc` with at least `steps` steps.

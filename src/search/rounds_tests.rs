@@ -374,3 +374,70 @@ fn a_trial_that_fails_beside_another_turns_the_proof_one_at_a_time() {
     }
     assert!(noisy >= 5, "only {noisy} noisy searches");
 }
+
+/// Side by side, a noisy boundary costs no more trials after its first disagreement than one trial
+/// at a time may (the noise rule's cap): a round whose repeats ran out of memory where the
+/// confirmation fit goes to the noise rule at once, without one more run of its size.
+#[test]
+fn side_by_side_the_noise_rule_keeps_its_cap_of_trials() {
+    let cap = crate::search::noise::noisy_trials(2) as usize;
+    // trials in the rounds after the first disagreement's (its round's other trials ran with it)
+    let after_first = |out: &SearchOutcome| {
+        let first = (0..out.trials.len())
+            .find(|&i| !crate::search::noise::contradictions(&out.trials[..=i]).is_empty())?;
+        let round = out.trials[first].round;
+        let after = out.trials[first + 1..].iter().filter(|t| t.round > round);
+        Some(after.filter(|t| t.purpose != Purpose::Retry).count())
+    };
+    for seed in 0..300 {
+        let mut spec = SimSpec::affine(0, MIB, 1000 * MIB);
+        spec.boundary_noise = 20 * MIB;
+        spec.seed = seed;
+        let cfg = SearchConfig {
+            repeats: 2,
+            tolerance: 0.0,
+            ..SearchConfig::default()
+        };
+        for k in [2, 4] {
+            let (out, _) = search_over(&spec, &cfg, k, true);
+            let n = after_first(&out).unwrap_or(0);
+            assert!(
+                n <= cap,
+                "seed {seed}, {k} lanes: {n} trials after the first disagreement (cap {cap}): {:?}",
+                out.trials
+            );
+        }
+    }
+}
+
+/// The split's fresh runs go side by side too: its confirmation and repeats at the accumulation the
+/// job will run share a round; a split size that runs out of memory at that accumulation is said
+/// so, as one run at a time would.
+#[test]
+fn the_splits_runs_go_side_by_side() {
+    let mut spec = SimSpec::affine(250 * MIB, MIB, 1000 * MIB);
+    spec.accumulation_extra = 40 * MIB;
+    let cfg = SearchConfig {
+        repeats: 2,
+        ..SearchConfig::default()
+    };
+    let mut sims: Vec<SimBackend> = (0..3).map(|_| SimBackend::new(spec.clone())).collect();
+    let lanes = (sims.iter_mut())
+        .map(|s| Lane {
+            backend: s as &mut (dyn Backend + Send),
+            gpu: None,
+        })
+        .collect();
+    let mut set = Lanes::new(lanes).exploring_alone();
+    let mut prober = Prober::new(&mut set, cfg, spec.capacity);
+    // 700 + 40 MiB of accumulation fits in 1000 MiB; 740 + 40 does not
+    let fits = prober.confirm_split_held(450, 2, Purpose::Confirm).unwrap();
+    assert_eq!(fits, crate::search::Confirmation::Fits);
+    let over = prober.confirm_split_held(740, 2, Purpose::Confirm).unwrap();
+    assert_eq!(over, crate::search::Confirmation::OutOfMemory);
+    let trials = prober.trials().to_vec();
+    let at = |b: u64| trials.iter().filter(move |t| t.batch == b);
+    assert_eq!(at(450).count(), 3, "{trials:?}");
+    assert!(at(450).all(|t| t.accumulation == 2 && t.round == trials[0].round));
+    assert!(at(740).all(|t| t.round != trials[0].round));
+}
