@@ -61,33 +61,16 @@ fn parallel_two_on_the_sim_gives_the_sequential_answer_in_fewer_rounds() {
     }
 }
 
-/// hog.py under RLIMIT_DATA, each trial its own process with its own limit, two at once: the
-/// answer of one at a time (fits exactly while 8 + b ≤ 200 MiB).
-#[test]
-fn parallel_two_on_the_cpu_runs_each_trial_under_its_own_limit() {
-    let d = tmp();
-    let probe = |extra: &[&str]| {
-        let out = path(&d, &format!("plan{}.json", extra.join("")));
-        let mut c = batchfit();
-        c.args([
-            "probe",
-            "--backend",
-            "cpu",
-            "--memory-budget",
-            "1GiB",
-            "--quiet",
-        ])
-        .args([
-            "--trial-timeout",
-            "60",
-            "--tolerance",
-            "0",
-            "--cpu-limit",
-            "rlimit",
-        ])
+/// A probe of hog.py on the cpu under RLIMIT_DATA with a 1 GiB budget (it fits exactly while
+/// 8 + b ≤ 200 MiB), `extra` flags added, its plan written to `out`.
+fn hog_probe(out: &std::path::Path, extra: &[&str]) -> assert_cmd::Command {
+    let mut c = batchfit();
+    c.args(["probe", "--backend", "cpu", "--memory-budget", "1GiB"])
+        .args(["--quiet", "--trial-timeout", "60", "--tolerance", "0"])
+        .args(["--cpu-limit", "rlimit"])
         .args(extra)
         .arg("--out")
-        .arg(&out)
+        .arg(out)
         .arg("--exec")
         .arg("--")
         .arg(venv_python())
@@ -100,16 +83,20 @@ fn parallel_two_on_the_cpu_runs_each_trial_under_its_own_limit() {
             "--base-mib",
             "8",
         ])
-        .args([
-            "--mib-per-sample",
-            "1",
-            "--capacity-mib",
-            "200",
-            "--report",
-            "--helper",
-        ])
+        .args(["--mib-per-sample", "1", "--capacity-mib", "200", "--report"])
+        .arg("--helper")
         .arg(repo().join("python/batchfit"));
-        c.assert().success();
+    c
+}
+
+/// hog.py under RLIMIT_DATA, each trial its own process with its own limit, two at once: the
+/// answer of one at a time (fits exactly while 8 + b ≤ 200 MiB).
+#[test]
+fn parallel_two_on_the_cpu_runs_each_trial_under_its_own_limit() {
+    let d = tmp();
+    let probe = |extra: &[&str]| {
+        let out = path(&d, &format!("plan{}.json", extra.join("")));
+        hog_probe(&out, extra).assert().success();
         read_json(&out)
     };
     let two = probe(&["--parallel", "2"]);
@@ -147,28 +134,7 @@ fn parallel_two_on_the_cpu_runs_each_trial_under_its_own_limit() {
 fn parallel_auto_on_the_cpu_explores_alone_and_runs_the_proof_side_by_side() {
     let d = tmp();
     let out = path(&d, "plan.json");
-    batchfit()
-        .args(["probe", "--backend", "cpu", "--memory-budget", "1GiB"])
-        .args(["--quiet", "--trial-timeout", "60", "--tolerance", "0"])
-        .args(["--cpu-limit", "rlimit", "--out"])
-        .arg(&out)
-        .arg("--exec")
-        .arg("--")
-        .arg(venv_python())
-        .arg(repo().join("tests/support/exec/hog.py"))
-        .args([
-            "--batch",
-            "{batch}",
-            "--steps",
-            "{steps}",
-            "--base-mib",
-            "8",
-        ])
-        .args(["--mib-per-sample", "1", "--capacity-mib", "200", "--report"])
-        .arg("--helper")
-        .arg(repo().join("python/batchfit"))
-        .assert()
-        .success();
+    hog_probe(&out, &[]).assert().success();
     let plan = read_json(&out);
     assert_eq!(plan["recommendation"]["max_fitting_batch"], 192);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
