@@ -9,7 +9,9 @@
 //! outcome to the bracket as it would apply a single trial's, one by one. An error or a timeout is
 //! retried once (the retries of a round run together) and is never evidence. A fit above a size
 //! that ran out of memory in the same round is a contradiction like any other
-//! ([`super::noise`]). With one device (`k = 1`) nothing here runs: the trials are today's.
+//! ([`super::noise`]). With one device (`k = 1`) nothing here runs: the trials are today's. Devices
+//! that share the cores running their trials (`--parallel auto` on the cpu) explore one size at a
+//! time ([`crate::device::Backend::explore_width`]) and run only the proof's trials in rounds.
 
 use super::{upper_bound, Planned, Prober, Proposal, Purpose, SearchState, Stop};
 use crate::protocol::{TrialOutcome, TrialRequest};
