@@ -59,6 +59,8 @@ struct Reading {
     rss: u64,
     /// Its `RssShmem` at the reading.
     shmem: u64,
+    /// Its `Pss_Shmem` at the reading.
+    pss_shmem: u64,
 }
 
 /// What one pass over the tree's `/proc/PID/status` files found.
@@ -311,10 +313,10 @@ fn has_memory_now(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| has_memory(&s))
 }
 
-/// A process's `smaps_rollup` reading, if it can be read: its `Pss_Anon + Pss_Shmem`, and its
+/// A process's `smaps_rollup` reading, if it can be read: its `Pss_Anon + Pss_Shmem`, its
 /// `Anonymous` (resident anonymous pages, from the same walk of its page tables as `Pss_Anon`; the
-/// counterpart of `status`'s `RssAnon`).
-fn proportional(pid: u32) -> Option<(u64, u64)> {
+/// counterpart of `status`'s `RssAnon`), and its `Pss_Shmem`.
+fn proportional(pid: u32) -> Option<(u64, u64, u64)> {
     let t = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
     let get = |k: &str| {
         t.lines()
@@ -322,10 +324,8 @@ fn proportional(pid: u32) -> Option<(u64, u64)> {
             .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
             .map(|kb| kb * 1024)
     };
-    Some((
-        get("Pss_Anon:")? + get("Pss_Shmem:").unwrap_or(0),
-        get("Anonymous:")?,
-    ))
+    let shmem = get("Pss_Shmem:").unwrap_or(0);
+    Some((get("Pss_Anon:")? + shmem, get("Anonymous:")?, shmem))
 }
 
 /// A fork server's part of the pages it shares with its forked trial: its `Pss_Anon + Pss_Shmem`
@@ -499,11 +499,7 @@ impl Tree {
             return;
         }
         let (pss, escaped) = self.shares(&pass.live, inside.as_deref(), shared_growth);
-        // at least one process's own resident memory: a page it shares with a process outside the
-        // tree (a `/dev/shm` file that another job, or a trial beside this one, maps too) counts
-        // only its share in `Pss`, and the job alone holds it whole
-        let single = pass.live.iter().map(|&(_, a, _)| a).max().unwrap_or(0);
-        self.pss_peak = self.pss_peak.max(pss.max(single));
+        self.pss_peak = self.pss_peak.max(pss + self.shared_outside());
         self.escaped_peak = self.escaped_peak.max(escaped);
     }
 
@@ -566,6 +562,16 @@ impl Tree {
         pass
     }
 
+    /// The shared memory of the last round that processes outside the tree hold shares of: a
+    /// `/dev/shm` file that another job, or a trial beside this one, maps too counts only its share
+    /// in the tree's `Pss_Shmem`, and the job alone holds it whole. At least one process's whole
+    /// `RssShmem` is the tree's; what the tree's shares leave of it is added.
+    fn shared_outside(&self) -> u64 {
+        let mut readings = self.readings.values();
+        let whole = readings.clone().map(|r| r.shmem).max().unwrap_or(0);
+        whole.saturating_sub(readings.by_ref().map(|r| r.pss_shmem).sum())
+    }
+
     /// Whether shared memory grew in more than one process since their readings.
     fn shared_grew(&self, live: &[(u32, u64, u64)]) -> bool {
         live.iter()
@@ -603,9 +609,15 @@ impl Tree {
             match proportional(pid) {
                 // the anonymous pages of the same walk (not `status`'s, read before it: pages
                 // touched meanwhile would count twice), with its shared memory
-                Some((pss, anon)) => {
+                Some((pss, anon, pss_shmem)) => {
                     let rss = anon + shmem;
-                    self.readings.insert(pid, Reading { pss, rss, shmem });
+                    let r = Reading {
+                        pss,
+                        rss,
+                        shmem,
+                        pss_shmem,
+                    };
+                    self.readings.insert(pid, r);
                 }
                 // ended meanwhile (gone, or a zombie): its memory went with it
                 None if !has_memory_now(pid) => ended.push(pid),
@@ -882,6 +894,7 @@ time.sleep(secs)
             pss: 10,
             rss: 100,
             shmem: 0,
+            pss_shmem: 0,
         });
         assert_eq!(estimate(r, 100), 10);
         assert_eq!(estimate(r, 130), 40);
@@ -892,7 +905,8 @@ time.sleep(secs)
                 Some(Reading {
                     pss: 90,
                     rss: 100,
-                    shmem: 0
+                    shmem: 0,
+                    pss_shmem: 0,
                 }),
                 50
             ),
