@@ -125,11 +125,9 @@ impl CpuBackend {
     }
 
     /// Numbers its trials together with `other`'s (`--parallel`: devices of one probe running
-    /// trials at once), so that no two trials share a cgroup's or a log's name, and runs `other`'s
-    /// workload, so that no two share a `BATCHFIT_TRIAL`, a report's file or a temporary folder.
+    /// trials at once), so that no two trials share a cgroup's or a log's name.
     pub fn numbered_with(mut self, other: &CpuBackend) -> Self {
         self.trials = other.trials.clone();
-        self.workload = Arc::clone(&other.workload);
         self
     }
 

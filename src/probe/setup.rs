@@ -341,10 +341,14 @@ pub fn resolve(cfg: &ProbeConfig, notices: &mut Vec<String>) -> Result<Devices, 
     }
 }
 
-/// The cpu device running `cfg`'s workload; a user's command in a memory cgroup per trial where
-/// `--cpu-limit` asks for one or `auto` finds one (`notices` says which and why).
-pub fn cpu_backend(cfg: &ProbeConfig, notices: &mut Vec<String>) -> Result<CpuBackend, ProbeError> {
-    let mut b = CpuBackend::new(workload(cfg)?, cfg.trial_timeout, cfg.isolation)
+/// The cpu device running `work` (`cfg`'s workload); a user's command in a memory cgroup per trial
+/// where `--cpu-limit` asks for one or `auto` finds one (`notices` says which and why).
+fn cpu_backend(
+    cfg: &ProbeConfig,
+    work: Arc<dyn Workload>,
+    notices: &mut Vec<String>,
+) -> Result<CpuBackend, ProbeError> {
+    let mut b = CpuBackend::new(work, cfg.trial_timeout, cfg.isolation)
         .map_err(|e| ProbeError::Environment(e.to_string()))?;
     if !cfg.workload.forks_warm_trials() {
         b = b.without_fork_server();
@@ -369,15 +373,17 @@ pub fn cpu_backend(cfg: &ProbeConfig, notices: &mut Vec<String>) -> Result<CpuBa
 }
 
 /// `--parallel` on the cpu: `N` cpu devices, each running its own trials under its own limit
-/// (its own cgroup or `RLIMIT_DATA`), numbered together so that their trials' cgroups and logs
-/// never share a name. `--parallel N` is refused (a usage error) when `N` budgets do not fit in
+/// (its own cgroup or `RLIMIT_DATA`), running one workload (so that no two trials share a
+/// `BATCHFIT_TRIAL`, a report's file or a temporary folder) and numbered together (so that their
+/// trials' cgroups and logs never share a name). `--parallel N` is refused (a usage error) when `N` budgets do not fit in
 /// the memory available now: trials at once each take up to the budget. `auto` takes as many as
 /// [`auto_width`] allows.
 pub fn cpu_backends(
     cfg: &ProbeConfig,
     notices: &mut Vec<String>,
 ) -> Result<Vec<CpuBackend>, ProbeError> {
-    let first = cpu_backend(cfg, notices)?;
+    let work = workload(cfg)?;
+    let first = cpu_backend(cfg, Arc::clone(&work), notices)?;
     let budget = cfg.budget.unwrap_or_else(|| first.default_budget());
     let available = || {
         sysmem::available_bytes()
@@ -411,7 +417,7 @@ pub fn cpu_backends(
     }
     let mut all = vec![];
     for _ in 1..n {
-        all.push(cpu_backend(cfg, &mut vec![])?.numbered_with(&first));
+        all.push(cpu_backend(cfg, Arc::clone(&work), &mut vec![])?.numbered_with(&first));
     }
     all.insert(0, first);
     Ok(all)

@@ -288,13 +288,7 @@ pub fn non_monotone(trials: &[TrialRecord]) -> Option<String> {
 /// side by side): the job may not bear two runs at once (a fixed port, a fixed file), and the rest
 /// of the proof ran one trial at a time ([`crate::search::Prober`]'s proof width).
 pub fn failed_beside_another(trials: &[TrialRecord]) -> Option<String> {
-    let beside = |t: &TrialRecord| {
-        t.round
-            .is_some_and(|r| trials.iter().filter(|u| u.round == Some(r)).count() > 1)
-    };
-    let failed = trials
-        .iter()
-        .find(|t| matches!(t.outcome.kind(), "error" | "timeout") && beside(t))?;
+    let failed = crate::search::rounds::failed_beside_another(trials)?;
     let what = if failed.outcome.kind() == "error" {
         "an error"
     } else {

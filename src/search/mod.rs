@@ -1161,10 +1161,10 @@ impl<'b> Prober<'b> {
         runs
     }
 
-    /// Where the device runs several trials at once ([`Prober::proof_width`]), the proof's cold trials run side by side, a
-    /// round at a time, until all have run or one did not go the proof's way (a fit above, an
-    /// out-of-memory at the answer: what follows depends on it). The proof then reads their records
-    /// as it reads trials run one by one, and runs only what is still missing.
+    /// Where the device runs several trials at once ([`Prober::proof_width`]), the proof's cold
+    /// trials run side by side, a round at a time, until all have run or one did not go the proof's
+    /// way (a fit above, an out-of-memory at the answer: what follows depends on it). The proof then
+    /// reads their records as it reads trials run one by one, and runs only what is still missing.
     fn prove_side_by_side(&mut self, grid: &Grid, br: &Bracket, l: u64) -> Result<(), Stop> {
         if self.proof_width() < 2 || self.accumulation != 1 {
             return Ok(());
@@ -1192,17 +1192,7 @@ impl<'b> Prober<'b> {
     /// that ran beside another ended in an error or a timeout. Some jobs cannot run twice at once
     /// (a fixed port, a fixed file); alone, they run as the job will.
     pub(super) fn proof_width(&self) -> usize {
-        let beside = |t: &TrialRecord| {
-            t.round
-                .is_some_and(|r| self.trials.iter().filter(|u| u.round == Some(r)).count() > 1)
-        };
-        let failed = |t: &TrialRecord| {
-            matches!(
-                t.outcome,
-                TrialOutcome::Error { .. } | TrialOutcome::Timeout { .. }
-            )
-        };
-        if self.trials.iter().any(|t| failed(t) && beside(t)) {
+        if rounds::failed_beside_another(&self.trials).is_some() {
             1
         } else {
             self.backend.width()

@@ -13,7 +13,7 @@
 //! that share the cores running their trials (`--parallel auto` on the cpu) explore one size at a
 //! time ([`crate::device::Backend::explore_width`]) and run only the proof's trials in rounds.
 
-use super::{upper_bound, Planned, Prober, Proposal, Purpose, SearchState, Stop};
+use super::{upper_bound, Planned, Prober, Proposal, Purpose, SearchState, Stop, TrialRecord};
 use crate::protocol::{TrialOutcome, TrialRequest};
 
 /// The sizes of a round around `first` (the strategy's proposal), at most `k`, all distinct: when
@@ -111,6 +111,22 @@ fn widest_gap(st: &SearchState, out: &[Proposal], end: u64) -> Option<u64> {
         prev = (Some(p), pb);
     }
     best.map(|(_, i)| i)
+}
+
+/// The first trial that ended in an error or a timeout while another ran beside it (in a round of
+/// more than one): a job that may not bear two runs at once (a fixed port, a fixed file).
+pub fn failed_beside_another(trials: &[TrialRecord]) -> Option<&TrialRecord> {
+    let beside = |t: &TrialRecord| {
+        t.round
+            .is_some_and(|r| trials.iter().filter(|u| u.round == Some(r)).count() > 1)
+    };
+    let failed = |t: &TrialRecord| {
+        matches!(
+            t.outcome,
+            TrialOutcome::Error { .. } | TrialOutcome::Timeout { .. }
+        )
+    };
+    trials.iter().find(|t| failed(t) && beside(t))
 }
 
 impl Prober<'_> {
