@@ -199,3 +199,51 @@ fn a_warm_trial_is_watched_as_a_cold_one() {
         assert_eq!(t["details"]["dataloader_batch"], t["batch"], "{t}");
     }
 }
+
+/// The fork server starts before the first trial, importing the frameworks the script names at its
+/// top level (`torch`), and, once that trial's report named what the job imported, imports the rest
+/// (`jinja2`, which the script imports only inside a function): every forked trial begins with both,
+/// every cold one with neither (tests/support/exec/preloaded.py).
+#[test]
+fn the_fork_server_imports_the_scripts_frameworks_while_the_first_trial_runs() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let o = Command::new(env!("CARGO_BIN_EXE_batchfit"))
+        .env("BATCHFIT_CACHE_DIR", fresh_cache_dir())
+        .env("PYTHONPATH", repo().join("python/batchfit"))
+        .env("OMP_NUM_THREADS", "1")
+        .args(["probe", "--backend", "cpu", "--memory-budget", "1GiB"])
+        .args(["--quiet", "--cpu-limit", "rlimit", "--warm", "on"])
+        .args(["--multiple-of", "16", "--max-batch", "256", "--out"])
+        .arg(&out)
+        .arg("--exec")
+        .arg("--")
+        .arg(venv_python())
+        .arg(repo().join("tests/support/exec/preloaded.py"))
+        .args(["--batch", "{batch}", "--steps", "{steps}"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let p = read_json(&out);
+    let trials = p["trials"].as_array().unwrap();
+    let said = |t: &serde_json::Value, what: &str| -> String {
+        let tail = t["details"]["output_tail"].as_array().unwrap();
+        let line = tail.iter().filter_map(|l| l.as_str()).find_map(|l| {
+            l.strip_prefix(what)
+                .and_then(|rest| rest.strip_prefix(": "))
+                .map(str::to_string)
+        });
+        line.unwrap_or_else(|| panic!("no {what} line in {t}"))
+    };
+    assert_eq!(said(&trials[0], "servers"), r#"["torch"]"#, "{p}");
+    assert_eq!(said(&trials[0], "preloaded"), "none", "{p}");
+    for t in trials {
+        let expect = if t["details"]["forked"] == true {
+            "torch,jinja2"
+        } else {
+            "none"
+        };
+        assert_eq!(said(t, "preloaded"), expect, "{t}");
+    }
+    assert!(trials.iter().any(|t| t["details"]["forked"] == true), "{p}");
+}

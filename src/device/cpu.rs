@@ -50,6 +50,9 @@ pub struct CpuBackend {
     /// The fork server of forked trials, under `RLIMIT_DATA` ([`process::ForkServer`]), and the
     /// limit it was started under.
     server: Option<(process::ForkServer, u64)>,
+    /// What the fork server imports when it was started before a trial said what the job imports
+    /// ([`Workload::warm_guess`]).
+    guessed: Option<Vec<String>>,
     /// Whether warm trials may fork from a server where the limit allows it (`--warm` auto or on).
     forking: bool,
     /// How long the last cold trial took: how long a trial waits at most for the fork server.
@@ -105,6 +108,7 @@ impl CpuBackend {
             n: 0,
             warm: None,
             server: None,
+            guessed: None,
             forking: true,
             cold_start: Duration::ZERO,
         })
@@ -182,10 +186,13 @@ impl CpuBackend {
     /// Starts the next trial's warm process, when the workload has one and none is waiting. One that
     /// cannot be started is no error: the trial runs cold.
     fn prestart(&mut self) {
-        if self.serve() || self.warm.is_some() {
+        if self.serve(false) || self.warm.is_some() {
             return;
         }
-        let Some(cmd) = self.workload.warm_command(false) else {
+        let Some(modules) = self.workload.warm_modules() else {
+            return;
+        };
+        let Some(cmd) = self.workload.warm_command(&modules, false) else {
             return;
         };
         // numbered across the devices of `--parallel`, as trials are
@@ -212,13 +219,36 @@ impl CpuBackend {
     }
 
     /// Starts the fork server, when the workload has one, the limit is `RLIMIT_DATA` and none
-    /// runs: whether one runs now. One that cannot be started is no error: trials run otherwise.
-    fn serve(&mut self) -> bool {
+    /// runs: whether one runs now. `early`, before a trial said what the job imports, it imports the
+    /// frameworks the command names ([`Workload::warm_guess`]) while the first trial runs cold; once
+    /// a trial said, it imports the rest, or ends when the job did not import what it guessed (or
+    /// said nothing). One that cannot be started is no error: trials run otherwise.
+    fn serve(&mut self, early: bool) -> bool {
+        let known = self.workload.warm_modules();
+        if let Some(guess) = self.guessed.take() {
+            match (&known, &mut self.server) {
+                (Some(m), Some((server, _))) if guess.iter().all(|g| m.contains(g)) => {
+                    if !server.import(m) {
+                        self.server = None;
+                    }
+                }
+                (None, Some(_)) if early => self.guessed = Some(guess),
+                _ => self.server = None,
+            }
+        }
         if self.server.is_some() {
             return true;
         }
         let may = self.forking && self.cgroup.is_none() && crate::platform::reaper::adopting();
-        let Some(cmd) = self.workload.warm_command(true).filter(|_| may) else {
+        let (modules, guessed) = match known {
+            Some(m) => (m, false),
+            None if early => (self.workload.warm_guess(), true),
+            None => return false,
+        };
+        if !may || (guessed && modules.is_empty()) {
+            return false;
+        }
+        let Some(cmd) = self.workload.warm_command(&modules, true) else {
             return false;
         };
         let opts = process::Options {
@@ -228,6 +258,7 @@ impl CpuBackend {
         };
         if let Ok(server) = process::ForkServer::start(cmd, &opts) {
             self.server = Some((server, self.limit));
+            self.guessed = guessed.then_some(modules);
         }
         self.server.is_some()
     }
@@ -330,6 +361,10 @@ impl CpuBackend {
         let ((ran, trial), warm, forked) = match started {
             Some((ran, forked)) => (ran, true, forked),
             None => {
+                if !req.fresh {
+                    // an exploration trial that runs cold (the first): the server imports meanwhile
+                    self.serve(true);
+                }
                 let t0 = std::time::Instant::now();
                 let ran = self.run_cold(&req);
                 self.cold_start = t0.elapsed();
@@ -412,6 +447,7 @@ impl Backend for CpuBackend {
         self.worker = None;
         self.warm = None;
         self.server = None;
+        self.guessed = None;
     }
     fn isolation(&self, req: &TrialRequest) -> Isolation {
         if self.mode == IsolationMode::Hybrid && !req.fresh {

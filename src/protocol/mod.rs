@@ -625,11 +625,21 @@ pub trait Workload: Send + Sync {
         false
     }
     /// The command of a warm process (`--warm`): started ahead of the next trial under the trial's
-    /// limit, it prepares (imports) and then waits for [`Workload::warm_handoff`]; when `serve`, a
-    /// fork server that prepares once and forks a process per hand-off. `None` when the workload
-    /// has none (yet).
-    fn warm_command(&self, _serve: bool) -> Option<std::process::Command> {
+    /// limit, it imports `modules` and then waits for [`Workload::warm_handoff`]; when `serve`, a
+    /// fork server that imports once and forks a process per hand-off. `None` when the workload
+    /// has none.
+    fn warm_command(&self, _modules: &[String], _serve: bool) -> Option<std::process::Command> {
         None
+    }
+    /// What a warm process imports: the packages the job imported (what a trial's report said);
+    /// `None` until a report said so.
+    fn warm_modules(&self) -> Option<Vec<String>> {
+        None
+    }
+    /// What a fork server may import before any trial has reported: the frameworks the command's
+    /// own source imports first thing (`torch`, `lightning`, …); empty when it names none.
+    fn warm_guess(&self) -> Vec<String> {
+        vec![]
     }
     /// What a warm process or a fork server is handed to run `trial` as `command` would run it
     /// fresh (its [`Workload::command`]); `None` when it cannot be.

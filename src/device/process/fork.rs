@@ -37,8 +37,9 @@ const FORK_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct ForkServer {
     spawned: Option<Spawned>,
     control: OwnedFd,
-    /// It said its imports are done.
-    ready: bool,
+    /// The stages of imports it has not yet said are done: its own, then each
+    /// [`ForkServer::import`].
+    importing: u32,
 }
 
 impl Drop for ForkServer {
@@ -57,20 +58,31 @@ impl ForkServer {
         Ok(ForkServer {
             spawned: Some(spawned),
             control,
-            ready: false,
+            importing: 1,
         })
     }
 
     /// Whether it has imported the job's modules and waits for trials, waiting `patience` at most
     /// for it to say so (a trial that comes before runs otherwise).
     pub fn ready(&mut self, patience: Duration) -> bool {
-        if !self.ready && self.alive() {
-            self.ready = matches!(
-                fdpass::recv(self.control.as_fd(), patience),
-                Ok(Some(m)) if m == b"ready"
-            );
+        let until = std::time::Instant::now() + patience;
+        while self.importing > 0 && self.alive() {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            match fdpass::recv(self.control.as_fd(), left) {
+                Ok(Some(m)) if m == b"ready" => self.importing -= 1,
+                _ => break,
+            }
         }
-        self.ready
+        self.importing == 0
+    }
+
+    /// Has it import `modules` too (those it imported already cost nothing): it is not
+    /// [`ForkServer::ready`] until it says they are done. `false` when it could not be asked.
+    pub fn import(&mut self, modules: &[String]) -> bool {
+        let ask = serde_json::json!({ "import": modules }).to_string();
+        let asked = fdpass::send(self.control.as_fd(), ask.as_bytes(), &[]).is_ok();
+        self.importing += u32::from(asked);
+        asked
     }
 
     /// Whether its process still runs (one whose imports started a thread or initialized CUDA

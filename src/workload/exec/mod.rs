@@ -614,13 +614,25 @@ impl Workload for ExecWorkload {
         }
     }
 
-    fn warm_command(&self, serve: bool) -> Option<Command> {
-        let launch = self.warm.as_ref()?;
-        let modules = self
-            .modules
+    fn warm_modules(&self) -> Option<Vec<String>> {
+        self.warm.as_ref()?;
+        self.modules
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()?;
+            .clone()
+    }
+
+    fn warm_guess(&self) -> Vec<String> {
+        match self.warm.as_ref().map(|l| &l.target) {
+            Some(warm::Target::Script(path)) => std::fs::read_to_string(path)
+                .map(|source| warm::framework_imports(&source))
+                .unwrap_or_default(),
+            _ => vec![],
+        }
+    }
+
+    fn warm_command(&self, modules: &[String], serve: bool) -> Option<Command> {
+        let launch = self.warm.as_ref()?;
         // its own temporary directory until the hand-off gives it the trial's
         let temp = self.temp.path().join("warm");
         let _ = std::fs::DirBuilder::new().mode(0o700).create(&temp);
@@ -628,7 +640,7 @@ impl Workload for ExecWorkload {
         for k in ["TMPDIR", "TEMP", "TMP"] {
             env.push((k.into(), temp.display().to_string()));
         }
-        let mut cmd = warm::command(launch, &modules, &env, serve);
+        let mut cmd = warm::command(launch, modules, &env, serve);
         // the watcher must be in place before the warm process imports torch; the hand-off then
         // gives it the trial's own folder of observations
         for (k, v) in self.observe_env(self.observing.then_some(temp.as_path())) {

@@ -97,6 +97,42 @@ pub fn command(
     cmd
 }
 
+/// The frameworks a fork server may import before the first trial has said what the job imports:
+/// packages every trial of a PyTorch job spends its first seconds importing, whose import neither
+/// reads the job's arguments nor starts a thread.
+const FRAMEWORKS: &[&str] = &[
+    "torch",
+    "numpy",
+    "lightning",
+    "pytorch_lightning",
+    "transformers",
+    "accelerate",
+    "torchvision",
+];
+
+/// The [`FRAMEWORKS`] a script's `source` imports at its top level (`import torch.nn as nn`, `from
+/// lightning import Trainer`), in the order it names them. A guess read from the text: the first
+/// trial's report says what the job really imported.
+pub fn framework_imports(source: &str) -> Vec<String> {
+    let mut out: Vec<String> = vec![];
+    for line in source.lines() {
+        let names = if let Some(rest) = line.strip_prefix("import ") {
+            rest.split(',').collect::<Vec<_>>()
+        } else if let Some(rest) = line.strip_prefix("from ") {
+            vec![rest.split(" import").next().unwrap_or("")]
+        } else {
+            continue;
+        };
+        for name in names {
+            let root = name.trim().split(['.', ' ']).next().unwrap_or("");
+            if FRAMEWORKS.contains(&root) && !out.iter().any(|o| o == root) {
+                out.push(root.to_string());
+            }
+        }
+    }
+    out
+}
+
 /// The hand-off line for the trial whose fresh command is `trial`: its argv as the script sees it,
 /// the environment it sets and unsets, the working directory, and `ack`, the file the warm process
 /// creates once the trial is the command's. `None` when `trial` is not a Python launch.
@@ -184,6 +220,17 @@ mod tests {
         ] {
             assert_eq!(python_launch(&v(not)), None, "{not:?}");
         }
+    }
+
+    /// The frameworks a script imports at its top level are read from its text; indented imports,
+    /// other packages and repeats are not.
+    #[test]
+    fn a_scripts_top_level_framework_imports_are_read_from_its_text() {
+        let source = "\"\"\"Train.\"\"\"\nimport os, numpy as np\nimport torch.nn as nn\n\
+            from lightning.pytorch import Trainer\nimport torch\nimport mylib\n\
+            def f():\n    import transformers\nfrom . import local\n";
+        assert_eq!(framework_imports(source), v(&["numpy", "torch", "lightning"]));
+        assert!(framework_imports("print(1)\n").is_empty());
     }
 
     /// The hand-off carries what a fresh trial gets: its argv after the script, the environment the

@@ -7,8 +7,11 @@
 # Two ways (sys.argv[2]):
 #   "once"  - waits for one hand-off line on stdin and becomes the trial's process;
 #   "serve" - a fork server, under RLIMIT_DATA only, for exploration trials: stdin is a SOCK_SEQPACKET
-#             socket; it says "ready" once its imports are done; then each message is
-#             a hand-off with the trial's stdout and stderr (SCM_RIGHTS). The server forks; the child
+#             socket; it says "ready" once its imports are done; then each message is either
+#             a hand-off with the trial's stdout and stderr (SCM_RIGHTS), or, with no descriptors,
+#             {"import": [...]}: more packages to import (a server started before the first trial
+#             imports the frameworks the script names, then what the first trial's report named),
+#             answered with "ready" once they are imported. The server forks; the child
 #             forks the trial and exits, so the trial's parent becomes batchfit (its subreaper), which
 #             waits for it as for any trial. The trial starts its own session and sends its pid once
 #             it is batchfit's child, then runs the command. Its data segment is the server's, copied whole
@@ -18,18 +21,7 @@ def _batchfit_warm():
     import os
     import sys
 
-    for name in json.loads(sys.argv[1]):
-        try:
-            __import__(name)
-        except Exception:
-            pass  # the job imports it itself, and fails there as it would cold
-    torch = sys.modules.get("torch")
-    try:
-        cuda = torch is not None and torch.cuda.is_initialized()
-    except Exception:
-        cuda = False
-    if cuda:
-        sys.exit("batchfit warm process: an import initialized CUDA; the trial runs cold")
+    _import(json.loads(sys.argv[1]), sys)
     if sys.argv[2:3] == ["serve"]:
         _serve(json, os, sys)
     line = sys.stdin.buffer.readline()
@@ -42,16 +34,35 @@ def _batchfit_warm():
     _run(json.loads(line), os, sys)
 
 
+def _import(names, sys):
+    for name in names:
+        try:
+            __import__(name)
+        except Exception:
+            pass  # the job imports it itself, and fails there as it would cold
+    torch = sys.modules.get("torch")
+    try:
+        cuda = torch is not None and torch.cuda.is_initialized()
+    except Exception:
+        cuda = False
+    if cuda:
+        sys.exit("batchfit warm process: an import initialized CUDA; the trial runs cold")
+
+
+def _one_thread(os, sys):
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:
+        # a fork keeps only the forking thread: a lock another thread held stays held in the child
+        sys.exit(f"batchfit fork server: the imports started {threads - 1} threads; no trial is forked")
+
+
 def _serve(json, os, sys):
     import ctypes
     import socket
     import time
 
     libc = ctypes.CDLL(None, use_errno=True)
-    threads = len(os.listdir("/proc/self/task"))
-    if threads != 1:
-        # a fork keeps only the forking thread: a lock another thread held stays held in the child
-        sys.exit(f"batchfit fork server: the imports started {threads - 1} threads; no trial is forked")
+    _one_thread(os, sys)
     control = socket.socket(fileno=os.dup(0))
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)  # the trials' stdin, as a cold trial's: nothing
@@ -66,6 +77,11 @@ def _serve(json, os, sys):
             os._exit(0)
         if not data:
             os._exit(0)  # batchfit went away
+        if not fds:
+            _import(json.loads(data).get("import", []), sys)
+            _one_thread(os, sys)
+            control.send(b"ready")
+            continue
         if len(fds) != 2:
             for fd in fds:
                 os.close(fd)
