@@ -441,3 +441,46 @@ fn the_splits_runs_go_side_by_side() {
     assert!(at(450).all(|t| t.accumulation == 2 && t.round == trials[0].round));
     assert!(at(740).all(|t| t.round != trials[0].round));
 }
+
+/// A confirmation that ran out of memory in a proof round (memory that grows after the exploration's
+/// steps) is read as the confirmation, and a repeat that failed beside it as the run that tells late
+/// memory from noise: the size runs at most twice with the confirmation's steps (bisection, whose
+/// 2-step bracket closes above the late memory).
+#[test]
+fn a_confirmation_that_failed_in_a_proof_round_is_not_run_again() {
+    let mut spec = SimSpec::affine(250 * MIB, MIB, 1000 * MIB);
+    spec.late_per_sample = MIB / 10;
+    {
+        let strategy = StrategyKind::Bisect;
+        let cfg = SearchConfig {
+            strategy,
+            tolerance: 0.0,
+            repeats: 2,
+            ..SearchConfig::default()
+        };
+        let (one, _) = search_on(&spec, &cfg, 1);
+        let (out, _) = search_over(&spec, &cfg, 2, true);
+        assert_eq!(out.max_fitting, one.max_fitting, "{strategy:?}");
+        let long = |t: &&crate::search::TrialRecord| t.steps >= cfg.confirm_steps;
+        let failed: Vec<u64> = (out.trials.iter().filter(long))
+            .filter(|t| t.purpose == Purpose::Confirm && t.outcome.is_bound())
+            .map(|t| t.batch)
+            .collect();
+        assert!(
+            !failed.is_empty(),
+            "{strategy:?}: no late memory: {:?}",
+            out.trials
+        );
+        for b in failed {
+            let runs = (out.trials.iter().filter(long))
+                .filter(|t| t.batch == b)
+                .count();
+            assert!(
+                runs <= 2,
+                "{strategy:?}: {b} ran {runs} times: {:?}",
+                out.trials
+            );
+        }
+        check_invariant(&out, &cfg);
+    }
+}

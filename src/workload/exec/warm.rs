@@ -229,7 +229,10 @@ mod tests {
         let source = "\"\"\"Train.\"\"\"\nimport os, numpy as np\nimport torch.nn as nn\n\
             from lightning.pytorch import Trainer\nimport torch\nimport mylib\n\
             def f():\n    import transformers\nfrom . import local\n";
-        assert_eq!(framework_imports(source), v(&["numpy", "torch", "lightning"]));
+        assert_eq!(
+            framework_imports(source),
+            v(&["numpy", "torch", "lightning"])
+        );
         assert!(framework_imports("print(1)\n").is_empty());
     }
 
