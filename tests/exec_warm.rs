@@ -164,11 +164,9 @@ fn warm_and_forked_trials_give_the_cold_answer_and_peaks() {
     agrees_with_cold(&cold, &forked, "forked");
 }
 
-/// A warm trial's DataLoader is watched as a cold one's: the watcher is in the warm process before
-/// it imports torch, and the hand-off gives it the trial's own folder (tests/support/exec/
-/// train_dataset.py with the helper's report, which names torch for the warm process to import).
-#[test]
-fn a_warm_trial_is_watched_as_a_cold_one() {
+/// The plan of `batchfit probe` (1 GiB of `RLIMIT_DATA`, `--warm on`, sizes a multiple of 16, and
+/// `flags`) of tests/support/exec/`script` with `args`.
+fn forked_probe(flags: &[&str], script: &str, args: &[&str]) -> serde_json::Value {
     let d = tmp();
     let out = path(&d, "plan.json");
     let o = Command::new(env!("CARGO_BIN_EXE_batchfit"))
@@ -177,19 +175,39 @@ fn a_warm_trial_is_watched_as_a_cold_one() {
         .env("OMP_NUM_THREADS", "1")
         .args(["probe", "--backend", "cpu", "--memory-budget", "1GiB"])
         .args(["--quiet", "--cpu-limit", "rlimit", "--warm", "on"])
-        .args(["--multiple-of", "16", "--max-batch", "128", "--steps", "2"])
-        .args(["--confirm-steps", "3", "--out"])
+        .args(["--multiple-of", "16"])
+        .args(flags)
+        .arg("--out")
         .arg(&out)
         .arg("--exec")
         .arg("--")
         .arg(venv_python())
-        .arg(repo().join("tests/support/exec/train_dataset.py"))
-        .args(["--batch-size", "{batch}", "--steps", "{steps}"])
-        .args(["--samples", "128", "--report"])
+        .arg(repo().join("tests/support/exec").join(script))
+        .args(args)
         .output()
         .unwrap();
     assert!(o.status.success(), "{o:?}");
-    let p = read_json(&out);
+    read_json(&out)
+}
+
+/// A warm trial's DataLoader is watched as a cold one's: the watcher is in the warm process before
+/// it imports torch, and the hand-off gives it the trial's own folder (tests/support/exec/
+/// train_dataset.py with the helper's report, which names torch for the warm process to import).
+#[test]
+fn a_warm_trial_is_watched_as_a_cold_one() {
+    let p = forked_probe(
+        &["--max-batch", "128", "--steps", "2", "--confirm-steps", "3"],
+        "train_dataset.py",
+        &[
+            "--batch-size",
+            "{batch}",
+            "--steps",
+            "{steps}",
+            "--samples",
+            "128",
+            "--report",
+        ],
+    );
     let trials = p["trials"].as_array().unwrap();
     assert!(
         trials[1..].iter().any(|t| t["details"]["warm"] == true),
@@ -206,25 +224,11 @@ fn a_warm_trial_is_watched_as_a_cold_one() {
 /// every cold one with neither (tests/support/exec/preloaded.py).
 #[test]
 fn the_fork_server_imports_the_scripts_frameworks_while_the_first_trial_runs() {
-    let d = tmp();
-    let out = path(&d, "plan.json");
-    let o = Command::new(env!("CARGO_BIN_EXE_batchfit"))
-        .env("BATCHFIT_CACHE_DIR", fresh_cache_dir())
-        .env("PYTHONPATH", repo().join("python/batchfit"))
-        .env("OMP_NUM_THREADS", "1")
-        .args(["probe", "--backend", "cpu", "--memory-budget", "1GiB"])
-        .args(["--quiet", "--cpu-limit", "rlimit", "--warm", "on"])
-        .args(["--multiple-of", "16", "--max-batch", "256", "--out"])
-        .arg(&out)
-        .arg("--exec")
-        .arg("--")
-        .arg(venv_python())
-        .arg(repo().join("tests/support/exec/preloaded.py"))
-        .args(["--batch", "{batch}", "--steps", "{steps}"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{o:?}");
-    let p = read_json(&out);
+    let p = forked_probe(
+        &["--max-batch", "256"],
+        "preloaded.py",
+        &["--batch", "{batch}", "--steps", "{steps}"],
+    );
     let trials = p["trials"].as_array().unwrap();
     let said = |t: &serde_json::Value, what: &str| -> String {
         let tail = t["details"]["output_tail"].as_array().unwrap();
