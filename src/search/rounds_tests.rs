@@ -43,6 +43,16 @@ fn search_over(
     (out, sims.iter().map(|s| s.trials_run).collect())
 }
 
+/// The exact proof (no tolerance) with the answer run twice more, as `--exec` runs it.
+fn exact_with_repeats(strategy: StrategyKind) -> SearchConfig {
+    SearchConfig {
+        strategy,
+        tolerance: 0.0,
+        repeats: 2,
+        ..SearchConfig::default()
+    }
+}
+
 /// Rounds of a search: its trials' distinct round numbers (every trial is its own round when the
 /// trials ran one at a time).
 fn rounds(out: &SearchOutcome) -> usize {
@@ -202,12 +212,7 @@ proptest! {
 fn the_proofs_trials_run_side_by_side() {
     let spec = SimSpec::affine(250 * MIB, MIB, 1000 * MIB);
     for strategy in [StrategyKind::Bisect, StrategyKind::Guided] {
-        let cfg = SearchConfig {
-            strategy,
-            tolerance: 0.0,
-            repeats: 2,
-            ..SearchConfig::default()
-        };
+        let cfg = exact_with_repeats(strategy);
         let (out, _) = search_on(&spec, &cfg, 2);
         assert_eq!(out.max_fitting, Some(750));
         let repeats: Vec<u32> = (out.trials.iter())
@@ -270,12 +275,7 @@ fn runs_below_a_noisy_boundary_run_side_by_side() {
 fn devices_sharing_cores_explore_alone_and_prove_side_by_side() {
     let spec = SimSpec::affine(250 * MIB, MIB, 1000 * MIB);
     for strategy in [StrategyKind::Bisect, StrategyKind::Guided] {
-        let cfg = SearchConfig {
-            strategy,
-            tolerance: 0.0,
-            repeats: 2,
-            ..SearchConfig::default()
-        };
+        let cfg = exact_with_repeats(strategy);
         let (one, _) = search_on(&spec, &cfg, 1);
         let (out, per_lane) = search_over(&spec, &cfg, 3, true);
         assert_eq!(out.max_fitting, one.max_fitting, "{strategy:?}");
@@ -452,12 +452,7 @@ fn a_confirmation_that_failed_in_a_proof_round_is_not_run_again() {
     spec.late_per_sample = MIB / 10;
     {
         let strategy = StrategyKind::Bisect;
-        let cfg = SearchConfig {
-            strategy,
-            tolerance: 0.0,
-            repeats: 2,
-            ..SearchConfig::default()
-        };
+        let cfg = exact_with_repeats(strategy);
         let (one, _) = search_on(&spec, &cfg, 1);
         let (out, _) = search_over(&spec, &cfg, 2, true);
         assert_eq!(out.max_fitting, one.max_fitting, "{strategy:?}");
