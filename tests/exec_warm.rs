@@ -251,3 +251,34 @@ fn the_fork_server_imports_the_scripts_frameworks_while_the_first_trial_runs() {
     }
     assert!(trials.iter().any(|t| t["details"]["forked"] == true), "{p}");
 }
+
+/// A script that is a FIFO is not read for its imports (the read would wait for a writer before
+/// any trial ran): the trials run, and time out as the interpreter waits on it.
+#[test]
+fn a_script_that_is_a_fifo_is_not_read_before_the_first_trial() {
+    let d = tmp();
+    let fifo = path(&d, "train.py");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let mut probe = Command::new(env!("CARGO_BIN_EXE_batchfit"))
+        .env("BATCHFIT_CACHE_DIR", fresh_cache_dir())
+        .args(["probe", "--backend", "cpu", "--memory-budget", "1GiB"])
+        .args(["--quiet", "--cpu-limit", "rlimit", "--warm", "on"])
+        .args(["--trial-timeout", "2", "--max-trials", "2", "--out"])
+        .arg(path(&d, "plan.json"))
+        .arg("--exec")
+        .arg("--")
+        .arg(venv_python())
+        .arg(&fifo)
+        .args(["--batch", "{batch}"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let (status, _) = wait_within(&mut probe, std::time::Duration::from_secs(60));
+    assert!(!status.success());
+    let p = read_json(&path(&d, "plan.partial.json"));
+    let trials = p["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 2, "{p}");
+    assert!(trials.iter().all(|t| t["outcome"] == "timeout"), "{p}");
+}

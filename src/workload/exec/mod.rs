@@ -623,12 +623,14 @@ impl Workload for ExecWorkload {
     }
 
     fn warm_guess(&self) -> Vec<String> {
-        match self.warm.as_ref().map(|l| &l.target) {
-            Some(warm::Target::Script(path)) => std::fs::read_to_string(path)
-                .map(|source| warm::framework_imports(&source))
-                .unwrap_or_default(),
-            _ => vec![],
-        }
+        let Some(warm::Target::Script(path)) = self.warm.as_ref().map(|l| &l.target) else {
+            return vec![];
+        };
+        // a regular file of a script's size only: a FIFO's read would wait for a writer
+        let script = std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() <= 1 << 22);
+        (script.then(|| std::fs::read(path).ok()).flatten())
+            .map(|source| warm::framework_imports(&String::from_utf8_lossy(&source)))
+            .unwrap_or_default()
     }
 
     fn warm_command(&self, modules: &[String], serve: bool) -> Option<Command> {
