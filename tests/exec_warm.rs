@@ -252,6 +252,30 @@ fn the_fork_server_imports_the_scripts_frameworks_while_the_first_trial_runs() {
     assert!(trials.iter().any(|t| t["details"]["forked"] == true), "{p}");
 }
 
+/// A job that writes no report gets no fork server after its first trial: the one started on the
+/// script's frameworks ends, and no other is started for the trials that follow, which run cold.
+#[test]
+fn a_guess_that_the_first_trial_did_not_confirm_is_not_made_again() {
+    let p = forked_probe(
+        &["--max-batch", "256"],
+        "preloaded.py",
+        &["--batch", "{batch}", "--steps", "{steps}", "--no-report"],
+    );
+    let trials = p["trials"].as_array().unwrap();
+    assert!(trials.len() > 2, "{p}");
+    let servers = |t: &serde_json::Value| {
+        let tail = t["details"]["output_tail"].as_array().unwrap();
+        (tail.iter().filter_map(|l| l.as_str()))
+            .find_map(|l| l.strip_prefix("servers: ").map(str::to_string))
+            .unwrap_or_else(|| panic!("no servers line in {t}"))
+    };
+    assert_eq!(servers(&trials[0]), r#"["torch"]"#, "{p}");
+    for t in &trials[1..] {
+        assert_eq!(servers(t), "none", "{t}");
+        assert_ne!(t["details"]["warm"], true, "{t}");
+    }
+}
+
 /// A script that is a FIFO is not read for its imports (the read would wait for a writer before
 /// any trial ran): the trials run, and time out as the interpreter waits on it.
 #[test]

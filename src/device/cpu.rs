@@ -53,6 +53,8 @@ pub struct CpuBackend {
     /// What the fork server imports when it was started before a trial said what the job imports
     /// ([`Workload::warm_guess`]).
     guessed: Option<Vec<String>>,
+    /// A guess was ended (the job did not import it, or wrote no report): none is made again.
+    guess_failed: bool,
     /// Whether warm trials may fork from a server where the limit allows it (`--warm` auto or on).
     forking: bool,
     /// How long the last cold trial took: how long a trial waits at most for the fork server.
@@ -109,6 +111,7 @@ impl CpuBackend {
             warm: None,
             server: None,
             guessed: None,
+            guess_failed: false,
             forking: true,
             cold_start: Duration::ZERO,
         })
@@ -233,7 +236,10 @@ impl CpuBackend {
                     }
                 }
                 (None, Some(_)) if early => self.guessed = Some(guess),
-                _ => self.server = None,
+                _ => {
+                    self.server = None;
+                    self.guess_failed = true;
+                }
             }
         }
         if self.server.is_some() {
@@ -241,11 +247,12 @@ impl CpuBackend {
         }
         let may = self.forking && self.cgroup.is_none() && crate::platform::reaper::adopting();
         let (modules, guessed) = match known {
+            _ if !may => return false,
             Some(m) => (m, false),
-            None if early => (self.workload.warm_guess(), true),
+            None if early && !self.guess_failed => (self.workload.warm_guess(), true),
             None => return false,
         };
-        if !may || (guessed && modules.is_empty()) {
+        if guessed && modules.is_empty() {
             return false;
         }
         let Some(cmd) = self.workload.warm_command(&modules, true) else {

@@ -627,7 +627,7 @@ impl Workload for ExecWorkload {
             return vec![];
         };
         // a regular file of a script's size only: a FIFO's read would wait for a writer
-        let script = std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() <= 1 << 22);
+        let script = std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() <= 1 << 20);
         (script.then(|| std::fs::read(path).ok()).flatten())
             .map(|source| warm::framework_imports(&String::from_utf8_lossy(&source)))
             .unwrap_or_default()
