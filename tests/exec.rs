@@ -1389,3 +1389,26 @@ fn a_script_that_uses_builtins_as_a_module_runs_warm_as_cold() {
     let f = forked_flags(&p);
     assert!(f.iter().any(|&(_, forked)| forked), "{f:?}");
 }
+
+/// A probe stopped by `--time-limit` says how long a limit would finish it: the trials it may still
+/// need at the mean time of those that ran, more than the limit it had.
+#[test]
+fn a_probe_cut_short_by_time_limit_says_how_long_would_finish_it() {
+    let d = tmp();
+    let out = path(&d, "plan.json");
+    let run = probe(
+        &out,
+        &["--time-limit", "1.5", "--format", "text", "--warm", "off"],
+        &hog(400, &["--sleep", "0.2"]),
+    )
+    .assert()
+    .code(5);
+    let text = String::from_utf8(run.get_output().stdout.clone()).unwrap();
+    let wanted = regex_lite::Regex::new(r"run the probe again with --time-limit (\d+) or more")
+        .unwrap()
+        .captures(&text)
+        .unwrap_or_else(|| panic!("{text}"))[1]
+        .parse::<u64>()
+        .unwrap();
+    assert!(wanted >= 2, "{text}");
+}

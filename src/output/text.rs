@@ -125,6 +125,9 @@ pub fn summary(plan: &Plan) -> String {
     if plan.stop_reason == crate::search::StopReason::MaxTrials {
         s += &more_trials_line(plan, n);
     }
+    if plan.stop_reason == crate::search::StopReason::TimeLimit {
+        s += &more_time_line(plan, n, secs);
+    }
     s += &format!("{}, {secs:.1} s of trials\n", count(n, "trial", "trials"));
     for w in &plan.warnings {
         s += &format!("warning: {w}\n");
@@ -135,11 +138,11 @@ pub fn summary(plan: &Plan) -> String {
     s
 }
 
-/// What a search cut short by `--max-trials` needs to finish: more trials, and how many a noisy
-/// boundary takes (it stops bisecting, then runs a few sizes twice) on top of the answer's repeats.
-fn more_trials_line(plan: &Plan, ran: usize) -> String {
+/// The trials a capped search may still need: those of the proof, or how many a noisy boundary
+/// takes (it stops bisecting, then runs a few sizes twice) on top of the answer's repeats; and why.
+fn trials_to_finish(plan: &Plan) -> (u32, String) {
     let repeats = plan.search.repeats;
-    let (more, why) = match &plan.search.noisy_boundary {
+    match &plan.search.noisy_boundary {
         Some(_) => {
             let noisy = crate::search::noise::noisy_trials(repeats);
             let why = format!(
@@ -149,10 +152,32 @@ fn more_trials_line(plan: &Plan, ran: usize) -> String {
             (noisy + 1, why)
         }
         None => (4 + repeats, String::new()),
-    };
+    }
+}
+
+/// What a search cut short by `--max-trials` needs to finish: more trials.
+fn more_trials_line(plan: &Plan, ran: usize) -> String {
+    let (more, why) = trials_to_finish(plan);
     format!(
         "to finish: run the probe again with --max-trials {} or more ({ran} ran{why})\n",
         ran as u32 + more
+    )
+}
+
+/// What a search cut short by `--time-limit` needs to finish: the time of the trials it may still
+/// need, at the mean time of those that ran.
+fn more_time_line(plan: &Plan, ran: usize, secs: f64) -> String {
+    if ran == 0 {
+        return "to finish: run the probe again with a longer --time-limit (no trial ran within \
+                it)\n"
+            .into();
+    }
+    let (more, why) = trials_to_finish(plan);
+    let mean = secs / ran as f64;
+    format!(
+        "to finish: run the probe again with --time-limit {:.0} or more ({ran} trials ran in \
+         {secs:.0} s{why})\n",
+        (secs + more as f64 * mean).ceil()
     )
 }
 

@@ -153,6 +153,14 @@ impl NoisyBoundary {
             Some(c) => format!("fit at {} above an out-of-memory at {}", c.fit, c.bound),
             None => String::new(),
         };
+        if self.band_low == 0 {
+            return format!(
+                "outcomes near {} disagree ({why}): the noise band {}–{} reaches below the \
+                 smallest size, so no size fits reliably under this limit (a larger \
+                 --memory-budget, or a smaller job)",
+                self.lowest_bound, self.band_low, self.band_high
+            );
+        }
         format!(
             "outcomes near {} disagree ({why}): the answer is at most {}, the low end of the noise \
              band {}–{}",

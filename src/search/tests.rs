@@ -1044,6 +1044,24 @@ fn the_noise_line_says_the_answer_is_at_most_the_band_low_end_which_it_may_be() 
     assert!(!line.contains("below the noise band"), "{line}");
 }
 
+/// A band that reaches below the smallest size says that no size fits reliably, not that the
+/// answer is at most 0.
+#[test]
+fn a_noise_band_below_every_size_says_no_size_fits_reliably() {
+    let band = noise::NoisyBoundary {
+        band_low: 0,
+        band_high: 1,
+        lowest_bound: 1,
+        width: 1,
+        contradictions: vec![noise::Contradiction { fit: 1, bound: 1 }],
+        spread_bytes: None,
+        ceiling_bytes: None,
+    };
+    let line = band.describe();
+    assert!(line.contains("no size fits reliably"), "{line}");
+    assert!(!line.contains("at most 0"), "{line}");
+}
+
 #[test]
 fn a_repeat_that_fails_steps_down_one_band() {
     // 492 fits once, then fails: the noise is wider than the band showed; it doubles (20) and the
