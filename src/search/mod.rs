@@ -1222,14 +1222,7 @@ impl<'b> Prober<'b> {
     fn confirm_or_lower(&mut self, grid: &Grid, br: &mut Bracket, l: u64) -> Result<bool, Stop> {
         let b = grid.batch(l);
         let confirm_steps = self.cfg.confirm_steps.max(self.cfg.steps);
-        // a proof round may have run the confirmation already (and its repeats), side by side
-        let bounds = self.cold_bounds_at(b, confirm_steps);
-        let confirmation = if bounds > 0 && !self.confirmed(b) {
-            Confirmation::OutOfMemory
-        } else {
-            self.confirm(b, Purpose::Confirm)?
-        };
-        match confirmation {
+        match self.confirm(b, Purpose::Confirm)? {
             // Neither a fit nor memory: nothing is proven about b.
             Confirmation::Failed(why) => Err(Stop::Fatal(format!(
                 "the confirmation trial of {b} failed ({why}); no size is proven"
@@ -1238,7 +1231,7 @@ impl<'b> Prober<'b> {
             Confirmation::Fits => Ok(true),
             Confirmation::OutOfMemory => {
                 // More memory appears with more steps, unless a repeat fits (noise).
-                if bounds >= 2 || self.repeat_of_late_memory(b, confirm_steps)? {
+                if self.repeat_of_late_memory(b, confirm_steps)? {
                     br.hi = Some(l);
                     br.steps = confirm_steps;
                     br.lo = self.largest_fit_below(b, confirm_steps, grid);
@@ -1246,20 +1239,6 @@ impl<'b> Prober<'b> {
                 Ok(false)
             }
         }
-    }
-
-    /// The cold trials at `b` with at least `steps` steps, at the current accumulation, that ran out
-    /// of memory (or over the budget).
-    fn cold_bounds_at(&self, b: u64, steps: u32) -> usize {
-        (self.trials.iter())
-            .filter(|t| {
-                t.batch == b
-                    && t.steps >= steps
-                    && t.accumulation == self.accumulation
-                    && t.cold()
-                    && t.outcome.is_bound()
-            })
-            .count()
     }
 
     /// With warm exploration, the closed bracket's fit when no trial at it ran the confirmation's
