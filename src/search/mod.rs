@@ -1150,6 +1150,12 @@ impl<'b> Prober<'b> {
             let (hb, failure_steps) = (grid.batch(h), self.failure_steps(br));
             if self.cold_failure_above(hb, failure_steps).is_none() {
                 runs.push((hb, failure_steps, Purpose::Proof));
+                if !self.worker_trusted {
+                    // a bound of trials no longer trusted (warm ones that disagreed with cold
+                    // ones) fits cold as often as not and moves the bracket up: the answer's runs
+                    // wait for it
+                    return runs;
+                }
             }
         }
         let fits = self.fresh_confirmed_fits(b, steps);
