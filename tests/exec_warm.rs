@@ -218,6 +218,17 @@ fn a_warm_trial_is_watched_as_a_cold_one() {
     }
 }
 
+/// What a trial of tests/support/exec/preloaded.py printed after `what: ` (`preloaded`, `servers`).
+fn said(t: &serde_json::Value, what: &str) -> String {
+    let tail = t["details"]["output_tail"].as_array().unwrap();
+    let line = tail.iter().filter_map(|l| l.as_str()).find_map(|l| {
+        l.strip_prefix(what)
+            .and_then(|rest| rest.strip_prefix(": "))
+            .map(str::to_string)
+    });
+    line.unwrap_or_else(|| panic!("no {what} line in {t}"))
+}
+
 /// The fork server starts before the first trial, importing the frameworks the script names at its
 /// top level (`torch`), and, once that trial's report named what the job imported, imports the rest
 /// (`jinja2`, which the script imports only inside a function): every forked trial begins with both,
@@ -230,15 +241,6 @@ fn the_fork_server_imports_the_scripts_frameworks_while_the_first_trial_runs() {
         &["--batch", "{batch}", "--steps", "{steps}"],
     );
     let trials = p["trials"].as_array().unwrap();
-    let said = |t: &serde_json::Value, what: &str| -> String {
-        let tail = t["details"]["output_tail"].as_array().unwrap();
-        let line = tail.iter().filter_map(|l| l.as_str()).find_map(|l| {
-            l.strip_prefix(what)
-                .and_then(|rest| rest.strip_prefix(": "))
-                .map(str::to_string)
-        });
-        line.unwrap_or_else(|| panic!("no {what} line in {t}"))
-    };
     assert_eq!(said(&trials[0], "servers"), r#"["torch"]"#, "{p}");
     assert_eq!(said(&trials[0], "preloaded"), "none", "{p}");
     for t in trials {
@@ -263,15 +265,9 @@ fn a_guess_that_the_first_trial_did_not_confirm_is_not_made_again() {
     );
     let trials = p["trials"].as_array().unwrap();
     assert!(trials.len() > 2, "{p}");
-    let servers = |t: &serde_json::Value| {
-        let tail = t["details"]["output_tail"].as_array().unwrap();
-        (tail.iter().filter_map(|l| l.as_str()))
-            .find_map(|l| l.strip_prefix("servers: ").map(str::to_string))
-            .unwrap_or_else(|| panic!("no servers line in {t}"))
-    };
-    assert_eq!(servers(&trials[0]), r#"["torch"]"#, "{p}");
+    assert_eq!(said(&trials[0], "servers"), r#"["torch"]"#, "{p}");
     for t in &trials[1..] {
-        assert_eq!(servers(t), "none", "{t}");
+        assert_eq!(said(t, "servers"), "none", "{t}");
         assert_ne!(t["details"]["warm"], true, "{t}");
     }
 }

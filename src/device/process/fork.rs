@@ -76,7 +76,7 @@ impl ForkServer {
         self.importing == 0
     }
 
-    /// Has it import `modules` too (those it imported already cost nothing): it is not
+    /// Asks it to import `modules` too (those it imported already cost nothing): it is not
     /// [`ForkServer::ready`] until it says they are done. `false` when it could not be asked.
     pub fn import(&mut self, modules: &[String]) -> bool {
         let ask = serde_json::json!({ "import": modules }).to_string();
