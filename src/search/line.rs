@@ -99,3 +99,19 @@ pub(crate) fn whole_range(range: u64, n: usize) -> u64 {
     let n = n.max(2) as f64;
     (range as f64 * (n + 1.0) / (n - 1.0)).ceil() as u64
 }
+
+/// The whole range of a noise drawn in several groups of fresh runs (one group per size run more
+/// than once): the groups' ranges summed over the shares of the whole range their sizes span on
+/// average ([`whole_range`]). One group gives its own scaled range; several pool their draws, where
+/// the largest of their scaled ranges would keep the one group that happened to draw wide (two runs
+/// a group are each scaled threefold: the largest of a few such is far above the whole range, 190 MiB
+/// for a job of ±40 MiB, and every answer it measures steps down again).
+pub(crate) fn pooled_range<'a>(groups: impl Iterator<Item = &'a [u64]>) -> Option<u64> {
+    let (mut spans, mut share) = (0.0, 0.0);
+    for g in groups.filter(|g| g.len() > 1) {
+        let n = g.len() as f64;
+        spans += (g.iter().max().unwrap() - g.iter().min().unwrap()) as f64;
+        share += (n - 1.0) / (n + 1.0);
+    }
+    (share > 0.0).then(|| (spans / share).ceil() as u64)
+}

@@ -42,7 +42,7 @@
 //! samples the excess footprint takes by the slope of the fits below, and the rule above steps down
 //! to a size whose fits, `1 + repeats` of them, all lie under the ceiling.
 
-use super::line::{residual_range, whole_range};
+use super::line::{pooled_range, residual_range, whole_range};
 use super::{tolerance_gap, Confirmation, Grid, Prober, Purpose, Stop, StopReason, TrialRecord};
 use crate::protocol::TrialOutcome;
 use serde::{Deserialize, Serialize};
@@ -83,11 +83,11 @@ pub fn above_noise(
 pub const NOISY_TRIALS: u32 = 4;
 
 /// The most trials a noisy boundary takes after its first contradiction (retries aside), with
-/// `repeats`: two candidates run twice ([`NOISY_TRIALS`]), or three each run `1 + repeats` times.
+/// `repeats`: two candidates run twice ([`NOISY_TRIALS`]), or four each run `1 + repeats` times.
 pub fn noisy_trials(repeats: u32) -> u32 {
     match repeats {
         0 => NOISY_TRIALS,
-        r => 3 * (1 + r),
+        r => 4 * (1 + r),
     }
 }
 
@@ -261,7 +261,7 @@ impl Prober<'_> {
     }
 
     /// The most trials after the first contradiction (retries aside): two candidates, each run
-    /// twice ([`NOISY_TRIALS`]); with repeats, three candidates, each run as often as an answer must
+    /// twice ([`NOISY_TRIALS`]); with repeats, four candidates, each run as often as an answer must
     /// fit.
     pub(super) fn noisy_trials(&self) -> u32 {
         noisy_trials(self.cfg.repeats)
@@ -378,11 +378,12 @@ impl Prober<'_> {
         })
     }
 
-    /// The job's measured noise: the wider of the widest range of footprints among fresh fits of one
-    /// size at one accumulation run more than once (the answer's repeats, the split's), and the
-    /// range of all fresh fits' footprints without accumulation about the line through them near the
-    /// top ([`residual_range`]), each with the confirmation's steps and scaled to the whole range its
-    /// number of draws implies ([`whole_range`]). (A failure says only that its run needed more than
+    /// The job's measured noise: the widest of the ranges of footprints among fresh fits of the
+    /// sizes (at one accumulation) run more than once, pooled ([`pooled_range`]: the answer's repeats,
+    /// the split's, a noisy boundary's candidates), the range of each such size run three times or
+    /// more, and the range of all fresh fits' footprints without accumulation about the line through
+    /// them near the top ([`residual_range`]), each with the confirmation's steps and scaled to the
+    /// whole range its number of draws implies ([`whole_range`]). (A failure says only that its run needed more than
     /// the limit, not by how much: a flaky failure would make any spread.)
     pub(super) fn spread(&self, steps: u32) -> Option<u64> {
         type Runs<K> = std::collections::BTreeMap<K, Vec<u64>>;
@@ -399,12 +400,13 @@ impl Prober<'_> {
                 }
             }
         }
-        let repeated = by_run
-            .values()
-            .filter(|v| v.len() > 1)
+        let pooled = pooled_range(by_run.values().map(|v| v.as_slice()));
+        // a size run three times or more counts alone too: the noise may grow with the size, and
+        // pooled with smaller sizes it would be diluted
+        let widest = (by_run.values().filter(|v| v.len() > 2))
             .map(|v| whole_range(v.iter().max().unwrap() - v.iter().min().unwrap(), v.len()))
             .max();
-        repeated.max(residual_range(&by_size))
+        pooled.max(widest).max(residual_range(&by_size))
     }
 
     /// The job's measured noise over every trial so far (the plan's `search.noise_spread_bytes`).
@@ -488,6 +490,24 @@ impl Prober<'_> {
         Ok(!o.fits())
     }
 
+    /// How far below `b` (in footprint) the next candidate must peak when `b`'s fits rose `excess`
+    /// above the noise ceiling: at least that excess, and so far that the mean of `b`'s fits less
+    /// the step, plus half the measured spread (a fresh run's draw above the mean), is under the
+    /// ceiling. Stepping by the excess alone lands where the next runs peak above it again as often as
+    /// not: their highest draw is as likely high as the one just seen.
+    fn step_below(&self, b: u64, steps: u32, excess: u64) -> u64 {
+        let fits = self.split_fits(b, 1, steps);
+        let (Some(spread), Some(ceiling), false) = (
+            self.spread(steps),
+            self.noise_ceiling(steps),
+            fits.is_empty(),
+        ) else {
+            return excess;
+        };
+        let mean = fits.iter().sum::<u64>() / fits.len() as u64;
+        excess.max((mean + spread / 2).saturating_sub(ceiling))
+    }
+
     /// Fresh fits at `b` with the confirmation's steps.
     pub(super) fn fresh_confirmed_fits(&self, b: u64, steps: u32) -> usize {
         self.trials
@@ -563,7 +583,9 @@ impl Prober<'_> {
                 // A fit whose footprint leaves less room under the job's limit than the noise: the
                 // next candidate lies below by the samples that excess takes.
                 band.lowest_bound = c;
-                band.width = self.samples_for(excess, c).max(1);
+                band.width = self
+                    .samples_for(self.step_below(c, steps, excess), c)
+                    .max(1);
                 band.spread_bytes = self.spread(steps);
                 band.ceiling_bytes = ceiling;
                 continue;

@@ -441,3 +441,53 @@ fn the_splits_runs_go_side_by_side() {
     assert!(at(450).all(|t| t.accumulation == 2 && t.round == trials[0].round));
     assert!(at(740).all(|t| t.round != trials[0].round));
 }
+
+/// A job whose fresh runs move by ±40 MiB, five times the 16 MiB guard band, with a large fixed
+/// footprint (1000 MiB of a 1264 MiB limit), searched with the proof's trials two at a time: most
+/// searches end with an answer the job's noise leaves room for.
+#[test]
+fn side_by_side_a_job_much_noisier_than_the_guard_band_still_gets_an_answer() {
+    let cfg = exact_with_repeats(StrategyKind::Guided);
+    let (mut complete, seeds) = (0, 100);
+    for seed in 0..seeds {
+        let mut spec = SimSpec::affine(1000 * MIB, MIB, 1264 * MIB);
+        spec.boundary_noise = 40 * MIB;
+        spec.seed = seed;
+        let out = noisy_search_on(&spec, &cfg, 2, 1280 * MIB);
+        let Some(b) = out.max_fitting.filter(|_| out.stop_reason.is_complete()) else {
+            continue;
+        };
+        complete += 1;
+        let fits: Vec<u64> = (out.trials.iter())
+            .filter(|t| t.batch == b && t.fresh_fit_at(5, 1))
+            .filter_map(|t| t.footprint())
+            .collect();
+        let spread = out.noise_spread_bytes.expect("measured");
+        assert!(
+            fits.len() >= 3,
+            "seed {seed}: the answer {b} fit {} times",
+            fits.len()
+        );
+        assert!(
+            fits.iter().max().unwrap() + spread <= 1280 * MIB,
+            "seed {seed}: the answer {b} leaves less room than the spread {spread}"
+        );
+    }
+    assert!(complete >= 90, "{complete} of {seeds} searches answered");
+}
+
+/// [`search_over`] with the devices sharing their cores, and the job's limit `job_limit`.
+fn noisy_search_on(spec: &SimSpec, cfg: &SearchConfig, k: usize, job_limit: u64) -> SearchOutcome {
+    let mut sims: Vec<SimBackend> = (0..k).map(|_| SimBackend::new(spec.clone())).collect();
+    let lanes = (sims.iter_mut().enumerate())
+        .map(|(i, s)| Lane {
+            backend: s as &mut (dyn Backend + Send),
+            gpu: Some(i as u32),
+        })
+        .collect();
+    let mut set = Lanes::new(lanes).exploring_alone();
+    let out = Prober::new(&mut set, cfg.clone(), spec.capacity)
+        .with_job_limit(job_limit)
+        .search();
+    out
+}

@@ -1804,3 +1804,14 @@ fn a_confirmation_failing_twice_where_a_warm_trial_fit_turns_exploration_cold() 
     let b = out.max_fitting.expect("an answer");
     assert!(b <= 750 && 750 - b <= tolerance_gap(b, DEFAULT_TOLERANCE, 1));
 }
+
+#[test]
+fn the_noise_of_several_repeated_sizes_is_pooled_not_the_widest_one_scaled() {
+    use super::line::{pooled_range, whole_range};
+    let (three, two): (&[u64], &[u64]) = (&[100, 130, 160], &[200, 260]);
+    assert_eq!(pooled_range([three].into_iter()), Some(whole_range(60, 3)));
+    // 60 + 60 over the shares three runs (1/2) and two runs (1/3) span: 144, where the widest
+    // scaled alone would be 180
+    assert_eq!(pooled_range([three, two].into_iter()), Some(144));
+    assert_eq!(pooled_range([&[5u64][..]].into_iter()), None);
+}
