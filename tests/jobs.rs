@@ -461,22 +461,22 @@ fn verify_holds_a_size_to_the_noise_of_every_run_of_it_on_this_device() {
 /// A device with the probe's curve and five times its run-to-run noise.
 const NOISIER: &str = "base=100MiB,per-sample=1MiB,capacity=1GiB,boundary-noise=15MiB,seed=3";
 
-/// The plan of 512 on the quiet curve (`boundary-noise=5MiB`): 846 is its largest fit, below a
+/// The plan of 512 on the quiet curve (`boundary-noise=5MiB`): 849 is its largest fit, below a
 /// noise band.
 fn quiet_noisy_plan(d: &tempfile::TempDir) -> PathBuf {
     let q = path(d, "q.json");
     probe_to(
-        "base=100MiB,per-sample=1MiB,capacity=1GiB,boundary-noise=5MiB,seed=3",
+        "base=100MiB,per-sample=1MiB,capacity=1GiB,boundary-noise=5MiB,seed=7",
         &q,
         &["--global-batch", "512", "--repeats", "2", "--no-cache"],
     );
-    assert_eq!(read_json(&q)["recommendation"]["max_fitting_batch"], 846);
+    assert_eq!(read_json(&q)["recommendation"]["max_fitting_batch"], 849);
     q
 }
 
 /// `verify` elsewhere claims the plan's largest fit as this device's, so it holds it as the probe
 /// did: run as often as the probe ran its answer, each run under the ceiling the wider of the
-/// probe's and this device's noise leaves. On a noisier device 846 fits, but at 945.57 MiB, above
+/// probe's and this device's noise leaves. On a noisier device 849 fits, but at 958.87 MiB, above
 /// that ceiling: not verified (exit 4), where before one run of it sufficed.
 #[test]
 fn verify_elsewhere_holds_the_largest_fit_to_the_noise_ceiling() {
@@ -490,7 +490,7 @@ fn verify_elsewhere_holds_the_largest_fit_to_the_noise_ceiling() {
         .assert()
         .code(4)
         .stderr(predicate::str::contains(
-            "its largest fitting micro-batch fit here, but micro-batch 846 peaked at 945.57 MiB",
+            "its largest fitting micro-batch fit here, but micro-batch 849 peaked at 958.87 MiB",
         ));
     // the failed verification's trials ran on the noisier device: the plan, still the quiet
     // device's, counts none of them as its own
@@ -501,7 +501,7 @@ fn verify_elsewhere_holds_the_largest_fit_to_the_noise_ceiling() {
         .success();
     let text = String::from_utf8_lossy(&text.get_output().stdout).into_owned();
     assert!(
-        text.contains("micro-batch 846 fit 3 times in fresh runs"),
+        text.contains("micro-batch 849 fit 3 times in fresh runs"),
         "{text}"
     );
 }
@@ -536,7 +536,7 @@ fn a_plan_verified_elsewhere_carries_its_own_noise_and_counts_only_its_own_runs(
     };
     let spread = plan["search"]["noise_spread_bytes"].as_u64().unwrap();
     assert!(spread >= probe["search"]["noise_spread_bytes"].as_u64().unwrap());
-    for b in [512, 846] {
+    for b in [512, 849] {
         let p = peaks(b);
         assert_eq!(p.len(), 3, "{b}: {p:?}");
         let implied = 2 * (p.iter().max().unwrap() - p.iter().min().unwrap());
@@ -552,10 +552,10 @@ fn a_plan_verified_elsewhere_carries_its_own_noise_and_counts_only_its_own_runs(
         .success();
     let text = String::from_utf8_lossy(&text.get_output().stdout).into_owned();
     assert!(
-        text.contains("micro-batch 846 fit 3 times in fresh runs"),
+        text.contains("micro-batch 849 fit 3 times in fresh runs"),
         "{text}"
     );
-    let top = *peaks(846).iter().max().unwrap() as f64 / (1u64 << 20) as f64;
+    let top = *peaks(849).iter().max().unwrap() as f64 / (1u64 << 20) as f64;
     assert!(
         text.contains(&format!("peak (simulated) {top:.2} MiB")),
         "{top:.2}: {text}"

@@ -728,7 +728,7 @@ fn recommended_split_peaks(plan: &serde_json::Value) -> (u64, u64, Vec<u64>) {
 #[test]
 fn the_recommended_split_fits_as_often_as_the_answer_and_under_the_noise_ceiling() {
     let d = tmp();
-    let plan = noisy_split_probe(&d, 36);
+    let plan = noisy_split_probe(&d, 41);
     assert_eq!(plan["status"], "complete", "{plan}");
     let (m, acc, peaks) = recommended_split_peaks(&plan);
     assert!(acc > 1, "{}", plan["recommendation"]);

@@ -40,7 +40,9 @@
 //! within the guard band, every fit under the trials' limit is). An answer above the ceiling is a
 //! band of its own ([`NoisyBoundary::spread_bytes`]): its lowest bound is the answer, its width the
 //! samples the excess footprint takes by the slope of the fits below, and the rule above steps down
-//! to a size whose fits, `1 + repeats` of them, all lie under the ceiling.
+//! to a size whose fits, `1 + repeats` of them, all lie under the ceiling. Stepping down, the
+//! ceiling only falls: a smaller size is held to the ceiling a larger one broke, even where its own
+//! runs, drawn close together, narrow the measured spread.
 
 use super::line::{pooled_range, residual_range, whole_range};
 use super::{tolerance_gap, Confirmation, Grid, Prober, Purpose, Stop, StopReason, TrialRecord};
@@ -380,8 +382,8 @@ impl Prober<'_> {
 
     /// The job's measured noise: the widest of the ranges of footprints among fresh fits of the
     /// sizes (at one accumulation) run more than once, pooled ([`pooled_range`]: the answer's repeats,
-    /// the split's, a noisy boundary's candidates), the range of each such size run three times or
-    /// more, and the range of all fresh fits' footprints without accumulation about the line through
+    /// the split's, a noisy boundary's candidates), the range of each such size run as often as an
+    /// answer must fit ([`Prober::fits_needed`] below a noisy boundary), and the range of all fresh fits' footprints without accumulation about the line through
     /// them near the top ([`residual_range`]), each with the confirmation's steps and scaled to the
     /// whole range its number of draws implies ([`whole_range`]). (A failure says only that its run needed more than
     /// the limit, not by how much: a flaky failure would make any spread.)
@@ -401,9 +403,11 @@ impl Prober<'_> {
             }
         }
         let pooled = pooled_range(by_run.values().map(|v| v.as_slice()));
-        // a size run three times or more counts alone too: the noise may grow with the size, and
-        // pooled with smaller sizes it would be diluted
-        let widest = (by_run.values().filter(|v| v.len() > 2))
+        // a size run as often as an answer must fit counts alone too, as the split's and verify's
+        // rule counts it ([`above_noise`]): the noise may grow with the size, and pooled with
+        // smaller sizes it would be diluted
+        let alone = self.fits_needed(true);
+        let widest = (by_run.values().filter(|v| v.len() >= alone))
             .map(|v| whole_range(v.iter().max().unwrap() - v.iter().min().unwrap(), v.len()))
             .max();
         pooled.max(widest).max(residual_range(&by_size))
@@ -428,9 +432,9 @@ impl Prober<'_> {
         let steps = self.cfg.confirm_steps.max(self.cfg.steps);
         let ceiling = self.noise_ceiling(steps)?;
         let excess = self.excess(b, steps, Some(ceiling))?;
-        let width =
-            self.samples_for(excess, b)
-                .max(tolerance_gap(b, self.cfg.tolerance, grid.step));
+        let width = self
+            .samples_for(self.step_below(b, steps, excess, ceiling), b)
+            .max(tolerance_gap(b, self.cfg.tolerance, grid.step));
         Some(NoisyBoundary {
             band_low: b.saturating_sub(width),
             band_high: b,
@@ -491,17 +495,13 @@ impl Prober<'_> {
     }
 
     /// How far below `b` (in footprint) the next candidate must peak when `b`'s fits rose `excess`
-    /// above the noise ceiling: at least that excess, and so far that the mean of `b`'s fits less
+    /// above the noise ceiling `ceiling`: at least that excess, and so far that the mean of `b`'s fits less
     /// the step, plus half the measured spread (a fresh run's draw above the mean), is under the
     /// ceiling. Stepping by the excess alone lands where the next runs peak above it again as often as
     /// not: their highest draw is as likely high as the one just seen.
-    fn step_below(&self, b: u64, steps: u32, excess: u64) -> u64 {
+    fn step_below(&self, b: u64, steps: u32, excess: u64, ceiling: u64) -> u64 {
         let fits = self.split_fits(b, 1, steps);
-        let (Some(spread), Some(ceiling), false) = (
-            self.spread(steps),
-            self.noise_ceiling(steps),
-            fits.is_empty(),
-        ) else {
+        let (Some(spread), false) = (self.spread(steps), fits.is_empty()) else {
             return excess;
         };
         let mean = fits.iter().sum::<u64>() / fits.len() as u64;
@@ -578,16 +578,23 @@ impl Prober<'_> {
                 break Stop::Reason(StopReason::NoisyBoundary);
             }
             let c = grid.batch(grid.index_at_or_below(below));
-            let ceiling = self.noise_ceiling(steps);
-            if let Some(excess) = self.excess(c, steps, ceiling) {
+            // the ceiling only falls: a smaller size whose own runs drew close together (and so
+            // narrow the spread) is held to the ceiling that a larger one broke
+            let ceiling = match (self.noise_ceiling(steps), band.ceiling_bytes) {
+                (Some(now), Some(broken)) => Some(now.min(broken)),
+                (now, broken) => now.or(broken),
+            };
+            if let Some((excess, ceiling)) =
+                ceiling.and_then(|x| Some((self.excess(c, steps, Some(x))?, x)))
+            {
                 // A fit whose footprint leaves less room under the job's limit than the noise: the
-                // next candidate lies below by the samples that excess takes.
+                // next candidate lies below, far enough that its runs are likely under the ceiling.
                 band.lowest_bound = c;
                 band.width = self
-                    .samples_for(self.step_below(c, steps, excess), c)
+                    .samples_for(self.step_below(c, steps, excess, ceiling), c)
                     .max(1);
                 band.spread_bytes = self.spread(steps);
-                band.ceiling_bytes = ceiling;
+                band.ceiling_bytes = Some(ceiling);
                 continue;
             }
             if self.fresh_confirmed_fits(c, steps) >= self.fits_needed(true) {

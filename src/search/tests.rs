@@ -1815,3 +1815,44 @@ fn the_noise_of_several_repeated_sizes_is_pooled_not_the_widest_one_scaled() {
     assert_eq!(pooled_range([three, two].into_iter()), Some(144));
     assert_eq!(pooled_range([&[5u64][..]].into_iter()), None);
 }
+
+/// With one repeat the answer runs twice: the search holds it to the noise its own two runs imply,
+/// as the split and `verify` do ([`noise::above_noise`]), so no complete plan recommends a size its
+/// own rule then refuses.
+#[test]
+fn with_one_repeat_the_answer_is_held_to_the_noise_of_its_own_runs() {
+    for seed in 0..200 {
+        let out = repeated_search(40 * MIB, 16 * MIB, 1, seed);
+        let (Some(b), true) = (out.max_fitting, out.stop_reason.is_complete()) else {
+            continue;
+        };
+        let fits: Vec<u64> = (out.trials.iter())
+            .filter(|t| t.batch == b && t.fresh_fit_at(5, 1))
+            .filter_map(|t| t.footprint())
+            .collect();
+        let over = noise::above_noise(&fits, out.noise_spread_bytes, 1016 * MIB, 1000 * MIB);
+        assert_eq!(over, None, "seed {seed}: the answer {b}'s runs {fits:?}");
+    }
+}
+
+/// Below a noisy boundary the ceiling only falls: a size below one that peaked above it is held
+/// to that ceiling even where its own runs, drawn close together, narrow the measured spread. The
+/// answer's runs all lie under the ceiling the plan records.
+#[test]
+fn below_the_noise_the_ceiling_never_rises_for_a_smaller_size() {
+    for (repeats, seed) in (1..3).flat_map(|r| (0..150).map(move |s| (r, s))) {
+        let out = repeated_search(40 * MIB, 16 * MIB, repeats, seed);
+        let (Some(b), true) = (out.max_fitting, out.stop_reason.is_complete()) else {
+            continue;
+        };
+        let Some(ceiling) = out.noisy_boundary.as_ref().and_then(|n| n.ceiling_bytes) else {
+            continue;
+        };
+        let top = answer_fits(&out, b).1;
+        assert!(
+            top <= ceiling,
+            "repeats {repeats}, seed {seed}: the answer {b} peaked at {top}, above the ceiling \
+             {ceiling} the plan records"
+        );
+    }
+}
