@@ -288,7 +288,8 @@ enum NotHeld {
 
 /// Runs `b` at `acc` with the confirmation's steps until it has fit as often as the plan's probe
 /// ran its answer (`1 + search.repeats` fresh fits in this verification, earlier ones counted),
-/// each fit held to the noise ceiling ([`above_ceiling`]); the first run that does not hold ends it.
+/// then holds those fits to the noise ceiling ([`above_ceiling`]: the lowest of them, so it reads
+/// them all, as the probe read its answer's); the first run that does not fit ends it.
 fn run_held(
     prober: &mut Prober,
     plan: &Plan,
@@ -305,11 +306,9 @@ fn run_held(
             Confirmation::Failed(why) => return Ok(Some(NotHeld::Failed(why))),
             Confirmation::AboveNoise { why, .. } => return Ok(Some(NotHeld::AboveNoise(why))),
         }
-        if let Some(why) = above_ceiling(prober, plan, elsewhere, b, acc) {
-            return Ok(Some(NotHeld::AboveNoise(why)));
-        }
         if fresh_fits(prober.trials(), plan, b, acc).len() >= needed {
-            return Ok(None);
+            let why = above_ceiling(prober, plan, elsewhere, b, acc);
+            return Ok(why.map(NotHeld::AboveNoise));
         }
         run = prober.repeat_split(b, acc)?;
     }
@@ -330,12 +329,15 @@ fn fresh_fits<'a>(
         .collect()
 }
 
-/// Why the fits of `b` at `acc` break the plan's promise, if they do: each must leave under the
-/// job's limit the job's noise, the wider of the probe's measured spread and the spread of this
-/// verification's runs (scaled to the whole range so few draws imply), once that is wider than the
-/// guard band. (A machine noisier than the probe's is held to its own noise.) On the plan's own
-/// device its runs of `b` at `acc` count with these: they are draws of the same noise, and one of
-/// them above the ceiling shows a fresh run may be.
+/// Why the fits of `b` at `acc` break the plan's promise, if they do: a fresh run may reach the
+/// lowest of them plus the job's noise, the wider of the probe's measured spread and the spread of
+/// this verification's runs (scaled to the whole range so few draws imply), and that must stay
+/// under the job's limit once the noise is wider than the guard band
+/// ([`crate::search::noise::reach_above_limit`]). A machine noisier than the probe's is held to its
+/// own noise, one whose runs all peak higher by its lowest. On the plan's own device its runs of
+/// `b` at `acc` count with these: draws of the same noise, so a plan the probe accepted there is
+/// not refused for drawing again (held to the highest run, as the probe holds its own, a run of
+/// verify above the probe's highest failed a plan that was right about half the time).
 fn above_ceiling(
     prober: &Prober,
     plan: &Plan,
@@ -351,7 +353,7 @@ fn above_ceiling(
     let mut fits = fresh_fits(prober.trials(), plan, b, acc);
     fits.extend(carried);
     let measured = plan.search.noise_spread_bytes.max(prober.noise_spread());
-    let over = crate::search::noise::above_noise(
+    let over = crate::search::noise::reach_above_limit(
         &fits,
         measured,
         plan.job_limit_bytes(),
@@ -362,12 +364,14 @@ fn above_ceiling(
         _ => format!("micro-batch {b} × accumulation {acc}"),
     };
     Some(format!(
-        "{size} peaked at {}, above the {} that the job's measured noise ({} between fresh runs) \
-         leaves under the job's {} limit",
+        "{size} peaked at {} at its lowest of {} runs, above the {} that the job's measured noise \
+         ({} between fresh runs) leaves under the job's {} limit: a fresh run may reach {}",
         format_size(over.top),
+        fits.len(),
         format_size(over.ceiling),
         format_size(over.spread),
-        format_size(plan.job_limit_bytes())
+        format_size(plan.job_limit_bytes()),
+        format_size(over.top + over.spread)
     ))
 }
 

@@ -49,10 +49,11 @@ use super::{tolerance_gap, Confirmation, Grid, Prober, Purpose, Stop, StopReason
 use crate::protocol::TrialOutcome;
 use serde::{Deserialize, Serialize};
 
-/// Fits of one size that break the promise: the largest peaked above the ceiling the job's noise
-/// leaves under its limit.
+/// Fits of one size that break the promise: the largest ([`above_noise`]) or the lowest
+/// ([`reach_above_limit`]) peaked above the ceiling the job's noise leaves under its limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AboveNoise {
+    /// The fit held to the ceiling.
     pub top: u64,
     pub ceiling: u64,
     pub spread: u64,
@@ -75,6 +76,32 @@ pub fn above_noise(
     let ceiling = job_limit.saturating_sub(spread);
     (ceiling < limit && top > ceiling).then_some(AboveNoise {
         top,
+        ceiling,
+        spread,
+    })
+}
+
+/// How far fresh runs of one size may reach, by what its fresh fits (`fits`) and the job's noise
+/// show, where that is above the job's limit: the noise is the wider of `measured` and the fits'
+/// own range scaled to the whole range so few draws imply ([`whole_range`]), and every fresh run
+/// lies within that of the lowest one seen, so a fresh run may reach the lowest fit plus the noise.
+/// `None` while that is under `job_limit`, or the noise is within the guard band (`job_limit −
+/// limit`). `verify`'s rule: more runs of the same noise only lower the lowest fit and sharpen the
+/// range, so a size the probe accepted ([`above_noise`], which holds the highest fit instead: a
+/// margin against a noise measured from few runs) stays accepted when its runs are counted again
+/// with new ones of the same noise.
+pub fn reach_above_limit(
+    fits: &[u64],
+    measured: Option<u64>,
+    job_limit: u64,
+    limit: u64,
+) -> Option<AboveNoise> {
+    let (lo, top) = (*fits.iter().min()?, *fits.iter().max()?);
+    let own = (fits.len() > 1).then(|| whole_range(top - lo, fits.len()));
+    let spread = measured.max(own)?;
+    let ceiling = job_limit.saturating_sub(spread);
+    (ceiling < limit && lo > ceiling).then_some(AboveNoise {
+        top: lo,
         ceiling,
         spread,
     })

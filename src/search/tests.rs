@@ -1856,3 +1856,23 @@ fn below_the_noise_the_ceiling_never_rises_for_a_smaller_size() {
         );
     }
 }
+
+/// `verify`'s rule reads a size's runs by their lowest: a run of verify that draws low widens the
+/// measured range of four runs (the probe's three at 1262.7, 1257.9 and 1258.9 MiB and verify's
+/// at 1247.4, a Lightning script under a 1264 MiB trial limit and a 1280 MiB job limit) past the
+/// guard band, yet every fresh run still reaches at most the lowest plus that range: the plan
+/// holds. Held to the highest, as the probe holds its own answer's runs, it failed.
+#[test]
+fn a_verify_run_drawing_low_does_not_fail_a_plan_whose_noise_fits_the_guard_band() {
+    let mib = |x: f64| (x * MIB as f64) as u64;
+    let fits = [mib(1262.7), mib(1257.9), mib(1258.9), mib(1247.4)];
+    let (job, limit, probe_spread) = (1280 * MIB, 1264 * MIB, Some(mib(9.7)));
+    assert_eq!(
+        noise::reach_above_limit(&fits, probe_spread, job, limit),
+        None
+    );
+    assert!(noise::above_noise(&fits, probe_spread, job, limit).is_some());
+    // a device whose runs all peak 10 MiB higher is held to it
+    let higher: Vec<u64> = fits.iter().map(|f| f + 10 * MIB).collect();
+    assert!(noise::reach_above_limit(&higher, probe_spread, job, limit).is_some());
+}
