@@ -626,7 +626,7 @@ fn a_noisy_boundary_ends_with_a_complete_plan_below_its_band() {
         .assert()
         .success()
         .stdout(predicate::str::contains(
-            "outcomes near 4832 disagree (4832 fit and ran out of memory): the answer is at most \
+            "outcomes near 4832 disagree (4832 both fit and failed): the answer is at most \
              4808, the low end of the noise band 4808–4832",
         ));
 }

@@ -13,11 +13,12 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::time::Duration;
 
-/// One progress line for stderr.
+/// One progress line for stderr. Its peak is the figure the limit is judged by
+/// ([`TrialRecord::footprint`]: under `RLIMIT_DATA`, the larger of the largest process's data
+/// segment and the process tree's `Pss`), so that a fit printed under a ceiling is one.
 pub fn progress_line(n: usize, t: &TrialRecord, limit: u64) -> String {
-    let peak = t
-        .outcome
-        .peak_bytes()
+    let peak = (t.footprint())
+        .or(t.outcome.peak_bytes())
         .map(|p| {
             format!(
                 "peak {:>10} ({:>3.0}% of limit)",
@@ -138,9 +139,8 @@ impl Drop for StderrProgress {
 
 /// The live status line after trial `n`.
 pub fn status_line(n: usize, t: &TrialRecord, limit: u64) -> String {
-    let peak = t
-        .outcome
-        .peak_bytes()
+    let peak = (t.footprint())
+        .or(t.outcome.peak_bytes())
         .map(|p| {
             format!(
                 ", peak {} ({:.0}%)",
@@ -225,5 +225,35 @@ mod tests {
         );
         assert!(!s.contains("running"), "{s}");
         assert!(status_line(1, &t, 2 << 30).starts_with("1 trial so far"));
+    }
+
+    /// A fit's line prints the figure the limit judges it by: under `RLIMIT_DATA` the process
+    /// tree's `Pss` where it is above the largest process's data segment (a job with DataLoader
+    /// workers printed 930.9 MiB, the data segment, while the ceiling read its tree's 984 MiB).
+    #[test]
+    fn a_trial_line_prints_the_footprint_the_limit_judges() {
+        let t = TrialRecord {
+            batch: 1068,
+            steps: 5,
+            purpose: Purpose::Confirm,
+            isolation: Isolation::Process,
+            accumulation: 1,
+            outcome: TrialOutcome::Fits {
+                peak_bytes: 930 << 20,
+                rss_peak_bytes: None,
+                step_seconds: 0.1,
+                gpu: None,
+            },
+            seconds: 1.0,
+            gpu_index: None,
+            details: Some(crate::protocol::TrialDetails {
+                tree_pss_peak_bytes: Some(984 << 20),
+                ..Default::default()
+            }),
+            round: None,
+        };
+        let line = progress_line(7, &t, 1024 << 20);
+        assert!(line.contains("peak 984.00 MiB ( 96% of limit)"), "{line}");
+        assert!(status_line(7, &t, 1024 << 20).contains("peak 984.00 MiB (96%)"));
     }
 }

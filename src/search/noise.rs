@@ -178,22 +178,28 @@ impl NoisyBoundary {
             );
         }
         let why = match self.contradictions.first() {
-            Some(c) if c.fit == c.bound => format!("{} fit and ran out of memory", c.fit),
-            Some(c) => format!("fit at {} above an out-of-memory at {}", c.fit, c.bound),
+            Some(c) if c.fit == c.bound => format!("{} both fit and failed", c.fit),
+            Some(c) => format!("fit at {} above a failure at {}", c.fit, c.bound),
             None => String::new(),
         };
+        // where the outcomes disagree: the failure with a fit at or above it (the band's lowest
+        // bound may since have moved to a size that fit above the noise ceiling)
+        let near = self
+            .contradictions
+            .first()
+            .map_or(self.lowest_bound, |c| c.bound);
         if self.band_low == 0 {
             return format!(
                 "outcomes near {} disagree ({why}): the noise band {}–{} reaches below the \
                  smallest size, so no size fits reliably under this limit (a larger \
                  --memory-budget, or a smaller job)",
-                self.lowest_bound, self.band_low, self.band_high
+                near, self.band_low, self.band_high
             );
         }
         format!(
-            "outcomes near {} disagree ({why}): the answer is at most {}, the low end of the noise \
-             band {}–{}",
-            self.lowest_bound, self.band_low, self.band_low, self.band_high
+            "outcomes near {near} disagree ({why}): the answer is at most {}, the low end of the \
+             noise band {}–{}",
+            self.band_low, self.band_low, self.band_high
         )
     }
 }

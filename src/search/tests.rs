@@ -1024,7 +1024,7 @@ fn a_fit_above_an_out_of_memory_stops_the_bisection_and_answers_one_band_below()
     assert_eq!(trials_after_first_contradiction(&out.trials), Some(2));
     assert_eq!(
         band.describe(),
-        "outcomes near 502 disagree (fit at 512 above an out-of-memory at 502): the answer is at \
+        "outcomes near 502 disagree (fit at 512 above a failure at 502): the answer is at \
          most 492, the low end of the noise band 492–512"
     );
 }
@@ -1060,6 +1060,30 @@ fn a_noise_band_below_every_size_says_no_size_fits_reliably() {
     let line = band.describe();
     assert!(line.contains("no size fits reliably"), "{line}");
     assert!(!line.contains("at most 0"), "{line}");
+}
+
+/// The noise line names where the outcomes disagreed, and says a failure, not an out-of-memory
+/// (an over-budget size fails too), even after the band stepped below a size that only fit above
+/// the noise ceiling.
+#[test]
+fn the_noise_line_names_the_size_whose_outcomes_disagreed() {
+    let band = noise::NoisyBoundary {
+        band_low: 1128,
+        band_high: 2004,
+        lowest_bound: 1503,
+        width: 375,
+        contradictions: vec![noise::Contradiction {
+            fit: 2004,
+            bound: 2004,
+        }],
+        spread_bytes: Some(300 << 20),
+        ceiling_bytes: Some(1000 << 20),
+    };
+    let line = band.describe();
+    assert!(
+        line.starts_with("outcomes near 2004 disagree (2004 both fit and failed)"),
+        "{line}"
+    );
 }
 
 #[test]
