@@ -287,9 +287,9 @@ enum NotHeld {
 }
 
 /// Runs `b` at `acc` with the confirmation's steps until it has fit as often as the plan's probe
-/// ran its answer (`1 + search.repeats` fresh fits in this verification, earlier ones counted),
-/// then holds those fits to the noise ceiling ([`above_ceiling`]: the lowest of them, so it reads
-/// them all, as the probe read its answer's); the first run that does not fit ends it.
+/// ran its answer (`1 + search.repeats` fresh fits in this verification), each fit held to the
+/// noise ceiling ([`above_ceiling`]: elsewhere after every run, on the plan's own device once they
+/// are all in, since it reads their lowest); the first run that does not hold ends it.
 fn run_held(
     prober: &mut Prober,
     plan: &Plan,
@@ -306,9 +306,16 @@ fn run_held(
             Confirmation::Failed(why) => return Ok(Some(NotHeld::Failed(why))),
             Confirmation::AboveNoise { why, .. } => return Ok(Some(NotHeld::AboveNoise(why))),
         }
-        if fresh_fits(prober.trials(), plan, b, acc).len() >= needed {
-            let why = above_ceiling(prober, plan, elsewhere, b, acc);
-            return Ok(why.map(NotHeld::AboveNoise));
+        // elsewhere the highest run is held, and one above the ceiling ends it at once; on the
+        // plan's own device the lowest, once all the runs are in
+        let done = fresh_fits(prober.trials(), plan, b, acc).len() >= needed;
+        if done || elsewhere {
+            if let Some(why) = above_ceiling(prober, plan, elsewhere, b, acc) {
+                return Ok(Some(NotHeld::AboveNoise(why)));
+            }
+        }
+        if done {
+            return Ok(None);
         }
         run = prober.repeat_split(b, acc)?;
     }
@@ -329,15 +336,18 @@ fn fresh_fits<'a>(
         .collect()
 }
 
-/// Why the fits of `b` at `acc` break the plan's promise, if they do: a fresh run may reach the
-/// lowest of them plus the job's noise, the wider of the probe's measured spread and the spread of
-/// this verification's runs (scaled to the whole range so few draws imply), and that must stay
-/// under the job's limit once the noise is wider than the guard band
-/// ([`crate::search::noise::reach_above_limit`]). A machine noisier than the probe's is held to its
-/// own noise, one whose runs all peak higher by its lowest. On the plan's own device its runs of
-/// `b` at `acc` count with these: draws of the same noise, so a plan the probe accepted there is
-/// not refused for drawing again (held to the highest run, as the probe holds its own, a run of
-/// verify above the probe's highest failed a plan that was right about half the time).
+/// Why the fits of `b` at `acc` break the plan's promise, if they do, once the job's noise (the
+/// wider of the probe's measured spread and the spread of this verification's runs, scaled to the
+/// whole range so few draws imply) is wider than the guard band:
+///
+/// * on the plan's own device its runs of `b` at `acc` count with these, draws of the same noise,
+///   and a fresh run may reach the lowest of them all plus the noise, which must stay under the
+///   job's limit ([`crate::search::noise::reach_above_limit`]): a plan the probe accepted is not
+///   refused for drawing again (held to the highest, a run of verify above the probe's highest,
+///   as likely as not, failed plans that were right);
+/// * elsewhere only this device's runs count, few of them, so each is held as the probe holds its
+///   answer's ([`crate::search::noise::above_noise`]: the highest plus the noise), the margin a
+///   noise measured from three runs needs; a machine noisier than the probe's is held to its own.
 fn above_ceiling(
     prober: &Prober,
     plan: &Plan,
@@ -345,6 +355,7 @@ fn above_ceiling(
     b: u64,
     acc: u32,
 ) -> Option<String> {
+    use crate::search::noise::{above_noise, reach_above_limit};
     let carried = if elsewhere {
         vec![]
     } else {
@@ -353,25 +364,28 @@ fn above_ceiling(
     let mut fits = fresh_fits(prober.trials(), plan, b, acc);
     fits.extend(carried);
     let measured = plan.search.noise_spread_bytes.max(prober.noise_spread());
-    let over = crate::search::noise::reach_above_limit(
-        &fits,
-        measured,
-        plan.job_limit_bytes(),
-        plan.limit_bytes,
-    )?;
+    let (job, limit) = (plan.job_limit_bytes(), plan.limit_bytes);
     let size = match acc {
         0 | 1 => format!("micro-batch {b}"),
         _ => format!("micro-batch {b} × accumulation {acc}"),
     };
+    let (over, which) = if elsewhere {
+        (above_noise(&fits, measured, job, limit)?, "highest")
+    } else {
+        (reach_above_limit(&fits, measured, job, limit)?, "lowest")
+    };
+    let runs = match fits.len() {
+        1 => "its one run".to_string(),
+        n => format!("the {which} of its {n} runs"),
+    };
     Some(format!(
-        "{size} peaked at {} at its lowest of {} runs, above the {} that the job's measured noise \
-         ({} between fresh runs) leaves under the job's {} limit: a fresh run may reach {}",
+        "{size} peaked at {} ({runs}), above the {} that the job's measured noise ({} between \
+         fresh runs) leaves under the job's {} limit: a fresh run may reach {}",
         format_size(over.top),
-        fits.len(),
         format_size(over.ceiling),
         format_size(over.spread),
-        format_size(plan.job_limit_bytes()),
-        format_size(over.top + over.spread)
+        format_size(job),
+        format_size(over.top.saturating_add(over.spread))
     ))
 }
 

@@ -86,10 +86,10 @@ pub fn above_noise(
 /// own range scaled to the whole range so few draws imply ([`whole_range`]), and every fresh run
 /// lies within that of the lowest one seen, so a fresh run may reach the lowest fit plus the noise.
 /// `None` while that is under `job_limit`, or the noise is within the guard band (`job_limit −
-/// limit`). `verify`'s rule: more runs of the same noise only lower the lowest fit and sharpen the
-/// range, so a size the probe accepted ([`above_noise`], which holds the highest fit instead: a
-/// margin against a noise measured from few runs) stays accepted when its runs are counted again
-/// with new ones of the same noise.
+/// limit`). `verify`'s rule on the plan's own device: more runs of the same noise only lower the
+/// lowest fit and sharpen the range, so a size the probe accepted ([`above_noise`], which holds the
+/// highest fit instead: a margin against a noise measured from few runs) stays accepted when its
+/// runs are counted again with new ones of the same noise.
 pub fn reach_above_limit(
     fits: &[u64],
     measured: Option<u64>,
