@@ -62,46 +62,48 @@ pub struct AboveNoise {
 /// Whether the fresh fits' footprints of one size (`fits`) break the promise: the job's noise is
 /// the wider of `measured` (a spread measured before) and the fits' own range, scaled to the whole
 /// range so few draws imply ([`whole_range`]); once that is wider than the guard band (`job_limit −
-/// limit`), each fit must leave it under `job_limit`. The one rule of the answer's repeats, the
-/// split's sizes and `verify`.
+/// limit`), each fit must leave it under `job_limit`. The rule of the answer's repeats, the split's
+/// sizes, `merge` and `verify` elsewhere.
 pub fn above_noise(
     fits: &[u64],
     measured: Option<u64>,
     job_limit: u64,
     limit: u64,
 ) -> Option<AboveNoise> {
-    let (lo, top) = (*fits.iter().min()?, *fits.iter().max()?);
-    let own = (fits.len() > 1).then(|| whole_range(top - lo, fits.len()));
-    let spread = measured.max(own)?;
-    let ceiling = job_limit.saturating_sub(spread);
-    (ceiling < limit && top > ceiling).then_some(AboveNoise {
-        top,
-        ceiling,
-        spread,
-    })
+    held(fits, measured, job_limit, limit, *fits.iter().max()?)
 }
 
 /// How far fresh runs of one size may reach, by what its fresh fits (`fits`) and the job's noise
-/// show, where that is above the job's limit: the noise is the wider of `measured` and the fits'
-/// own range scaled to the whole range so few draws imply ([`whole_range`]), and every fresh run
-/// lies within that of the lowest one seen, so a fresh run may reach the lowest fit plus the noise.
-/// `None` while that is under `job_limit`, or the noise is within the guard band (`job_limit −
-/// limit`). `verify`'s rule on the plan's own device: more runs of the same noise only lower the
-/// lowest fit and sharpen the range, so a size the probe accepted ([`above_noise`], which holds the
-/// highest fit instead: a margin against a noise measured from few runs) stays accepted when its
-/// runs are counted again with new ones of the same noise.
+/// show, where that is above the job's limit: with the noise as in [`above_noise`], every fresh run
+/// lies within it of the lowest one seen, so a fresh run may reach the lowest fit plus the noise.
+/// `verify`'s rule on the plan's own device: more runs of the same noise only lower the lowest fit
+/// and sharpen the range, so a size the probe accepted ([`above_noise`], which holds the highest
+/// fit instead: a margin against a noise measured from few runs) stays accepted when its runs are
+/// counted again with new ones of the same noise.
 pub fn reach_above_limit(
     fits: &[u64],
     measured: Option<u64>,
     job_limit: u64,
     limit: u64,
 ) -> Option<AboveNoise> {
+    held(fits, measured, job_limit, limit, *fits.iter().min()?)
+}
+
+/// The fit `at` held to the ceiling the noise of `fits` (and `measured`) leaves under `job_limit`,
+/// where that noise is wider than the guard band and `at` is above it.
+fn held(
+    fits: &[u64],
+    measured: Option<u64>,
+    job_limit: u64,
+    limit: u64,
+    at: u64,
+) -> Option<AboveNoise> {
     let (lo, top) = (*fits.iter().min()?, *fits.iter().max()?);
     let own = (fits.len() > 1).then(|| whole_range(top - lo, fits.len()));
     let spread = measured.max(own)?;
     let ceiling = job_limit.saturating_sub(spread);
-    (ceiling < limit && lo > ceiling).then_some(AboveNoise {
-        top: lo,
+    (ceiling < limit && at > ceiling).then_some(AboveNoise {
+        top: at,
         ceiling,
         spread,
     })
