@@ -410,6 +410,8 @@ fn leftovers(marker: &str) -> Vec<u32> {
     processes_with(marker)
 }
 
+/// A trial that hangs is a timeout, its whole tree goes, and its record keeps what it printed
+/// until then: all there is to tell why it hung.
 #[test]
 fn a_hang_is_a_timeout_and_its_whole_tree_goes() {
     let d = tmp();
@@ -443,6 +445,8 @@ fn a_hang_is_a_timeout_and_its_whole_tree_goes() {
     assert!(matches!(o.status.code(), Some(4) | Some(5)), "{o:?}");
     let p = read_json(&path(&d, "plan.partial.json"));
     assert_eq!(p["trials"][0]["outcome"], "timeout");
+    let tail = p["trials"][0]["details"]["output_tail"].to_string();
+    assert!(tail.contains("hang: pid"), "{}", p["trials"][0]);
     std::thread::sleep(std::time::Duration::from_millis(300));
     let left = leftovers("time.sleep(3600)")
         .into_iter()

@@ -244,7 +244,13 @@ impl CudaBackend {
         });
         let judged = ran.map(|ran| match ran {
             Ran::Finished(f) => workload.outcome(&trial, &f),
-            Ran::TimedOut { seconds } => (TrialOutcome::Timeout { seconds }, None),
+            Ran::TimedOut { seconds, tail } => (
+                TrialOutcome::Timeout { seconds },
+                (!tail.is_empty()).then(|| TrialDetails {
+                    output_tail: tail,
+                    ..Default::default()
+                }),
+            ),
         });
         workload.trial_ended(&trial);
         let (out, details) = judged?;

@@ -643,10 +643,30 @@ fn wait_for_descendants(
 #[allow(clippy::large_enum_variant)] // one per trial, moved once
 pub enum Ran {
     Finished(Finished),
-    /// Killed after the trial timeout.
+    /// Killed after the trial timeout; the last lines of what it printed until then
+    /// ([`output_tail`]), all there is to tell why it hung.
     TimedOut {
         seconds: f64,
+        tail: Vec<String>,
     },
+}
+
+/// How many lines of a trial's output its record keeps.
+pub const TAIL_LINES: usize = 20;
+
+/// The last `n` non-empty lines of a trial's output, stderr's then stdout's, each cut to 300
+/// characters.
+pub fn output_tail(stderr: &str, stdout: &str, n: usize) -> Vec<String> {
+    let lines = |s: &str| -> Vec<String> {
+        s.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| l.chars().take(300).collect())
+            .collect()
+    };
+    let mut v = lines(stderr);
+    v.extend(lines(stdout));
+    let k = v.len().saturating_sub(n);
+    v.split_off(k)
 }
 
 /// How long a trial's processes may go on after its evidence is in (the command's complete report)
@@ -875,7 +895,12 @@ fn watch(
     let mut w = Watched::start(child.id(), trial, opts);
     let status = match w.wait_for_exit(&mut child, timeout, sample)? {
         Waited::Exited(status) => status,
-        Waited::TimedOut { seconds } => return Ok(Ran::TimedOut { seconds }),
+        Waited::TimedOut { seconds } => {
+            let drained = Instant::now() + DRAIN;
+            let (stdout, stderr) = (out.finish(drained), err.finish(drained));
+            let tail = output_tail(&stderr, &stdout, TAIL_LINES);
+            return Ok(Ran::TimedOut { seconds, tail });
+        }
     };
     // The root's ru_maxrss is not used: it counts the image of batchfit forked before the exec
     // (about 180 MiB), which the trial never used. Only samples taken after the exec measure it.

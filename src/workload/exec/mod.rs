@@ -63,9 +63,6 @@ pub const ENVIRONMENT: [&str; 9] = [
     "TMP",
 ];
 
-/// How many lines of a trial's output its record keeps.
-const TAIL_LINES: usize = 20;
-
 /// A user's command as a workload.
 pub struct ExecWorkload {
     info: ExecInfo,
@@ -278,16 +275,7 @@ fn writable_tree(dir: &Path) {
 
 /// The last `n` non-empty lines of stderr, then of stdout.
 fn tail(f: &Finished, n: usize) -> Vec<String> {
-    let lines = |s: &str| -> Vec<String> {
-        s.lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| l.chars().take(300).collect())
-            .collect()
-    };
-    let mut v = lines(&f.stderr);
-    v.extend(lines(&f.stdout));
-    let k = v.len().saturating_sub(n);
-    v.split_off(k)
+    crate::device::process::output_tail(&f.stderr, &f.stdout, n)
 }
 
 /// The line that says what went wrong: the last non-empty line of stderr (a Python traceback ends
@@ -881,7 +869,7 @@ impl ExecWorkload {
 fn details(f: &Finished, observed: Option<&observe::Observed>) -> TrialDetails {
     let m = &f.measure;
     TrialDetails {
-        output_tail: tail(f, TAIL_LINES),
+        output_tail: tail(f, crate::device::process::TAIL_LINES),
         log: m
             .log
             .as_ref()
