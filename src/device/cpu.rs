@@ -385,7 +385,8 @@ impl CpuBackend {
                 Ok(o)
             }
             Ok(Ran::TimedOut { seconds, tail }) => {
-                self.details = timed_out_details(tail, warm, forked);
+                self.details =
+                    TrialDetails::timed_out(tail).map(|d| TrialDetails { warm, forked, ..d });
                 Ok(TrialOutcome::Timeout { seconds })
             }
             Err(e) => Err(e),
@@ -488,15 +489,4 @@ impl Backend for CpuBackend {
         }
         Ok(out)
     }
-}
-
-/// What the record of a trial killed at its timeout keeps: the end of its output, where it printed
-/// any (nothing of it was judged, and its tree's measurements up to the kill prove nothing).
-fn timed_out_details(tail: Vec<String>, warm: bool, forked: bool) -> Option<TrialDetails> {
-    (!tail.is_empty()).then(|| TrialDetails {
-        output_tail: tail,
-        warm,
-        forked,
-        ..Default::default()
-    })
 }

@@ -563,6 +563,18 @@ pub struct TrialDetails {
     pub dataloader_batch: Option<u64>,
 }
 
+impl TrialDetails {
+    /// What the record of a trial killed at its timeout keeps: the end of its output (`tail`),
+    /// where it printed any. Nothing of it was judged, and its tree's measurements up to the kill
+    /// prove nothing.
+    pub fn timed_out(tail: Vec<String>) -> Option<Self> {
+        (!tail.is_empty()).then(|| TrialDetails {
+            output_tail: tail,
+            ..Default::default()
+        })
+    }
+}
+
 /// One trial as its workload started it: the request and what the workload gave the trial (its
 /// number, the file its report goes to, its temporary directory, the folder of its observations),
 /// handed back to the workload with the finished process. A value the device carries from the

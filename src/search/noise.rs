@@ -39,7 +39,8 @@
 //! answer must have a footprint at most `job limit − spread` (the noise ceiling; when the spread is
 //! within the guard band, every fit under the trials' limit is). An answer above the ceiling is a
 //! band of its own ([`NoisyBoundary::spread_bytes`]): its lowest bound is the answer, its width the
-//! samples the excess footprint takes by the slope of the fits below, and the rule above steps down
+//! samples, by the slope of the fits below, that bring the mean of its fits plus half the spread
+//! under the ceiling (at least the excess of the highest), and the rule above steps down
 //! to a size whose fits, `1 + repeats` of them, all lie under the ceiling. Stepping down, the
 //! ceiling only falls: a smaller size is held to the ceiling a larger one broke, even where its own
 //! runs, drawn close together, narrow the measured spread.
@@ -416,12 +417,13 @@ impl Prober<'_> {
     }
 
     /// The job's measured noise: the widest of the ranges of footprints among fresh fits of the
-    /// sizes (at one accumulation) run more than once, pooled ([`pooled_range`]: the answer's repeats,
-    /// the split's, a noisy boundary's candidates), the range of each such size run as often as an
-    /// answer must fit ([`Prober::fits_needed`] below a noisy boundary), and the range of all fresh fits' footprints without accumulation about the line through
-    /// them near the top ([`residual_range`]), each with the confirmation's steps and scaled to the
-    /// whole range its number of draws implies ([`whole_range`]). (A failure says only that its run needed more than
-    /// the limit, not by how much: a flaky failure would make any spread.)
+    /// sizes (at one accumulation) run more than once, pooled ([`pooled_range`]: the answer's
+    /// repeats, the split's, a noisy boundary's candidates), the range of each such size run as
+    /// often as an answer must fit ([`Prober::fits_needed`] below a noisy boundary), and the range
+    /// of all fresh fits' footprints without accumulation about the line through them near the top
+    /// ([`residual_range`]), each with the confirmation's steps and scaled to the whole range its
+    /// number of draws implies ([`whole_range`]). (A failure says only that its run needed more
+    /// than the limit, not by how much: a flaky failure would make any spread.)
     pub(super) fn spread(&self, steps: u32) -> Option<u64> {
         type Runs<K> = std::collections::BTreeMap<K, Vec<u64>>;
         let (mut by_size, mut by_run): (Runs<u64>, Runs<(u64, u32)>) = Default::default();
@@ -530,10 +532,10 @@ impl Prober<'_> {
     }
 
     /// How far below `b` (in footprint) the next candidate must peak when `b`'s fits rose `excess`
-    /// above the noise ceiling `ceiling`: at least that excess, and so far that the mean of `b`'s fits less
-    /// the step, plus half the measured spread (a fresh run's draw above the mean), is under the
-    /// ceiling. Stepping by the excess alone lands where the next runs peak above it again as often as
-    /// not: their highest draw is as likely high as the one just seen.
+    /// above the noise ceiling `ceiling`: at least that excess, and so far that the mean of `b`'s
+    /// fits less the step, plus half the measured spread (a fresh run's draw above the mean), is
+    /// under the ceiling. Stepping by the excess alone lands where the next runs peak above it
+    /// again as often as not: their highest draw is as likely high as the one just seen.
     fn step_below(&self, b: u64, steps: u32, excess: u64, ceiling: u64) -> u64 {
         let fits = self.split_fits(b, 1, steps);
         let (Some(spread), false) = (self.spread(steps), fits.is_empty()) else {

@@ -25,6 +25,17 @@ fn search_over(
     k: usize,
     alone: bool,
 ) -> (SearchOutcome, Vec<u64>) {
+    search_lanes(spec, cfg, k, alone, None)
+}
+
+/// [`search_over`], with the job's limit `job_limit` above the trials' when given.
+fn search_lanes(
+    spec: &SimSpec,
+    cfg: &SearchConfig,
+    k: usize,
+    alone: bool,
+    job_limit: Option<u64>,
+) -> (SearchOutcome, Vec<u64>) {
     let mut sims: Vec<SimBackend> = (0..k).map(|_| SimBackend::new(spec.clone())).collect();
     let lanes = sims
         .iter_mut()
@@ -38,7 +49,13 @@ fn search_over(
     if alone {
         set = set.exploring_alone();
     }
-    let out = Prober::new(&mut set, cfg.clone(), spec.capacity).search();
+    let out = {
+        let mut prober = Prober::new(&mut set, cfg.clone(), spec.capacity);
+        if let Some(j) = job_limit {
+            prober = prober.with_job_limit(j);
+        }
+        prober.search()
+    };
     drop(set);
     (out, sims.iter().map(|s| s.trials_run).collect())
 }
@@ -478,16 +495,5 @@ fn side_by_side_a_job_much_noisier_than_the_guard_band_still_gets_an_answer() {
 
 /// [`search_over`] with the devices sharing their cores, and the job's limit `job_limit`.
 fn noisy_search_on(spec: &SimSpec, cfg: &SearchConfig, k: usize, job_limit: u64) -> SearchOutcome {
-    let mut sims: Vec<SimBackend> = (0..k).map(|_| SimBackend::new(spec.clone())).collect();
-    let lanes = (sims.iter_mut().enumerate())
-        .map(|(i, s)| Lane {
-            backend: s as &mut (dyn Backend + Send),
-            gpu: Some(i as u32),
-        })
-        .collect();
-    let mut set = Lanes::new(lanes).exploring_alone();
-    let out = Prober::new(&mut set, cfg.clone(), spec.capacity)
-        .with_job_limit(job_limit)
-        .search();
-    out
+    search_lanes(spec, cfg, k, true, Some(job_limit)).0
 }

@@ -246,10 +246,7 @@ impl CudaBackend {
             Ran::Finished(f) => workload.outcome(&trial, &f),
             Ran::TimedOut { seconds, tail } => (
                 TrialOutcome::Timeout { seconds },
-                (!tail.is_empty()).then(|| TrialDetails {
-                    output_tail: tail,
-                    ..Default::default()
-                }),
+                TrialDetails::timed_out(tail),
             ),
         });
         workload.trial_ended(&trial);
