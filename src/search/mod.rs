@@ -929,16 +929,28 @@ impl<'b> Prober<'b> {
             .max()
     }
 
+    /// Whether a trial at `batch` fit with the confirmation steps (at the current accumulation or
+    /// more), warm or cold.
+    fn ran_full_length(&self, batch: u64) -> bool {
+        self.full_length_fits(batch).next().is_some()
+    }
+
     /// Whether a trial at `batch` already fit with the confirmation steps (at the current
     /// accumulation or more) in a cold process of its own ([`TrialRecord::cold`]).
     fn confirmed(&self, batch: u64) -> bool {
-        let steps = self.cfg.confirm_steps.max(self.cfg.steps);
-        self.trials.iter().any(|t| {
+        self.full_length_fits(batch).any(TrialRecord::cold)
+    }
+
+    fn full_length_fits(&self, batch: u64) -> impl Iterator<Item = &TrialRecord> {
+        let (steps, accumulation) = (
+            self.cfg.confirm_steps.max(self.cfg.steps),
+            self.accumulation,
+        );
+        self.trials.iter().filter(move |t| {
             t.batch == batch
                 && t.steps >= steps
                 && t.outcome.fits()
-                && t.accumulation >= self.accumulation
-                && t.cold()
+                && t.accumulation >= accumulation
         })
     }
 
@@ -1194,6 +1206,18 @@ impl<'b> Prober<'b> {
         }
     }
 
+    /// How many sizes the exploration runs at once: the device's exploration width
+    /// ([`Backend::explore_width`]: 1 on devices that share their cores), or its full width once
+    /// exploration runs cold after warm or worker trials lost trust: that walk is made of the
+    /// proof's kind of trials, which run side by side.
+    fn explore_width(&self) -> usize {
+        if self.worker_trusted {
+            self.backend.explore_width()
+        } else {
+            self.proof_width()
+        }
+    }
+
     /// How many of the proof's cold trials run at once: the device's width, or 1 once a trial
     /// that ran beside another ended in an error or a timeout. Some jobs cannot run twice at once
     /// (a fixed port, a fixed file); alone, they run as the job will.
@@ -1330,8 +1354,9 @@ impl<'b> Prober<'b> {
             confirm_ooms,
             prior: self.cfg.prior.as_ref(),
         };
-        if self.backend.explore_width() > 1 {
-            let proposals = strategy.propose_round(&state, self.backend.explore_width());
+        let width = self.explore_width();
+        if width > 1 {
+            let proposals = strategy.propose_round(&state, width);
             let planned = (proposals.iter())
                 .map(|p| self.plan_trial(&state, *p))
                 .collect::<Result<Vec<_>, _>>()
@@ -1414,8 +1439,14 @@ impl<'b> Prober<'b> {
         // confirm steps at once (its fit is then also its confirmation), as a strategy may ask
         // for a size it predicts to be the answer.
         // Once the largest fit is confirmed, every trial above it runs so too: a fit there is then a
-        // confirmed bound at once, and an out-of-memory closes the proof just as well.
-        let lo_confirmed = lo.is_some_and(|l| self.confirmed(grid.batch(l)));
+        // confirmed bound at once, and an out-of-memory closes the proof just as well. While
+        // exploring warm, a warm fit with the confirmation's steps counts: a shorter fit above it
+        // would miss the memory that appears after the exploration's steps, and its lower peak
+        // would aim the line past the boundary the cold proof meets.
+        let lo_confirmed = lo.is_some_and(|l| {
+            let b = grid.batch(l);
+            self.confirmed(b) || (self.explores_warm() && self.ran_full_length(b))
+        });
         let as_candidate =
             (proposal.confirm || lo_confirmed || st.fit_would_close(i)) && confirm_steps > steps;
         // A trial next to either end of the bracket may close it: run it fresh, so it is already

@@ -1476,6 +1476,17 @@ impl WarmSim {
 /// A search on `k` devices at once whose exploration runs warm on `warm` and whose fresh trials
 /// run on `cold`; the first trial of each device runs cold, as an `--exec` device's does.
 fn warm_search(warm: &SimSpec, cold: &SimSpec, cfg: &SearchConfig, k: usize) -> SearchOutcome {
+    warm_search_on(warm, cold, cfg, k, false)
+}
+
+/// [`warm_search`] on devices that share their cores (`alone`: exploration one size at a time).
+fn warm_search_on(
+    warm: &SimSpec,
+    cold: &SimSpec,
+    cfg: &SearchConfig,
+    k: usize,
+    alone: bool,
+) -> SearchOutcome {
     let mut sims: Vec<WarmSim> = (0..k)
         .map(|_| WarmSim {
             cold_first: true,
@@ -1489,6 +1500,9 @@ fn warm_search(warm: &SimSpec, cold: &SimSpec, cfg: &SearchConfig, k: usize) -> 
         })
         .collect();
     let mut set = crate::device::lanes::Lanes::new(lanes);
+    if alone {
+        set = set.exploring_alone();
+    }
     let out = Prober::new(&mut set, cfg.clone(), cold.capacity).search();
     drop(set);
     out
@@ -1899,4 +1913,87 @@ fn a_verify_run_drawing_low_does_not_fail_a_plan_whose_noise_fits_the_guard_band
     // a device whose runs all peak 10 MiB higher is held to it
     let higher: Vec<u64> = fits.iter().map(|f| f + 10 * MIB).collect();
     assert!(noise::reach_above_limit(&higher, probe_spread, job, limit).is_some());
+}
+
+/// Once warm exploration's largest fit ran with the confirmation's steps, every warm trial above it
+/// runs so too: a shorter fit above it misses the memory that appears after the exploration's steps,
+/// so its peak (below the longer fit's) would aim the line past the boundary the cold proof meets.
+#[test]
+fn above_a_warm_fit_with_the_confirmations_steps_warm_trials_run_as_many() {
+    let mut trials_seen = Vec::new();
+    for late in [512, 2048, 8192] {
+        for base in [250 * MIB, 600 * MIB] {
+            let mut spec = SimSpec::affine(base, 100 * 1024, 1000 * MIB);
+            spec.late_per_sample = late;
+            let cfg = SearchConfig {
+                repeats: 2,
+                ..SearchConfig::default()
+            };
+            let mut be = WarmSim::new(&spec, &spec);
+            let out = Prober::new(&mut be, cfg.clone(), spec.capacity).search();
+            let seq = seq(&out);
+            let truth = spec.true_max(spec.capacity, 5, 1_000_000);
+            let b = out.max_fitting.expect("an answer");
+            assert!(
+                b <= truth && truth - b <= tolerance_gap(b, cfg.tolerance, 1),
+                "{seq:?}"
+            );
+            let mut full_fit: Option<u64> = None;
+            for t in out.trials.iter().filter(|t| t.warm()) {
+                assert!(
+                    full_fit.is_none_or(|f| t.batch <= f) || t.steps >= cfg.confirm_steps,
+                    "late {late}: {} ran {} steps above a full-length fit at {full_fit:?}: {seq:?}",
+                    t.batch,
+                    t.steps
+                );
+                if t.outcome.fits() && t.steps >= cfg.confirm_steps {
+                    full_fit = full_fit.max(Some(t.batch));
+                }
+            }
+            trials_seen.push(out.trials.len());
+        }
+    }
+    eprintln!("trials: {trials_seen:?}");
+}
+
+/// Devices that share their cores explore one warm size at a time; once cold trials disagreed with
+/// warm ones and exploration runs cold, its trials are the proof's kind and run side by side.
+#[test]
+fn a_cold_walk_after_warm_exploration_runs_side_by_side_on_devices_sharing_cores() {
+    let cold = SimSpec::affine(250 * MIB, MIB, 1000 * MIB);
+    let warm = SimSpec::affine(100 * MIB, MIB, 1000 * MIB);
+    let cfg = SearchConfig {
+        repeats: 2,
+        ..SearchConfig::default()
+    };
+    let out = warm_search_on(&warm, &cold, &cfg, 2, true);
+    let t = &out.trials;
+    let in_round = |r: Option<u32>| t.iter().filter(|x| x.round == r).count();
+    for w in t.iter().filter(|w| w.warm()) {
+        assert_eq!(
+            in_round(w.round),
+            1,
+            "a warm trial beside another: {:?}",
+            seq(&out)
+        );
+    }
+    // a round of the walk: several cold trials, none of them a run of the answer
+    let walk_round = |r: Option<u32>| {
+        let round: Vec<_> = t.iter().filter(|x| x.round == r).collect();
+        round.len() > 1
+            && (round.iter())
+                .all(|x| x.cold() && matches!(x.purpose, Purpose::Explore | Purpose::Proof))
+    };
+    assert!(
+        t.iter().any(|x| walk_round(x.round)),
+        "the cold walk ran alone: {:?}",
+        seq(&out)
+    );
+    let b = out.max_fitting.expect("an answer");
+    assert!(
+        b <= 750 && 750 - b <= tolerance_gap(b, DEFAULT_TOLERANCE, 1),
+        "{:?}",
+        seq(&out)
+    );
+    check_invariant(&out, &cfg);
 }
