@@ -1197,3 +1197,68 @@ fn the_users_sitecustomize_runs_and_a_job_without_torch_is_unaffected() {
         assert_eq!(t["outcome"], "fits", "{t}");
     }
 }
+
+/// A job whose peak moves from run to run by less than the guard band (jitter.py draws 0–15 MiB by
+/// trial number: high in verify's first three runs, low in the probe's runs of its answer): the plan
+/// promises a run under the job's limit (the trials' limit plus the band), and `verify` on the
+/// machine that probed it runs the answer under that limit. Under the trials' own limit those runs
+/// ran out of memory and failed a right plan (every run of the answer fits under the job's limit).
+#[test]
+fn verify_runs_the_answer_under_the_jobs_limit_the_plan_promises() {
+    let cmd: Vec<String> = vec![
+        "/usr/bin/python3".to_string(),
+        repo()
+            .join("tests/support/exec/jitter.py")
+            .display()
+            .to_string(),
+        "{batch}".into(),
+        "15".into(),
+    ];
+    for budget in ["400MiB", "401MiB", "403MiB", "406MiB"] {
+        let d = tmp();
+        let (p, v) = (path(&d, "p.json"), path(&d, "v.json"));
+        let o = batchfit()
+            .args([
+                "probe",
+                "--backend",
+                "cpu",
+                "--quiet",
+                "--cpu-limit",
+                "rlimit",
+            ])
+            .args([
+                "--memory-budget",
+                budget,
+                "--margin",
+                "0",
+                "--max-batch",
+                "600",
+            ])
+            .args(["--trial-timeout", "60", "--no-cache", "--out"])
+            .arg(&p)
+            .arg("--exec")
+            .arg("--")
+            .args(&cmd)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let plan = read_json(&p);
+        assert_eq!(plan["status"], "complete", "{plan}");
+        let o = batchfit()
+            .args(["verify", "--quiet", "--out"])
+            .arg(&v)
+            .arg(&p)
+            .output()
+            .unwrap();
+        let verified = read_json(&v);
+        let runs: Vec<String> = trials(&verified)
+            .iter()
+            .map(|t| format!("{}:{}:{}", t["batch"], t["outcome"], t["peak_bytes"]))
+            .collect();
+        assert!(
+            o.status.success(),
+            "budget {budget}: {} {runs:?}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}

@@ -1,6 +1,8 @@
 //! `batchfit verify`: confirmation trials of a plan's micro-batch sizes on this machine, each with
-//! the plan's accumulation (as the trainer will run it), under the plan's limit, with the probe's own
-//! set-up ([`super::setup::plan_backend`]) and confirmation ([`Prober::confirm_split`]).
+//! the plan's accumulation (as the trainer will run it), with the probe's own set-up
+//! ([`super::setup::plan_backend`]) and confirmation ([`Prober::confirm_split`]). On the plan's own
+//! device they run under the job's limit, what the plan promises a run of its answer; elsewhere
+//! under the trials' limit (the job's less the guard band), as the probe proved its answer.
 
 use super::report::{ProbeError, Progress};
 use super::setup;
@@ -28,8 +30,8 @@ pub struct VerifyReport {
 }
 
 /// Runs confirmation trials of every size of the plan's micro-batches (largest first, with the plan's
-/// steps and confirm steps) on this machine's backend of the plan's kind, under
-/// `(budget − reserve) × (1 − margin)` from the plan. The trials are appended to the plan's `trials`;
+/// steps and confirm steps) on this machine's backend of the plan's kind, under the job's limit
+/// `(budget − reserve) × (1 − margin)` from the plan, or elsewhere that less the plan's guard band. The trials are appended to the plan's `trials`;
 /// on success the plan is `verified: true` and its `device` is this machine's.
 /// `sim` replaces the plan's simulated device (`sim_spec`); `observe` watches a command's DataLoaders
 /// (`--observe`).
@@ -53,24 +55,31 @@ pub fn verify(
             device.name
         )));
     }
-    // the trials' limit, as the plan's were run: less the guard band it recorded
-    let limit = setup::guarded(
-        config::limit(plan.budget_bytes, plan.reserve_bytes, plan.margin),
-        plan.guard_band,
-    );
+    // the job's limit, and the trials' limit the plan's probe ran under: less the guard band
+    let job = config::limit(plan.budget_bytes, plan.reserve_bytes, plan.margin);
+    let limit = setup::guarded(job, plan.guard_band);
+    // On the plan's own device its sizes run under the job's limit, what the plan promises (under
+    // the trials' own, the answer's runs that drew high at the noisy edge the probe stopped at
+    // failed right plans); elsewhere under the trials' limit, as the probe proved them.
+    let run_under = if here.elsewhere { limit } else { job };
     progress.line(&format!(
-        "batchfit: verifying micro-batches {} of {} on {} ({}): limit {}",
+        "batchfit: verifying micro-batches {} of {} on {} ({}): limit {}{}",
         crate::plan::describe_micro_batches(&rec.micro_batches),
         plan.model.name(),
         device.kind,
         device.name,
-        format_size(limit)
+        format_size(run_under),
+        if run_under > limit {
+            " (the job's)"
+        } else {
+            ""
+        }
     ));
     let (ending, trials, spread) = {
         let progress = &mut *progress;
-        let mut prober = Prober::new(backend.as_mut(), search_config(plan), limit)
-            .on_trial(move |t, all| progress.trial(all.len(), t, limit));
-        let ending = confirm_plan(&mut prober, plan, &rec, &here, limit)?;
+        let mut prober = Prober::new(backend.as_mut(), search_config(plan), run_under)
+            .on_trial(move |t, all| progress.trial(all.len(), t, run_under));
+        let ending = confirm_plan(&mut prober, plan, &rec, &here, run_under)?;
         (ending, prober.trials().to_vec(), prober.noise_spread())
     };
     let mut out = plan.clone();
