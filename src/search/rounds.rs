@@ -20,7 +20,8 @@ use crate::protocol::{TrialOutcome, TrialRequest};
 /// `first` is expected to be the answer (`answer`), the size a tolerance's gap above it (its
 /// out-of-memory proves `first`, once something fit), then,
 /// while nothing has failed, a geometric ladder up to the largest size, then the midpoints
-/// (geometric) of the widest gaps left in the open bracket.
+/// (geometric) of the widest gaps left in the open bracket; with no bound above but failures below,
+/// nothing more.
 pub fn around(st: &SearchState, first: Proposal, k: usize, answer: bool) -> Vec<Proposal> {
     let g = st.grid;
     let mut out = vec![first];
@@ -38,6 +39,12 @@ pub fn around(st: &SearchState, first: Proposal, k: usize, answer: bool) -> Vec<
         }
     }
     if upper.is_none() {
+        if st.trials.iter().any(|t| t.outcome.is_bound()) {
+            // nothing bounds the bracket, yet sizes failed (below its fit: a noisy boundary, or
+            // warm failures that cold fits overturned): the boundary is near them, not up the
+            // ladder, and a gap above the proposal reaches as far
+            return out;
+        }
         ladder(st, &mut out, k);
     }
     while out.len() < k {

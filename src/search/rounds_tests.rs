@@ -5,8 +5,8 @@ use crate::device::sim::{SimBackend, SimSpec};
 use crate::device::{Backend, BackendError, DeviceInfo, RoundTrial};
 use crate::protocol::{Isolation, TrialOutcome, TrialRequest};
 use crate::search::{
-    bisect, tolerance_gap, Grid, Prober, Purpose, SearchConfig, SearchOutcome, SearchState,
-    Strategy, StrategyKind,
+    bisect, rounds, tolerance_gap, Grid, Prober, Proposal, Purpose, SearchConfig, SearchOutcome,
+    SearchState, Strategy, StrategyKind, TrialRecord,
 };
 use proptest::prelude::*;
 
@@ -138,6 +138,42 @@ fn bisection_spreads_a_round_evenly_over_the_bracket() {
     };
     let got: Vec<u64> = s.propose_round(&st, 8).iter().map(|p| p.index).collect();
     assert_eq!(got, vec![100, 101]);
+}
+
+/// A round over a bracket open above, whose sizes that failed all lie below its fit (a noisy
+/// boundary, or warm failures that cold fits overturned), is the proposal alone: the boundary is
+/// near those failures, and neither a ladder to the largest size nor a gap above the proposal
+/// (75424 beside 4714 on a 2-core machine, each slowing the other) is worth a device.
+#[test]
+fn a_round_open_above_after_failures_below_does_not_climb_the_ladder() {
+    let grid = Grid::new(1, 1_048_576, 1).unwrap();
+    let trials = [
+        TrialRecord::for_test(4672, Some(1 << 30), 5, 1),
+        TrialRecord::for_test(4691, None, 5, 1),
+        TrialRecord::for_test(4691, Some(1 << 30), 5, 1),
+    ];
+    let st = SearchState {
+        grid,
+        lo: Some(grid.index_at_or_below(4691)),
+        hi: None,
+        ceiling: None,
+        trials: &trials,
+        limit_bytes: 1 << 31,
+        steps: 2,
+        base_steps: 2,
+        confirm_steps: 5,
+        tolerance: 0.005,
+        confirm_ooms: false,
+        prior: None,
+    };
+    let first = Proposal::explore(grid.index_at_or_below(4714));
+    assert_eq!(rounds::around(&st, first, 2, false), vec![first]);
+    // with nothing failed, the ladder still spreads a round upward
+    let st = SearchState {
+        trials: &trials[..1],
+        ..st
+    };
+    assert_eq!(rounds::around(&st, first, 2, false).len(), 2);
 }
 
 /// Rounds and trials for k = 1, 2, 4, 8 devices on one scripted curve, both strategies: more devices,
