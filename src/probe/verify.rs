@@ -55,9 +55,7 @@ pub fn verify(
             device.name
         )));
     }
-    // the job's limit, and the trials' limit the plan's probe ran under: less the guard band
-    let job = config::limit(plan.budget_bytes, plan.reserve_bytes, plan.margin);
-    let limit = setup::guarded(job, plan.guard_band);
+    let (limit, job) = limits(plan)?;
     // On the plan's own device its sizes run under the job's limit, what the plan promises (under
     // the trials' own, the answer's runs that drew high at the noisy edge the probe stopped at
     // failed right plans); elsewhere under the trials' limit, as the probe proved them.
@@ -103,6 +101,24 @@ pub fn verify(
         }
     }
     Ok(VerifyReport { plan: out, ending })
+}
+
+/// The trials' limit (the budget's limit less the guard band, as the probe set it) and the job's
+/// limit the plan promises (`limit_bytes` plus `guard_band_bytes`, never above the budget's limit).
+/// A plan whose `limit_bytes` is not its budget's limit less its guard band was edited: verified, it
+/// would promise a limit its runs never had.
+fn limits(plan: &Plan) -> Result<(u64, u64), ProbeError> {
+    let budget_limit = config::limit(plan.budget_bytes, plan.reserve_bytes, plan.margin);
+    let limit = setup::guarded(budget_limit, plan.guard_band);
+    if limit != plan.limit_bytes {
+        return Err(ProbeError::Usage(format!(
+            "the plan's limit_bytes ({}) is not its budget's limit less its guard band ({} of {}):              the plan was edited, so what it promises cannot be checked; probe again (batchfit              probe …) and verify that plan",
+            plan.limit_bytes,
+            limit,
+            budget_limit
+        )));
+    }
+    Ok((limit, plan.job_limit_bytes().min(budget_limit)))
 }
 
 /// A verification that did not verify leaves the plan describing its device: trials from
@@ -387,12 +403,24 @@ fn above_ceiling(
         1 => "its one run".to_string(),
         n => format!("the {which} of its {n} runs"),
     };
+    let noise = if over.band {
+        format!(
+            "the guard band ({}, the noise it stands for: no run of it under the trials' {} \
+             limit shows a narrower one)",
+            format_size(over.spread),
+            format_size(limit)
+        )
+    } else {
+        format!(
+            "the job's measured noise ({} between fresh runs)",
+            format_size(over.spread)
+        )
+    };
     Some(format!(
-        "{size} peaked at {} ({runs}), above the {} that the job's measured noise ({} between \
-         fresh runs) leaves under the job's {} limit: a fresh run may reach {}",
+        "{size} peaked at {} ({runs}), above the {} that {noise} leaves under the job's {} limit: \
+         a fresh run may reach {}",
         format_size(over.top),
         format_size(over.ceiling),
-        format_size(over.spread),
         format_size(job),
         format_size(over.top.saturating_add(over.spread))
     ))

@@ -58,6 +58,9 @@ pub struct AboveNoise {
     pub top: u64,
     pub ceiling: u64,
     pub spread: u64,
+    /// The spread is the guard band, not a measured one: the fit lies above the trials' limit and
+    /// no narrower noise was shown.
+    pub band: bool,
 }
 
 /// Whether the fresh fits' footprints of one size (`fits`) break the promise: the job's noise is
@@ -91,7 +94,10 @@ pub fn reach_above_limit(
 }
 
 /// The fit `at` held to the ceiling the noise of `fits` (and `measured`) leaves under `job_limit`,
-/// where that noise is wider than the guard band and `at` is above it.
+/// where that noise is wider than the guard band and `at` is above it; or where `at` lies above the
+/// trials' `limit` (a run under the job's limit: `verify` on the plan's own device), held to the
+/// guard band at least, the noise the band stands for when none wider was measured: such a fit
+/// leaves a fresh run room only when its spread is known to be narrower, and none is.
 fn held(
     fits: &[u64],
     measured: Option<u64>,
@@ -101,12 +107,16 @@ fn held(
 ) -> Option<AboveNoise> {
     let (lo, top) = (*fits.iter().min()?, *fits.iter().max()?);
     let own = (fits.len() > 1).then(|| whole_range(top - lo, fits.len()));
-    let spread = measured.max(own)?;
+    // (without a band, a fit above the limit is the device's figure moving, as a simulated
+    // device's noisy peaks do: no run went past a limit)
+    let band = (at > limit && job_limit > limit).then(|| job_limit - limit);
+    let spread = measured.max(own).max(band)?;
     let ceiling = job_limit.saturating_sub(spread);
-    (ceiling < limit && at > ceiling).then_some(AboveNoise {
+    ((ceiling < limit || band.is_some()) && at > ceiling).then_some(AboveNoise {
         top: at,
         ceiling,
         spread,
+        band: band.is_some_and(|b| measured.max(own) < Some(b)),
     })
 }
 

@@ -1915,6 +1915,27 @@ fn a_verify_run_drawing_low_does_not_fail_a_plan_whose_noise_fits_the_guard_band
     assert!(noise::reach_above_limit(&higher, probe_spread, job, limit).is_some());
 }
 
+/// Runs under the job's limit (`verify` on the plan's own device) that all peak above the trials'
+/// limit, with no run of the size under it: their spread within the guard band says nothing of a
+/// fresh run's room under the job's limit, so the band is the noise they are held to, and the
+/// lowest of them plus it lies above the job's limit (397 MiB + 16 MiB > 400 MiB). A fit under the
+/// trials' limit with such a spread keeps the promise.
+#[test]
+fn fits_above_the_trials_limit_are_held_to_the_guard_band_at_least() {
+    let (job, limit) = (400 * MIB, 384 * MIB);
+    let above = [397 * MIB, 398 * MIB, 399 * MIB];
+    for measured in [None, Some(4 * MIB), Some(15 * MIB)] {
+        let over = noise::reach_above_limit(&above, measured, job, limit).expect("held");
+        assert_eq!(over.top, 397 * MIB);
+        assert!(over.top + over.spread > job, "{over:?}");
+    }
+    let under = [383 * MIB, 386 * MIB, 387 * MIB];
+    assert_eq!(
+        noise::reach_above_limit(&under, Some(4 * MIB), job, limit),
+        None
+    );
+}
+
 /// Once warm exploration's largest fit ran with the confirmation's steps, every warm trial above it
 /// runs so too: a shorter fit above it misses the memory that appears after the exploration's steps,
 /// so its peak (below the longer fit's) would aim the line past the boundary the cold proof meets.
