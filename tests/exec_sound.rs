@@ -1205,53 +1205,14 @@ fn the_users_sitecustomize_runs_and_a_job_without_torch_is_unaffected() {
 /// ran out of memory and failed a right plan (every run of the answer fits under the job's limit).
 #[test]
 fn verify_runs_the_answer_under_the_jobs_limit_the_plan_promises() {
-    let cmd: Vec<String> = vec![
-        "/usr/bin/python3".to_string(),
-        repo()
-            .join("tests/support/exec/jitter.py")
-            .display()
-            .to_string(),
-        "{batch}".into(),
-        "15".into(),
-    ];
     for budget in ["400MiB", "401MiB", "403MiB", "406MiB"] {
         let d = tmp();
         let (p, v) = (path(&d, "p.json"), path(&d, "v.json"));
-        let o = batchfit()
-            .args([
-                "probe",
-                "--backend",
-                "cpu",
-                "--quiet",
-                "--cpu-limit",
-                "rlimit",
-            ])
-            .args([
-                "--memory-budget",
-                budget,
-                "--margin",
-                "0",
-                "--max-batch",
-                "600",
-            ])
-            .args(["--trial-timeout", "60", "--no-cache", "--out"])
-            .arg(&p)
-            .arg("--exec")
-            .arg("--")
-            .args(&cmd)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        probe_under(budget, &jitter(&["15"]), &p);
         let plan = read_json(&p);
         assert_eq!(plan["status"], "complete", "{plan}");
-        let o = batchfit()
-            .args(["verify", "--quiet", "--out"])
-            .arg(&v)
-            .arg(&p)
-            .output()
-            .unwrap();
-        let verified = read_json(&v);
-        let runs: Vec<String> = trials(&verified)
+        let o = verify(&p, &v);
+        let runs: Vec<String> = trials(&read_json(&v))
             .iter()
             .map(|t| format!("{}:{}:{}", t["batch"], t["outcome"], t["peak_bytes"]))
             .collect();
@@ -1263,8 +1224,8 @@ fn verify_runs_the_answer_under_the_jobs_limit_the_plan_promises() {
     }
 }
 
-/// Probes `cmd` under `RLIMIT_DATA` with a 400 MiB budget (margin 0, sizes up to 600) into `p`.
-fn probe_400(cmd: &[String], p: &std::path::Path) {
+/// Probes `cmd` under `RLIMIT_DATA` with `budget` (margin 0, sizes up to 600) into `p`.
+fn probe_under(budget: &str, cmd: &[String], p: &std::path::Path) {
     let o = batchfit()
         .args([
             "probe",
@@ -1276,7 +1237,7 @@ fn probe_400(cmd: &[String], p: &std::path::Path) {
         ])
         .args([
             "--memory-budget",
-            "400MiB",
+            budget,
             "--margin",
             "0",
             "--max-batch",
@@ -1290,6 +1251,16 @@ fn probe_400(cmd: &[String], p: &std::path::Path) {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// `batchfit verify --quiet --out out plan`.
+fn verify(plan: &std::path::Path, out: &std::path::Path) -> std::process::Output {
+    batchfit()
+        .args(["verify", "--quiet", "--out"])
+        .arg(out)
+        .arg(plan)
+        .output()
+        .unwrap()
 }
 
 fn jitter(args: &[&str]) -> Vec<String> {
@@ -1315,7 +1286,7 @@ fn jitter(args: &[&str]) -> Vec<String> {
 fn a_size_whose_verify_runs_all_peak_above_the_trials_limit_is_held_to_the_guard_band() {
     let d = tmp();
     let (p, m, v) = (path(&d, "p.json"), path(&d, "m.json"), path(&d, "v.json"));
-    probe_400(&jitter(&["0", "9"]), &p);
+    probe_under("400MiB", &jitter(&["0", "9"]), &p);
     let b = read_json(&p)["recommendation"]["micro_batch"]
         .as_u64()
         .unwrap();
@@ -1327,12 +1298,7 @@ fn a_size_whose_verify_runs_all_peak_above_the_trials_limit_is_held_to_the_guard
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(read_json(&m)["recommendation"]["accumulation"], 4);
-    let o = batchfit()
-        .args(["verify", "--quiet", "--out"])
-        .arg(&v)
-        .arg(&m)
-        .output()
-        .unwrap();
+    let o = verify(&m, &v);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(4), "{err}");
     assert!(
@@ -1357,16 +1323,11 @@ fn a_size_whose_verify_runs_all_peak_above_the_trials_limit_is_held_to_the_guard
 fn verify_refuses_a_plan_whose_limits_disagree_with_its_budget() {
     let d = tmp();
     let (p, v) = (path(&d, "p.json"), path(&d, "v.json"));
-    probe_400(&jitter(&["0"]), &p);
+    probe_under("400MiB", &jitter(&["0"]), &p);
     let mut plan = read_json(&p);
     plan["guard_band"] = serde_json::json!(0.2);
     std::fs::write(&p, plan.to_string()).unwrap();
-    let o = batchfit()
-        .args(["verify", "--quiet", "--out"])
-        .arg(&v)
-        .arg(&p)
-        .output()
-        .unwrap();
+    let o = verify(&p, &v);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(
