@@ -895,16 +895,7 @@ fn a_job_whose_memory_grows_with_its_batch_gets_a_complete_plan() {
 /// under the job's limit (the trials' limit plus the guard band).
 #[test]
 fn a_job_whose_peak_moves_from_run_to_run_is_answered_below_its_measured_noise() {
-    let cmd: Vec<String> = [
-        "/usr/bin/python3".to_string(),
-        repo()
-            .join("tests/support/exec/jitter.py")
-            .display()
-            .to_string(),
-        "{batch}".into(),
-        "40".into(),
-    ]
-    .to_vec();
+    let cmd = jitter(&["40"]);
     for limit in limits() {
         let mut flags = limit.clone();
         flags.splice(
@@ -1263,6 +1254,7 @@ fn verify(plan: &std::path::Path, out: &std::path::Path) -> std::process::Output
         .unwrap()
 }
 
+/// `python3 jitter.py {batch} ARGS…` (tests/support/exec/jitter.py).
 fn jitter(args: &[&str]) -> Vec<String> {
     let mut v = vec![
         "/usr/bin/python3".to_string(),
