@@ -1194,6 +1194,7 @@ fn the_users_sitecustomize_runs_and_a_job_without_torch_is_unaffected() {
 /// promises a run under the job's limit (the trials' limit plus the band), and `verify` on the
 /// machine that probed it runs the answer under that limit. Under the trials' own limit those runs
 /// ran out of memory and failed a right plan (every run of the answer fits under the job's limit).
+/// The verified plan's summary gives the peak of those runs as a share of the job's limit.
 #[test]
 fn verify_runs_the_answer_under_the_jobs_limit_the_plan_promises() {
     for budget in ["400MiB", "401MiB", "403MiB", "406MiB"] {
@@ -1212,6 +1213,18 @@ fn verify_runs_the_answer_under_the_jobs_limit_the_plan_promises() {
             "budget {budget}: {} {runs:?}",
             String::from_utf8_lossy(&o.stderr)
         );
+        // its runs drew above the trials' limit: the summary gives their peak as a share of the
+        // job's limit, the one they ran under
+        let verified = read_json(&v);
+        let peak = verified["recommendation"]["peak_bytes"].as_u64().unwrap();
+        assert!(peak > verified["limit_bytes"].as_u64().unwrap(), "{runs:?}");
+        let text = batchfit()
+            .args(["show", "--format", "text"])
+            .arg(&v)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert!(text.contains("of the job's 4"), "{text}");
     }
 }
 
@@ -1308,23 +1321,76 @@ fn a_size_whose_verify_runs_all_peak_above_the_trials_limit_is_held_to_the_guard
     );
 }
 
-/// A plan whose guard band share was edited no longer derives its `limit_bytes` from its budget:
-/// verify refuses it (exit 2) before any run, since verified it would promise a job's limit its runs
-/// never had.
+/// A plan whose guard band (its share or its bytes) or `limit_bytes` was edited no longer derives its
+/// limits from its budget: verify refuses it (exit 2) before any run, since verified it would promise
+/// a job's limit its runs never had.
 #[test]
 fn verify_refuses_a_plan_whose_limits_disagree_with_its_budget() {
     let d = tmp();
     let (p, v) = (path(&d, "p.json"), path(&d, "v.json"));
     probe_under("400MiB", &jitter(&["0"]), &p);
-    let mut plan = read_json(&p);
-    plan["guard_band"] = serde_json::json!(0.2);
-    std::fs::write(&p, plan.to_string()).unwrap();
-    let o = verify(&p, &v);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
+    let plan = read_json(&p);
+    let limit = plan["limit_bytes"].as_u64().unwrap();
+    for (field, value) in [
+        ("guard_band", serde_json::json!(0.2)),
+        ("guard_band_bytes", serde_json::json!(0)),
+        ("guard_band_bytes", serde_json::json!(32 << 20)),
+        ("limit_bytes", serde_json::json!(limit + (16 << 20))),
+    ] {
+        let mut edited = plan.clone();
+        edited[field] = value;
+        std::fs::write(&p, edited.to_string()).unwrap();
+        let o = verify(&p, &v);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{field}: {err}");
+        assert!(
+            err.contains("the plan's limits disagree with its budget"),
+            "{err}"
+        );
+        assert!(!err.contains("  "), "{err}");
+        assert!(!v.exists());
+    }
+}
+
+/// An interrupted `verify` (Ctrl-C, a job scheduler's preemption) is no verdict: exit 130, the plan
+/// written keeps its state (no `verification_failure`, not `verified: false`, exported as complete),
+/// and a later verify of it runs and verifies. Recorded as a failure, it refused every later
+/// verify with "its answer did not fit a run".
+#[test]
+fn an_interrupted_verify_leaves_the_plan_as_it_was() {
+    let d = tmp();
+    let (p, v, w) = (path(&d, "p.json"), path(&d, "v.json"), path(&d, "w.json"));
+    probe_under("400MiB", &jitter(&["0"]), &p);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_batchfit"))
+        .env("JITTER_HOLD", "30")
+        .args(["verify", "--quiet", "--out"])
+        .arg(&v)
+        .arg(&p)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    let plan = read_json(&v);
+    assert!(plan.get("verification_failure").is_none(), "{plan}");
+    assert!(plan.get("verified").is_none(), "{plan}");
     assert!(
-        err.contains("is not its budget's limit less its guard band"),
-        "{err}"
+        plan["warnings"].to_string().contains("interrupted"),
+        "{plan}"
     );
-    assert!(!v.exists());
+    let env = batchfit()
+        .args(["show", "--format", "env"])
+        .arg(&v)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&env.stdout).contains("BATCHFIT_STATUS=complete"),
+        "{env:?}"
+    );
+    let o = verify(&v, &w);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(read_json(&w)["verified"], true);
 }

@@ -181,14 +181,21 @@ fn more_time_line(plan: &Plan, ran: usize, secs: f64) -> String {
     )
 }
 
-/// `; PEAK P of the L limit (N%)` and the tree figure, of a peak measured at `batch`.
+/// `; PEAK P of the L limit (N%)` and the tree figure, of a peak measured at `batch`: of the
+/// trials' limit, or of the job's where the peak lies above the trials' (a run of `verify` on the
+/// plan's own device, which runs under the job's limit).
 fn peak_clause(plan: &Plan, batch: u64, peak: u64) -> String {
+    let (limit, whose) = if peak > plan.limit_bytes {
+        (plan.job_limit_bytes(), " job's")
+    } else {
+        (plan.limit_bytes, "")
+    };
     format!(
-        "; {} {} of the {} limit ({:.0}%){}",
+        "; {} {} of the{whose} {} limit ({:.0}%){}",
         measure(plan),
         format_size(peak),
-        format_size(plan.limit_bytes),
-        100.0 * peak as f64 / plan.limit_bytes.max(1) as f64,
+        format_size(limit),
+        100.0 * peak as f64 / limit.max(1) as f64,
         tree_clause(plan, batch)
     )
 }

@@ -769,11 +769,22 @@ impl Plan {
     }
     /// Whether a `batchfit verify` of this plan failed: it says why, or it is a probe plan (no
     /// `sources`, proven where it was made) marked `verified: false`, which only a failed verify does.
+    /// An interruption is no verdict: a plan that recorded one as its failure
+    /// ([`INTERRUPTED_VERIFICATION`]) is not failed.
     pub fn failed_verification(&self) -> bool {
-        self.verification_failure.is_some()
-            || (self.verified == Some(false) && self.sources.is_empty())
+        match self.verification_failure.as_deref() {
+            Some(INTERRUPTED_VERIFICATION) => false,
+            Some(_) => true,
+            None => self.verified == Some(false) && self.sources.is_empty(),
+        }
     }
 }
+
+/// The `verification_failure` that marks an interrupted verify in the plans that carry one: no
+/// verdict, so not a failed verification (an interrupted verify leaves a plan's state as it was).
+pub const INTERRUPTED_VERIFICATION: &str = "the verification was interrupted";
+
+impl Plan {}
 
 /// `--sweep PARAM=V1,V2,…`: one probe per point, each proven on its own.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

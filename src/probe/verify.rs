@@ -94,10 +94,14 @@ pub fn verify(
             out.warnings.push(format!("verification failed: {why}"));
         }
         VerifyEnding::Interrupted(_) => {
+            // no verdict: the plan keeps its state (a plan refused after an interruption could
+            // never be verified again), with the runs that finished
             failed_elsewhere(&mut out, &here, first_here);
-            out.verified = Some(false);
-            out.verification_failure = Some("the verification was interrupted".into());
-            out.warnings.push("verification interrupted".into());
+            out.warnings.push(format!(
+                "a verification was interrupted after {} of its runs; the plan's verification \
+                 state is as it was",
+                out.trials.len() - first_here
+            ));
         }
     }
     Ok(VerifyReport { plan: out, ending })
@@ -105,17 +109,24 @@ pub fn verify(
 
 /// The trials' limit (the budget's limit less the guard band, as the probe set it) and the job's
 /// limit the plan promises (`limit_bytes` plus `guard_band_bytes`, never above the budget's limit).
-/// A plan whose `limit_bytes` is not its budget's limit less its guard band was edited: verified, it
-/// would promise a limit its runs never had.
+/// A plan whose `limit_bytes` or `guard_band_bytes` is not what its budget's limit and guard band
+/// give was edited: verified, it would promise a limit its runs never had.
 fn limits(plan: &Plan) -> Result<(u64, u64), ProbeError> {
     let budget_limit = config::limit(plan.budget_bytes, plan.reserve_bytes, plan.margin);
     let limit = setup::guarded(budget_limit, plan.guard_band);
-    if limit != plan.limit_bytes {
+    let band = budget_limit - limit;
+    if limit != plan.limit_bytes || plan.guard_band_bytes.is_some_and(|b| b != band) {
         return Err(ProbeError::Usage(format!(
-            "the plan's limit_bytes ({}) is not its budget's limit less its guard band ({} of {}):              the plan was edited, so what it promises cannot be checked; probe again (batchfit              probe …) and verify that plan",
+            "the plan's limits disagree with its budget: limit_bytes {} and guard_band_bytes {} \
+             where its budget's limit {} less its guard band gives {} and {}; the plan was \
+             edited, so what it promises cannot be checked: probe again (batchfit probe …) and \
+             verify that plan",
             plan.limit_bytes,
+            plan.guard_band_bytes
+                .map_or("(none)".into(), |b| b.to_string()),
+            budget_limit,
             limit,
-            budget_limit
+            band
         )));
     }
     Ok((limit, plan.job_limit_bytes().min(budget_limit)))

@@ -2,7 +2,8 @@
 """A fake training command whose peak moves from run to run (standard library only): BATCH MiB plus a
 jitter of 0 to JITTER MiB that changes with each trial (drawn from BATCHFIT_TRIAL, so a probe is
 repeatable), plus ACCUMULATING MiB (default 0) when it accumulates (BATCHFIT_ACCUMULATION above 1),
-allocated 1 MiB at a time so that a limit stops it where its memory reaches the limit.
+allocated 1 MiB at a time so that a limit stops it where its memory reaches the limit; then it holds
+its memory JITTER_HOLD seconds (default 0.15) and exits.
 
   python3 jitter.py BATCH JITTER [ACCUMULATING]
 """
@@ -21,4 +22,4 @@ for _ in range(batch + extra):
     c = bytearray(1 << 20)
     c[::4096] = b"\x01" * 256
     chunks.append(c)
-time.sleep(0.15)
+time.sleep(float(os.environ.get("JITTER_HOLD", "0.15")))
