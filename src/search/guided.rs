@@ -283,6 +283,30 @@ impl Guided {
         Some(st.grid.index_at_or_below(b as u64).min(u.saturating_sub(1)))
     }
 
+    /// With a prior whose fixed part is unknown (an error of 100 %: the line of warm trials that
+    /// cold ones overturned, [`super::Prober`]'s cold walk), a bound `u` and no fit that counts
+    /// (only fits shorter than the confirmation, the first trial's): the prior's slope through the
+    /// smallest fit (its memory barely depends on the steps) predicts the answer; a candidate there,
+    /// half the tolerance's gap below, when it lies under `u`, rather than half of `u`.
+    fn anchored_prior(st: &SearchState, u: u64) -> Option<Proposal> {
+        let prior = st.prior.filter(|p| p.fixed_error >= 1.0)?;
+        let (b0, p0) = (st.trials.iter())
+            .filter(|t| t.outcome.fits())
+            .filter_map(|t| t.outcome.peak_bytes().map(|p| (t.batch, p)))
+            .min()?;
+        let k = prior.per_sample_bytes;
+        if !(k > 0.0) || p0 >= st.limit_bytes {
+            return None;
+        }
+        let b = b0 as f64 + (st.limit_bytes - p0) as f64 / k;
+        let b = b - (st.gap(b as u64) / 2) as f64;
+        let i = st
+            .grid
+            .index_at_or_below(b.max(st.grid.first as f64) as u64);
+        (b >= st.grid.first as f64 && i < u && st.grid.batch(i) > b0)
+            .then(|| Proposal::candidate(i))
+    }
+
     /// Where to start with a prior and no trial: below its prediction by its uncertainty; with the
     /// confirmation's steps at once when that uncertainty is within half the tolerance's gap (the
     /// prediction is then expected to be the answer).
@@ -409,7 +433,10 @@ impl Guided {
         let Some(l) = st.lo else {
             return match upper {
                 None => Self::prior_start(st).unwrap_or(Proposal::explore(0)),
-                Some(u) => Proposal::explore(Self::prior_retry(st, u).unwrap_or(u / 2)),
+                Some(u) => Self::prior_retry(st, u)
+                    .map(Proposal::explore)
+                    .or_else(|| Self::anchored_prior(st, u))
+                    .unwrap_or(Proposal::explore(u / 2)),
             };
         };
         let u = upper.unwrap_or(g.last_index + 1); // exclusive

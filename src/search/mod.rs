@@ -1340,19 +1340,28 @@ impl<'b> Prober<'b> {
         br: &mut Bracket,
         confirm_ooms: bool,
     ) -> Result<(), Stop> {
+        // once warm (or worker) trials lost trust, the strategy sees the cold trials only, and the
+        // line of the others as a prior ([`Prober::distrusted_prior`])
+        let cold: Vec<TrialRecord>;
+        let (trials, distrusted) = if self.worker_trusted {
+            (&self.trials[..], None)
+        } else {
+            cold = self.trials.iter().filter(|t| t.cold()).cloned().collect();
+            (&cold[..], self.distrusted_prior())
+        };
         let state = SearchState {
             grid,
             lo: br.lo,
             hi: br.hi,
             ceiling: br.ceiling,
-            trials: &self.trials,
+            trials,
             limit_bytes: self.limit_bytes,
             steps: br.steps,
             base_steps: self.cfg.steps,
             confirm_steps: self.cfg.confirm_steps.max(self.cfg.steps),
             tolerance: self.cfg.tolerance,
             confirm_ooms,
-            prior: self.cfg.prior.as_ref(),
+            prior: self.cfg.prior.as_ref().or(distrusted.as_ref()),
         };
         let width = self.explore_width();
         if width > 1 {
@@ -1379,6 +1388,32 @@ impl<'b> Prober<'b> {
             apply(&o, p.index, &mut br.lo, &mut br.hi, &mut br.ceiling);
         }
         Ok(())
+    }
+
+    /// The line of the fits of trials that lost trust (warm or worker ones; each size's largest
+    /// peak, with the exploration's steps or more), as a prior for the cold walk: what such a
+    /// process holds or misses against a cold one is mostly a fixed part, so its fixed part is
+    /// given as unknown (an error of 100 %) and its slope, anchored at a cold fit, says where the
+    /// boundary lies. Like any prior, never evidence.
+    fn distrusted_prior(&self) -> Option<Prior> {
+        if self.cfg.prior.is_some() {
+            return None;
+        }
+        let steps = self.cfg.steps;
+        let mut points: Vec<(u64, u64)> = (self.trials.iter())
+            .filter(|t| !t.cold() && t.outcome.fits() && t.steps >= steps && t.accumulation == 1)
+            .filter_map(|t| t.outcome.peak_bytes().map(|p| (t.batch, p)))
+            .collect();
+        points.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        points.dedup_by_key(|p| p.0);
+        let (line, _) = line::fit_line(&points).filter(|(l, _)| l.k > 0.0)?;
+        Some(Prior {
+            fixed_bytes: line.a.max(0.0),
+            per_sample_bytes: line.k,
+            fixed_error: 1.0,
+            per_sample_error: 0.03,
+            try_first: false,
+        })
     }
 
     /// A round planned against the bracket before it can cross it: a fit at or above a size that

@@ -2018,3 +2018,42 @@ fn a_cold_walk_after_warm_exploration_runs_side_by_side_on_devices_sharing_cores
     );
     check_invariant(&out, &cfg);
 }
+
+/// A cold walk whose confirmation failed where warm trials fit, with no cold fit of the
+/// confirmation's length below it (only the first trial's short one): the strategy aims by the warm
+/// fits' slope through that cold fit, not at half the failure (449, then a line from there). Warm
+/// processes holding 150 MiB less than cold ones (the answer 750 where warm trials fit 898), late
+/// memory or none: the walk's first size lies within 2 % of the answer.
+#[test]
+fn a_cold_walk_aims_by_the_warm_slope_through_its_cold_fit() {
+    for late in [0, 2048] {
+        let mut cold = SimSpec::affine(250 * MIB, MIB, 1000 * MIB);
+        cold.late_per_sample = late;
+        let mut warm = SimSpec::affine(100 * MIB, MIB, 1000 * MIB);
+        warm.late_per_sample = late;
+        let cfg = SearchConfig {
+            repeats: 2,
+            ..SearchConfig::default()
+        };
+        let out = warm_search_on(&warm, &cold, &cfg, 2, true);
+        let truth = cold.true_max(cold.capacity, 5, cfg.max_batch);
+        let b = out.max_fitting.expect("an answer");
+        assert!(
+            b <= truth && truth - b <= tolerance_gap(b, cfg.tolerance, 1),
+            "{:?}",
+            seq(&out)
+        );
+        let t = &out.trials;
+        let last_failed_confirm = (t.iter())
+            .rposition(|x| x.purpose == Purpose::Confirm && x.outcome.is_bound())
+            .expect("the confirmation failed cold");
+        let walk = &t[last_failed_confirm + 1];
+        assert!(
+            walk.batch.abs_diff(truth) * 50 <= truth,
+            "the walk started at {}: {:?}",
+            walk.batch,
+            seq(&out)
+        );
+        check_invariant(&out, &cfg);
+    }
+}
