@@ -295,7 +295,7 @@ impl Guided {
             .filter_map(|t| t.outcome.peak_bytes().map(|p| (t.batch, p)))
             .min()?;
         let k = prior.per_sample_bytes;
-        if !(k > 0.0) || p0 >= st.limit_bytes {
+        if k.is_nan() || k <= 0.0 || p0 >= st.limit_bytes {
             return None;
         }
         let b = b0 as f64 + (st.limit_bytes - p0) as f64 / k;
