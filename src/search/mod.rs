@@ -40,8 +40,11 @@
 //! proposal explores warm, those that may close the bracket included, and [`Prober::prove`] then runs
 //! the closed bracket's two ends cold (the failure above with `confirm_steps`, the fit's confirmation
 //! and repeats). [`WARM_DISAGREEMENTS`] cold trials that disagree with warm ones turn the rest of
-//! the search cold. On several devices the proof's cold trials run side by side
-//! ([`rounds`]); the proof reads their records as it reads trials run one by one.
+//! the search cold: the strategy then sees only the cold trials, with the warm fits' line as a
+//! [`Prior`] whose fixed part is unknown (warm processes hold or miss a fixed part of a cold one's
+//! memory; their slope still says where the boundary lies). On several devices the proof's cold
+//! trials run side by side ([`rounds`]), and so does a cold walk; the proof reads their records as
+//! it reads trials run one by one.
 //!
 //! A [`Prior`] (a predicted line from earlier probes, e.g. the points before this one in a
 //! `--sweep`) only helps the strategy choose sizes; it is never evidence of a fit or of a failure.
@@ -941,6 +944,8 @@ impl<'b> Prober<'b> {
         self.full_length_fits(batch).any(TrialRecord::cold)
     }
 
+    /// The trials at `batch` that fit with the confirmation steps (at the current accumulation or
+    /// more), warm or cold.
     fn full_length_fits(&self, batch: u64) -> impl Iterator<Item = &TrialRecord> {
         let (steps, accumulation) = (
             self.cfg.confirm_steps.max(self.cfg.steps),
