@@ -162,6 +162,18 @@ impl CpuBackend {
             .map_err(BackendError::Environment)
     }
 
+    /// The workload's command for `req`, numbered as this device's trial: a command's
+    /// `BATCHFIT_TRIAL` is one less than the number its log is named by (`self.n`). Devices side by
+    /// side each draw both numbers from counters shared among them; the workload's alone could pair
+    /// one device's log with the other's number.
+    fn command(&self, req: &TrialRequest) -> (std::process::Command, Trial) {
+        let (mut cmd, trial) = self.workload.command(req, &Placement::Cpu);
+        if cmd.get_envs().any(|(k, _)| k == "BATCHFIT_TRIAL") {
+            cmd.env("BATCHFIT_TRIAL", self.n.saturating_sub(1).to_string());
+        }
+        (cmd, trial)
+    }
+
     /// How the trial `req` in `group` is run and watched.
     fn options<'a>(
         &self,
@@ -312,7 +324,7 @@ impl CpuBackend {
         group: Option<&Group>,
         run: impl FnOnce(&[u8], &process::Options) -> Result<Option<Ran>, BackendError>,
     ) -> (Result<Option<Ran>, BackendError>, Trial) {
-        let (cmd, mut trial) = self.workload.command(req, &Placement::Cpu);
+        let (cmd, mut trial) = self.command(req);
         let ran = match self.workload.warm_handoff(&mut trial, &cmd) {
             Some(line) => {
                 let workload = Arc::clone(&self.workload);
@@ -404,7 +416,7 @@ impl CpuBackend {
 
     /// Runs `req` in a fresh process started now.
     fn run_cold(&mut self, req: &TrialRequest) -> (Result<Ran, BackendError>, Trial) {
-        let (cmd, trial) = self.workload.command(req, &Placement::Cpu);
+        let (cmd, trial) = self.command(req);
         let group = match self.group(&format!("batchfit-{}-{}", std::process::id(), self.n)) {
             Ok(g) => g,
             Err(e) => return (Err(e), trial),
