@@ -784,8 +784,6 @@ impl Plan {
 /// verdict, so not a failed verification (an interrupted verify leaves a plan's state as it was).
 pub const INTERRUPTED_VERIFICATION: &str = "the verification was interrupted";
 
-impl Plan {}
-
 /// `--sweep PARAM=V1,V2,…`: one probe per point, each proven on its own.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sweep {

@@ -31,8 +31,9 @@ pub struct VerifyReport {
 
 /// Runs confirmation trials of every size of the plan's micro-batches (largest first, with the plan's
 /// steps and confirm steps) on this machine's backend of the plan's kind, under the job's limit
-/// `(budget − reserve) × (1 − margin)` from the plan, or elsewhere that less the plan's guard band. The trials are appended to the plan's `trials`;
-/// on success the plan is `verified: true` and its `device` is this machine's.
+/// `(budget − reserve) × (1 − margin)` from the plan, or elsewhere that less the plan's guard band.
+/// The trials are appended to the plan's `trials`; on success the plan is `verified: true` and its
+/// `device` is this machine's.
 /// `sim` replaces the plan's simulated device (`sim_spec`); `observe` watches a command's DataLoaders
 /// (`--observe`).
 pub fn verify(

@@ -39,7 +39,7 @@
 //! The engine ([`super::Prober`]) decides when the proof is complete and confirms the answer; this
 //! strategy never reports anything, and only proposes sizes strictly inside the open bracket.
 
-use super::line::{fit_line, Line};
+use super::line::{fit_line, peaks, Line};
 use super::{upper_bound, Prior, Proposal, SearchState, Strategy};
 
 /// Smallest rise of the top peak over another point, as a fraction of the top peak, for the pair to set
@@ -248,14 +248,7 @@ impl Guided {
         if st.steps <= st.base_steps && !self.late {
             return None;
         }
-        let mut short: Vec<(u64, u64)> = st
-            .trials
-            .iter()
-            .filter(|t| t.outcome.fits() && t.steps < st.confirm_steps)
-            .filter_map(|t| t.outcome.peak_bytes().map(|p| (t.batch, p)))
-            .collect();
-        short.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-        short.dedup_by_key(|p| p.0);
+        let short = peaks(st.trials.iter().filter(|t| t.steps < st.confirm_steps));
         fit_line(&short)
             .filter(|(ln, _)| ln.k > 0.0 && ln.a > 0.0)
             .map(|(ln, _)| Prior {
@@ -482,15 +475,7 @@ impl Guided {
         } else {
             st.steps
         };
-        let mut points: Vec<(u64, u64)> = st
-            .trials
-            .iter()
-            .filter(|t| t.outcome.fits() && t.steps >= min_steps && t.batch <= lb)
-            .filter_map(|t| t.outcome.peak_bytes().map(|p| (t.batch, p)))
-            .collect();
-        points.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-        points.dedup_by_key(|p| p.0);
-        points
+        peaks((st.trials.iter()).filter(|t| t.steps >= min_steps && t.batch <= lb))
     }
 
     /// No slope: bisect a bracket (geometrically while it spans more than a factor of four), or

@@ -26,6 +26,18 @@ impl Line {
     }
 }
 
+/// The (batch, peak) points [`fit_line`] takes from `trials`: those that fit with a peak, each
+/// size's largest peak, sorted by size.
+pub fn peaks<'a>(trials: impl Iterator<Item = &'a super::TrialRecord>) -> Vec<(u64, u64)> {
+    let mut points: Vec<(u64, u64)> = trials
+        .filter(|t| t.outcome.fits())
+        .filter_map(|t| t.outcome.peak_bytes().map(|p| (t.batch, p)))
+        .collect();
+    points.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    points.dedup_by_key(|p| p.0);
+    points
+}
+
 /// Fits the line from (batch, peak) points of fitting trials, sorted by batch with distinct batches.
 /// Anchored at the largest batch; slope from the *nearest* smaller batch whose peak is at least
 /// [`MIN_RISE`] below (near, so a point in the flat part below a knee is not used when a point above

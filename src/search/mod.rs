@@ -1405,12 +1405,9 @@ impl<'b> Prober<'b> {
             return None;
         }
         let steps = self.cfg.steps;
-        let mut points: Vec<(u64, u64)> = (self.trials.iter())
-            .filter(|t| !t.cold() && t.outcome.fits() && t.steps >= steps && t.accumulation == 1)
-            .filter_map(|t| t.outcome.peak_bytes().map(|p| (t.batch, p)))
-            .collect();
-        points.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-        points.dedup_by_key(|p| p.0);
+        let points = line::peaks(
+            (self.trials.iter()).filter(|t| !t.cold() && t.steps >= steps && t.accumulation == 1),
+        );
         let (line, _) = line::fit_line(&points).filter(|(l, _)| l.k > 0.0)?;
         Some(Prior {
             fixed_bytes: line.a.max(0.0),
